@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both install what they need.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck pytest bench clean browser
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned to the CPU build on this machine's disk (a plain "torch" pulls CUDA).
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the console's browser tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+	  || echo "could not install chromium: browser tests will be skipped"; }
+
+demo: $(STAMP)
+	$(VENV)/bin/plugtune demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check plugtune tests benchmarks scripts
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy plugtune
+
+pytest: $(STAMP) browser
+	$(VENV)/bin/pytest -q -x --durations=15
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/runtime_overhead.py
+
+clean:
+	rm -rf $(VENV) .plugtune .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,256 @@
+"""One error hierarchy for every failure plugtune reports (DESIGN §2, the contract).
+
+Each class says when it is raised. Every instance carries the taxonomy fields a user needs:
+``type`` (exact string), ``owner`` (platform / plugin / data), ``cause``, ``message`` and ``hint``.
+Errors are translated once, at the layer boundary where they are detected, with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class ErrorType(str, enum.Enum):
+    INTERNAL = "internal error"
+    UNKNOWN = "unknown error"
+    CALL_PLUGIN = "Call plugin error"
+    INVALID_DATA = "Invalid data"
+    INVALID_VALUE = "Invalid value"
+    LOSS_NAN = "Loss nan"
+
+
+class Owner(str, enum.Enum):
+    PLATFORM = "platform"
+    PLUGIN = "plugin"
+    DATA = "data"
+
+
+class Cause(str, enum.Enum):
+    """Why a plugin call failed: exactly one per failed call."""
+
+    TIMEOUT = "Timeout"
+    EOF = "EOF"
+    ERROR_500 = "500"
+    OOM = "FaaS OOM"
+    CREATE_FAULT = "Create faas fault"
+    INVALID_REWARD = "Invalid reward"
+
+
+OWNERS: dict[ErrorType, Owner] = {
+    ErrorType.INTERNAL: Owner.PLATFORM,
+    ErrorType.UNKNOWN: Owner.PLATFORM,
+    ErrorType.CALL_PLUGIN: Owner.PLUGIN,
+    ErrorType.INVALID_DATA: Owner.DATA,
+    ErrorType.INVALID_VALUE: Owner.DATA,
+    ErrorType.LOSS_NAN: Owner.DATA,
+}
+
+HINTS: dict[ErrorType | Cause, str] = {
+    ErrorType.INTERNAL: (
+        "A platform component failed. The job retries by itself from its last checkpoint; "
+        "you can also retry it now. If it keeps failing, send the support bundle."
+    ),
+    ErrorType.UNKNOWN: (
+        "Nothing else explains this failure. Retry the job; if it repeats, send the support bundle."
+    ),
+    Cause.TIMEOUT: (
+        "The call ran past runtime.timeout_s. Look for blocking calls inside `async def` "
+        "(run `plugtune lint`), slow tools or an unbounded loop; raise timeout_s only if the work "
+        "really takes that long."
+    ),
+    Cause.EOF: (
+        "The plugin's process died mid-call (os._exit, sys.exit, a crash in native code, or a kill). "
+        "Read the plugin's last log lines; do not exit the process from plugin code."
+    ),
+    Cause.ERROR_500: (
+        "The plugin raised an exception. The traceback points at your file and line; reproduce it "
+        "with `plugtune test` or `plugtune replay`."
+    ),
+    Cause.OOM: (
+        "The plugin's instance went over runtime.memory_mb. Free large objects between calls, "
+        "lower max_concurrency, or raise memory_mb."
+    ),
+    Cause.CREATE_FAULT: (
+        "The plugin's instance could not be created: fix the import, syntax or setup() error shown, "
+        "or raise the runtime quota. Retrying the same code will not help."
+    ),
+    Cause.INVALID_REWARD: (
+        "A grader returned NaN, inf, a non-number or a list of the wrong length. Return a finite "
+        "float, or None when a trajectory cannot be scored."
+    ),
+    ErrorType.INVALID_DATA: (
+        "A data file is missing, unreadable or empty. Fix the path in job.yaml or the file itself."
+    ),
+    ErrorType.INVALID_VALUE: (
+        "A value in job.yaml or the dataset is invalid. Fix each listed file, line and field."
+    ),
+    ErrorType.LOSS_NAN: (
+        "The loss or gradient became non-finite. Check the rewards of the listed batch for extreme "
+        "values, lower the learning rate, or set a kl_coef / clip_ratio."
+    ),
+}
+
+
+class PlugtuneError(Exception):
+    """Base of every classified failure."""
+
+    error_type: ErrorType = ErrorType.UNKNOWN
+
+    def __init__(self, message: str, *, cause: str = "", hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.cause = cause
+        self._hint = hint
+
+    @property
+    def type(self) -> str:
+        return self.error_type.value
+
+    @property
+    def owner(self) -> str:
+        return OWNERS[self.error_type].value
+
+    @property
+    def hint(self) -> str:
+        if self._hint is not None:
+            return self._hint
+        return HINTS.get(self.error_type, HINTS[ErrorType.UNKNOWN])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "owner": self.owner,
+            "cause": self.cause,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+
+class PlatformError(PlugtuneError):
+    """Raised when plugtune's own code (trainer, gateway, store, attempt process) fails."""
+
+    error_type = ErrorType.INTERNAL
+
+
+class UnknownError(PlugtuneError):
+    """Raised when a failure matches no other class."""
+
+    error_type = ErrorType.UNKNOWN
+
+
+class PluginCallError(PlugtuneError):
+    """Raised when one plugin call fails; ``cause`` is exactly one :class:`Cause`."""
+
+    error_type = ErrorType.CALL_PLUGIN
+
+    def __init__(
+        self,
+        cause: Cause,
+        message: str,
+        *,
+        plugin: str = "",
+        call_id: str = "",
+        instance_id: str = "",
+        trajectory_id: str = "",
+        traceback: str = "",
+        peak_memory_mb: float | None = None,
+        code_hash: str = "",
+    ) -> None:
+        super().__init__(message, cause=cause.value)
+        self.cause_enum = cause
+        self.plugin = plugin
+        self.call_id = call_id
+        self.instance_id = instance_id
+        self.trajectory_id = trajectory_id
+        self.traceback = traceback
+        self.peak_memory_mb = peak_memory_mb
+        self.code_hash = code_hash
+
+    @property
+    def hint(self) -> str:
+        return HINTS[self.cause_enum]
+
+    def __str__(self) -> str:
+        where = f" [{self.plugin}]" if self.plugin else ""
+        return f"{self.cause}{where}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.update(
+            plugin=self.plugin,
+            call_id=self.call_id,
+            instance_id=self.instance_id,
+            trajectory_id=self.trajectory_id,
+            traceback=self.traceback,
+            peak_memory_mb=self.peak_memory_mb,
+            code_hash=self.code_hash,
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input: where it is and what to do."""
+
+    file: str
+    message: str
+    line: int | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+        if self.field:
+            where += f" [{self.field}]"
+        return f"{where}: {self.message}"
+
+
+class DataError(PlugtuneError):
+    """Base for input problems; carries every problem found, not only the first."""
+
+    error_type = ErrorType.INVALID_VALUE
+
+    def __init__(self, problems: list[Problem], *, cause: str = "") -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        n = len(self.problems)
+        super().__init__(f"{n} problem{'s' if n != 1 else ''} found:\n{lines}", cause=cause)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["problems"] = [p.__dict__ for p in self.problems]
+        return out
+
+
+class InvalidDataError(DataError):
+    """Raised when a data path is missing, or a file is absent, unreadable or empty."""
+
+    error_type = ErrorType.INVALID_DATA
+
+
+class InvalidValueError(DataError):
+    """Raised when a value is malformed: bad JSON, a missing/unknown key, a wrong type, a bad setting."""
+
+    error_type = ErrorType.INVALID_VALUE
+
+
+class LossNanError(PlugtuneError):
+    """Raised by the trainer when the loss or a gradient is non-finite; the step is not applied."""
+
+    error_type = ErrorType.LOSS_NAN
+
+    def __init__(
+        self, message: str, *, step: int, stats: dict[str, float], trajectory_ids: list[str]
+    ) -> None:
+        super().__init__(message, cause="non-finite loss")
+        self.step = step
+        self.stats = dict(stats)
+        self.trajectory_ids = list(trajectory_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.update(step=self.step, stats=self.stats, trajectory_ids=self.trajectory_ids)
+        return out

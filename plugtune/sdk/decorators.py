@@ -1,0 +1,117 @@
+"""``@rollout``, ``@grader`` and ``@group_grader``: mark a function as a plugin.
+
+The decorators only attach a :class:`PluginSpec`; the function itself is unchanged, so it can
+still be called and tested directly.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from plugtune.sdk.runtime_spec import Runtime
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SPEC_ATTR = "__plugtune__"
+
+
+class Kind(str, enum.Enum):
+    ROLLOUT = "rollout"
+    GRADER = "grader"
+    GROUP_GRADER = "group_grader"
+
+
+#: The positional parameters each kind of plugin is called with.
+PARAMETERS: dict[Kind, tuple[str, ...]] = {
+    Kind.ROLLOUT: ("ctx", "policy", "sample"),
+    Kind.GRADER: ("ctx", "sample", "trajectory"),
+    Kind.GROUP_GRADER: ("ctx", "sample", "trajectories"),
+}
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    kind: Kind
+    name: str
+    runtime: Runtime
+    weight: float = 1.0
+    is_async: bool = False
+
+
+def signature_problems(fn: Callable[..., Any], kind: Kind) -> list[str]:
+    """What is wrong with ``fn``'s signature for a plugin of ``kind`` ([] when it is fine)."""
+    expected = PARAMETERS[kind]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as exc:
+        return [f"cannot read the signature: {exc}"]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    has_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    required = [p for p in positional if p.default is p.empty]
+    want = f"def {getattr(fn, '__name__', 'fn')}({', '.join(expected)})"
+    if len(required) > len(expected):
+        return [
+            f"takes {len(required)} required arguments, a {kind.value} is called with {len(expected)}: {want}"
+        ]
+    if len(positional) < len(expected) and not has_varargs:
+        return [
+            f"takes {len(positional)} positional arguments, a {kind.value} is called with "
+            f"{len(expected)}: {want}"
+        ]
+    kw_required = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if kw_required:
+        return [
+            f"has required keyword-only argument(s) {', '.join(kw_required)}; a {kind.value} "
+            f"is called as {want}"
+        ]
+    return []
+
+
+def _decorate(kind: Kind, fn: F | None, runtime: Runtime | None, weight: float) -> Any:
+    if runtime is not None and not isinstance(runtime, Runtime):
+        raise TypeError(f"@{kind.value}(runtime=...) needs a plugtune.Runtime, got {type(runtime).__name__}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+        raise ValueError(f"@{kind.value}(weight={weight!r}): weight must be a number > 0")
+
+    def wrap(f: F) -> F:
+        if not callable(f):
+            raise TypeError(f"@{kind.value} decorates a function, got {type(f).__name__}")
+        problems = signature_problems(f, kind)
+        if problems:
+            raise TypeError(f"@{kind.value} {f.__name__}: {problems[0]}")
+        spec = PluginSpec(
+            kind=kind,
+            name=f.__name__,
+            runtime=runtime or Runtime(),
+            weight=float(weight),
+            is_async=inspect.iscoroutinefunction(f),
+        )
+        setattr(f, SPEC_ATTR, spec)
+        return f
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def rollout(fn: F | None = None, *, runtime: Runtime | None = None) -> Any:
+    """Mark ``fn(ctx, policy, sample) -> RolloutResult | None`` as the job's rollout."""
+    return _decorate(Kind.ROLLOUT, fn, runtime, 1.0)
+
+
+def grader(fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None) -> Any:
+    """Mark ``fn(ctx, sample, trajectory) -> float | None`` as a grader (``None`` = unscorable)."""
+    return _decorate(Kind.GRADER, fn, runtime, weight)
+
+
+def group_grader(fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None) -> Any:
+    """Mark ``fn(ctx, sample, trajectories) -> list[float | None]`` as a group grader."""
+    return _decorate(Kind.GROUP_GRADER, fn, runtime, weight)
+
+
+def spec_of(fn: Any) -> PluginSpec | None:
+    """The plugin spec a decorator attached to ``fn``, or None when it is not decorated."""
+    spec = getattr(fn, SPEC_ATTR, None)
+    return spec if isinstance(spec, PluginSpec) else None

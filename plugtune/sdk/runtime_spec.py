@@ -1,0 +1,70 @@
+"""``Runtime``: the resources one plugin's instances get."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+#: Upper bounds that catch typos (``memory_mb=20480000``) before they reach the runtime.
+LIMITS: dict[str, tuple[float, float]] = {
+    "memory_mb": (16, 262_144),
+    "timeout_s": (0.01, 86_400),
+    "max_concurrency": (1, 10_000),
+    "min_instances": (0, 1_000),
+    "max_instances": (1, 1_000),
+    "cpu": (0.01, 256),
+}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Resources and scaling of a plugin's instances.
+
+    memory_mb: memory limit per instance; going over it is ``FaaS OOM``.
+    timeout_s: wall-clock limit per call; going over it is ``Timeout``.
+    max_concurrency: calls one instance runs at once (event-loop tasks for ``async def``,
+        threads for sync functions).
+    min_instances / max_instances: the autoscaler's bounds.
+    cpu: CPU quota per instance in cores, where the host lets the runtime set one.
+    """
+
+    memory_mb: int = 1024
+    timeout_s: float = 60.0
+    max_concurrency: int = 8
+    min_instances: int = 0
+    max_instances: int = 4
+    cpu: float = 1.0
+
+    def __post_init__(self) -> None:
+        for problem in self.problems():
+            raise ValueError(problem)
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                out.append(f"Runtime.{f.name} must be a number, got {value!r}")
+                continue
+            if f.type in ("int",) and not isinstance(value, int):
+                out.append(f"Runtime.{f.name} must be a whole number, got {value!r}")
+                continue
+            lo, hi = LIMITS[f.name]
+            if not lo <= value <= hi:
+                out.append(f"Runtime.{f.name}={value!r} is outside the allowed range {lo:g}..{hi:g}")
+        if not out and self.min_instances > self.max_instances:
+            out.append(
+                f"Runtime.min_instances={self.min_instances} is larger than "
+                f"max_instances={self.max_instances}"
+            )
+        return out
+
+    def replace(self, **overrides: Any) -> Runtime:
+        """A copy with the given fields changed (job.yaml overrides the decorator)."""
+        unknown = set(overrides) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(f"unknown Runtime field(s): {', '.join(sorted(unknown))}")
+        return Runtime(**{**asdict(self), **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,54 @@
+"""Environment and defaults, read in one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where plugtune keeps its state and how its services are reached.
+
+    PLUGTUNE_HOME: state folder (default ``.plugtune`` in the working directory).
+    PLUGTUNE_DATABASE_URL: SQLAlchemy URL; default SQLite at ``$PLUGTUNE_HOME/plugtune.db``.
+    PLUGTUNE_API_TOKEN: bearer token the console and API require when set.
+    PLUGTUNE_RETENTION_DAYS: how long an ended plugin's monitoring data is kept (default 7).
+    PLUGTUNE_MAX_FUNCTIONS / _MAX_INSTANCES / _TOTAL_MEMORY_MB: the function runtime's quota.
+    """
+
+    home: Path
+    database_url: str
+    api_token: str | None
+    retention_days: float
+    max_functions: int
+    max_instances: int
+    total_memory_mb: int
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if environ is None else environ)
+        home = Path(env.get("PLUGTUNE_HOME", ".plugtune")).resolve()
+        return cls(
+            home=home,
+            database_url=env.get("PLUGTUNE_DATABASE_URL") or f"sqlite:///{home / 'plugtune.db'}",
+            api_token=env.get("PLUGTUNE_API_TOKEN") or None,
+            retention_days=_number(env, "PLUGTUNE_RETENTION_DAYS", 7.0),
+            max_functions=int(_number(env, "PLUGTUNE_MAX_FUNCTIONS", 32)),
+            max_instances=int(_number(env, "PLUGTUNE_MAX_INSTANCES", 64)),
+            total_memory_mb=int(_number(env, "PLUGTUNE_TOTAL_MEMORY_MB", 16_384)),
+        )
+
+
+def _number(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be a number") from None
+    if value <= 0:
+        raise ValueError(f"environment variable {name}={raw!r} must be > 0")
+    return value

@@ -1,0 +1,105 @@
+"""Records that cross layers (runtime → jobs → store → web). Frozen dataclasses, one place."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line a plugin wrote (``ctx.logger``, stdout or stderr) or the runtime wrote about it."""
+
+    time: float
+    level: str
+    plugin: str
+    message: str
+    source: str = "logger"  # logger | stdout | stderr | runtime
+    call_id: str = ""
+    trajectory_id: str = ""
+    instance_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One sampled value of a plugin's resource metric (names as in the console)."""
+
+    time: float
+    plugin: str
+    name: str  # exec_qps | latency_ms_avg | latency_ms_p50 | latency_ms_p99 | error_qps/<cause> |
+    #            cpu_percent | memory_percent | instances | outbound_mib_s | concurrency_per_instance
+    value: float
+
+
+@dataclass(frozen=True)
+class TokenSegment:
+    """A run of response tokens produced by one source under one policy version."""
+
+    start: int
+    end: int
+    source: str  # policy | environment
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """What the policy gateway recorded for one trajectory: exact tokens, never re-tokenized."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]  # 1 = sampled by the policy, 0 = tool / environment / template
+    response_logprobs: list[float]  # 0.0 where mask is 0
+    messages: list[dict[str, Any]]
+    segments: list[TokenSegment] = field(default_factory=list)
+    rewrites: int = 0  # how many times a later call rewrote history and started a new segment
+    finish_reason: str = ""
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """A classified failure attached to a trajectory or a job (DESIGN §2 fields)."""
+
+    type: str
+    owner: str
+    cause: str
+    message: str
+    hint: str = ""
+    plugin: str = ""
+    call_id: str = ""
+    trajectory_id: str = ""
+    attempt: int = 1
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class TrajectoryRecord:
+    """One trajectory as DESIGN §4 describes it."""
+
+    trajectory_id: str
+    group_id: str
+    step: int
+    sample_index: int
+    rollout_index: int
+    attempt: int
+    policy_version: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = None
+    reward_components: dict[str, float | None] = field(default_factory=dict)
+    advantage: float | None = None
+    status: str = "success"  # success | failed | discard
+    stop_reason: str = ""
+    errors: list[ErrorRecord] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    code_hash: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -103,3 +103,23 @@ class TrajectoryRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A plugin call that completed (failed calls raise ``PluginCallError`` instead).
+
+    ``status`` is the plugin's own verdict (success / failure / retry / discard); ``value`` is
+    what it returned, already validated at the runtime boundary: a finite float or None for a
+    grader, a list of those for a group grader, the ``RolloutResult`` fields as a dict (or None)
+    for a rollout.
+    """
+
+    status: str
+    value: Any
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    logs: list[LogLine] = field(default_factory=list)
+    call_id: str = ""
+    instance_id: str = ""
+    latency_ms: float = 0.0

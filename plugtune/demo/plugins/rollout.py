@@ -1,0 +1,18 @@
+"""The demo rollout: one question, one answer from the policy."""
+
+from __future__ import annotations
+
+from plugtune import Context, Policy, RolloutResult, Sample, rollout
+
+
+@rollout
+def answer(ctx: Context, policy: Policy, sample: Sample) -> RolloutResult | None:
+    reply = policy.chat(
+        sample.messages,
+        temperature=sample.sampling.temperature,
+        top_p=sample.sampling.top_p,
+        max_tokens=sample.sampling.max_tokens,
+    )
+    ctx.metric("completion_tokens", reply["usage"]["completion_tokens"])
+    ctx.logger.info("answer: %r", Policy.content(reply))
+    return None

@@ -1,0 +1,326 @@
+"""``JobSpec``: the typed ``job.yaml`` — the single source for validation, CLI help and the console.
+
+Every field carries a description; :func:`spec_reference` turns the model into rows a CLI or a
+web page can print. Paths in the spec are relative to the folder that holds ``job.yaml``.
+``model: builtin:tiny-chat`` names the tiny demo model packaged with plugtune.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from plugtune.sdk.runtime_spec import LIMITS, Runtime
+
+#: The rollout used when ``plugins.rollout`` is absent: one chat call, the reply is the trajectory.
+BUILTIN_ROLLOUT = "plugtune.jobs.builtin_rollout:single_turn"
+
+#: ``model: builtin:<name>`` shorthands, resolved inside the installed package.
+BUILTIN_MODEL_PREFIX = "builtin:"
+BUILTIN_MODELS: dict[str, tuple[str, ...]] = {"tiny-chat": ("demo", "model")}
+
+#: ``file.py:function`` — the file relative to job.yaml, the function defined at its top level.
+ENTRY_PATTERN = re.compile(r"^(?P<file>[^:]+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
+
+_STRICT = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class RuntimeOverrides(BaseModel):
+    """Runtime settings for one plugin; each one given here overrides the decorator's ``Runtime``."""
+
+    model_config = _STRICT
+
+    memory_mb: int | None = Field(
+        None,
+        ge=LIMITS["memory_mb"][0],
+        le=LIMITS["memory_mb"][1],
+        description="Memory limit per instance (MiB); going over it is `FaaS OOM`.",
+    )
+    timeout_s: float | None = Field(
+        None,
+        ge=LIMITS["timeout_s"][0],
+        le=LIMITS["timeout_s"][1],
+        description="Wall-clock limit per call (s); going over it is `Timeout`.",
+    )
+    max_concurrency: int | None = Field(
+        None,
+        ge=LIMITS["max_concurrency"][0],
+        le=LIMITS["max_concurrency"][1],
+        description="Calls one instance runs at once (event-loop tasks for async, threads for sync).",
+    )
+    min_instances: int | None = Field(
+        None, ge=LIMITS["min_instances"][0], le=LIMITS["min_instances"][1], description="Instances kept warm."
+    )
+    max_instances: int | None = Field(
+        None,
+        ge=LIMITS["max_instances"][0],
+        le=LIMITS["max_instances"][1],
+        description="Most instances the autoscaler starts.",
+    )
+    cpu: float | None = Field(
+        None, ge=LIMITS["cpu"][0], le=LIMITS["cpu"][1], description="CPU quota per instance (cores)."
+    )
+
+    @model_validator(mode="after")
+    def _instances_ordered(self) -> RuntimeOverrides:
+        if self.min_instances is not None and self.max_instances is not None:
+            if self.min_instances > self.max_instances:
+                raise ValueError(
+                    f"min_instances={self.min_instances} is larger than max_instances={self.max_instances}"
+                )
+        return self
+
+    def given(self) -> dict[str, Any]:
+        """Only the settings written in job.yaml."""
+        return self.model_dump(exclude_none=True)
+
+
+class Hyperparameters(BaseModel):
+    """GRPO training settings."""
+
+    model_config = _STRICT
+
+    steps: int = Field(30, ge=1, le=1_000_000, description="Optimizer steps to train.")
+    batch_size: int = Field(8, ge=1, le=100_000, description="Prompts (dataset rows) per step.")
+    group_size: int = Field(
+        4, ge=2, le=1_024, description="Rollouts per prompt; GRPO compares them, so at least 2."
+    )
+    learning_rate: float = Field(1e-5, gt=0, le=1.0, description="AdamW learning rate.")
+    max_new_tokens: int = Field(64, ge=1, le=131_072, description="Most tokens the policy samples per reply.")
+    temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature of the policy.")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus-sampling probability mass.")
+    kl_coef: float = Field(
+        0.0, ge=0, le=100.0, description="Weight of the KL penalty to the reference model (0 = off)."
+    )
+    clip_ratio: float = Field(0.2, gt=0, le=1.0, description="PPO-style ratio clip epsilon.")
+    grad_clip: float = Field(1.0, gt=0, le=1_000.0, description="Global gradient-norm clip.")
+    save_every_n_steps: int = Field(
+        5, ge=1, le=1_000_000, description="Checkpoint every N steps; retries resume from the last one."
+    )
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Random seed for sampling, shuffling and init.")
+
+
+class DataSpec(BaseModel):
+    """Dataset files (JSON Lines: one ``{"messages", "tools", "extra"}`` object per line)."""
+
+    model_config = _STRICT
+
+    train: str = Field(..., min_length=1, description="Training rows (.jsonl), relative to job.yaml.")
+    validation: str | None = Field(
+        None, min_length=1, description="Optional held-out rows (.jsonl), relative to job.yaml."
+    )
+
+
+class RolloutEntry(BaseModel):
+    """The job's rollout plugin."""
+
+    model_config = _STRICT
+
+    entry: str = Field(..., description="`file.py:function`, the file relative to job.yaml.")
+    runtime: RuntimeOverrides | None = Field(None, description="Overrides of the decorator's Runtime.")
+
+
+class GraderEntry(BaseModel):
+    """One grader (or group grader) plugin."""
+
+    model_config = _STRICT
+
+    entry: str = Field(..., description="`file.py:function`, the file relative to job.yaml.")
+    weight: float | None = Field(
+        None, gt=0, description="Weight in the summed reward (> 0); default: the decorator's weight."
+    )
+    runtime: RuntimeOverrides | None = Field(None, description="Overrides of the decorator's Runtime.")
+
+
+class PluginsSpec(BaseModel):
+    """Which plugins the job calls."""
+
+    model_config = _STRICT
+
+    rollout: RolloutEntry | None = Field(
+        None,
+        description=f"The rollout; without one the built-in single-turn rollout ({BUILTIN_ROLLOUT}) is used.",
+    )
+    graders: list[GraderEntry] = Field(default_factory=list, description="Graders scoring each trajectory.")
+    group_graders: list[GraderEntry] = Field(
+        default_factory=list, description="Graders scoring a prompt's whole group of trajectories at once."
+    )
+
+    @model_validator(mode="after")
+    def _some_grader(self) -> PluginsSpec:
+        if not self.graders and not self.group_graders:
+            raise ValueError("at least one grader or group grader is needed to compute a reward")
+        return self
+
+
+class FailurePolicy(BaseModel):
+    """What happens when a plugin call fails (status `failure` or an exception)."""
+
+    model_config = _STRICT
+
+    max_attempts: int = Field(3, ge=1, le=100, description="Tries per call (each on a fresh instance).")
+    on_exhausted: Literal["fail_job", "drop_sample"] = Field(
+        "fail_job", description="After the last try: fail the job, or drop the sample and count it."
+    )
+
+
+class RetryPolicy(BaseModel):
+    """Automatic retries of the whole job after a platform error (resumed from the last checkpoint)."""
+
+    model_config = _STRICT
+
+    platform_delay_s: float = Field(900.0, ge=0, le=7 * 86_400, description="Seconds to wait before a retry.")
+    max_auto_retries: int = Field(3, ge=0, le=100, description="Automatic retries before the job stops.")
+
+
+class CircuitBreaker(BaseModel):
+    """Stop early when plugins fail for most of a step's calls, instead of burning compute."""
+
+    model_config = _STRICT
+
+    max_error_share: float = Field(
+        0.5, gt=0, le=1.0, description="Trip when failed calls exceed this share of a step's calls."
+    )
+    min_calls: int = Field(
+        8, ge=1, le=1_000_000, description="Calls a step needs before the breaker may trip."
+    )
+
+
+class JobSpec(BaseModel):
+    """A training job, as written in ``job.yaml``."""
+
+    model_config = _STRICT
+
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Job name (letters, digits, . _ -).",
+    )
+    model: str = Field(
+        ...,
+        min_length=1,
+        description="Local Hugging Face model folder (relative to job.yaml), or `builtin:tiny-chat`.",
+    )
+    algorithm: Literal["grpo"] = Field("grpo", description="Training algorithm.")
+    hyperparameters: Hyperparameters = Field(
+        default_factory=Hyperparameters,  # type: ignore[arg-type]
+        description="Training settings.",
+    )
+    data: DataSpec = Field(..., description="Dataset files.")
+    plugins: PluginsSpec = Field(..., description="Rollout and grader plugins.")
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy, description="Plugin call failures.")  # type: ignore[arg-type]
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Automatic job retries.")  # type: ignore[arg-type]
+    circuit_breaker: CircuitBreaker = Field(
+        default_factory=CircuitBreaker,  # type: ignore[arg-type]
+        description="Early stop on plugin errors.",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _known_builtin(cls, model: str) -> str:
+        name = model[len(BUILTIN_MODEL_PREFIX) :] if model.startswith(BUILTIN_MODEL_PREFIX) else None
+        if name is not None and name not in BUILTIN_MODELS:
+            known = ", ".join(BUILTIN_MODEL_PREFIX + k for k in BUILTIN_MODELS)
+            raise ValueError(f"unknown builtin model {model!r}; known: {known}")
+        return model
+
+    def rollout_entry(self) -> str:
+        """The rollout's entry, or the built-in single-turn rollout."""
+        return self.plugins.rollout.entry if self.plugins.rollout else BUILTIN_ROLLOUT
+
+
+def resolve_model(model: str, base_dir: Path) -> Path:
+    """The model folder ``model`` names: a builtin shorthand, or a path relative to ``base_dir``."""
+    if model.startswith(BUILTIN_MODEL_PREFIX):
+        name = model[len(BUILTIN_MODEL_PREFIX) :]
+        if name not in BUILTIN_MODELS:
+            known = ", ".join(BUILTIN_MODEL_PREFIX + k for k in BUILTIN_MODELS)
+            raise ValueError(f"unknown builtin model {model!r}; known: {known}")
+        return Path(str(resources.files("plugtune").joinpath(*BUILTIN_MODELS[name])))
+    return (base_dir / model).expanduser().resolve()
+
+
+@dataclass(frozen=True)
+class EntryRef:
+    """A parsed plugin entry: a file relative to job.yaml (or a module for built-ins) and a function."""
+
+    file: str | None
+    module: str | None
+    function: str
+
+
+def parse_entry(entry: str) -> EntryRef:
+    """Split ``file.py:function`` (or the built-in rollout's ``module:function``); ValueError if malformed."""
+    if entry == BUILTIN_ROLLOUT:
+        module, function = entry.split(":")
+        return EntryRef(file=None, module=module, function=function)
+    match = ENTRY_PATTERN.match(entry.strip())
+    if match is None:
+        raise ValueError(
+            f"plugin entry {entry!r} must look like `file.py:function` (e.g. plugins/rollout.py:solve)"
+        )
+    return EntryRef(file=match["file"], module=None, function=match["function"])
+
+
+def merge_runtime(decorator: Runtime, overrides: RuntimeOverrides | None) -> Runtime:
+    """The plugin's effective Runtime: the decorator's, with job.yaml's settings on top."""
+    if overrides is None:
+        return decorator
+    return decorator.replace(**overrides.given())
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    """One row of the spec reference: a dotted path, its type, its default and what it means."""
+
+    path: str
+    type: str
+    default: str
+    description: str
+
+
+def spec_reference(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[FieldDoc]:
+    """Every field of ``model`` (recursively), for CLI help and the console."""
+    rows: list[FieldDoc] = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        nested = nested_model(info.annotation)
+        default = "required" if info.is_required() else _default_text(info)
+        rows.append(FieldDoc(path, _type_text(info.annotation), default, info.description or ""))
+        if nested is not None:
+            suffix = "[]." if _is_list(info.annotation) else "."
+            rows.extend(spec_reference(nested, path + suffix))
+    return rows
+
+
+def nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside a field's annotation (``X``, ``X | None``, ``list[X]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = nested_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_list(annotation: Any) -> bool:
+    return getattr(annotation, "__origin__", None) is list
+
+
+def _type_text(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    return text or str(annotation).replace("typing.", "").replace("plugtune.jobs.spec.", "")
+
+
+def _default_text(info: Any) -> str:
+    if info.default_factory is not None:
+        return "(section defaults)" if nested_model(info.annotation) else "[]"
+    return "none" if info.default is None else repr(info.default)

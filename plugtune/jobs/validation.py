@@ -1,0 +1,404 @@
+"""Validation before any compute: ``job.yaml``, its paths, its plugins' entries and every dataset row.
+
+Every problem is collected (not only the first), each with file, line and field. Missing or empty
+inputs raise :class:`InvalidDataError`; malformed values raise :class:`InvalidValueError`. When both
+kinds exist the data error is raised, carrying all problems.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from plugtune.errors import InvalidValueError, Problem
+from plugtune.jobs.spec import (
+    BUILTIN_MODEL_PREFIX,
+    BUILTIN_ROLLOUT,
+    JobSpec,
+    nested_model,
+    parse_entry,
+    resolve_model,
+)
+from plugtune.jobs.validation_rows import Found, describe, parse_rows, read_dataset, read_text, validate_row
+
+__all__ = ["PluginRef", "ValidatedJob", "load_spec", "read_dataset", "validate_job", "validate_row"]
+
+Path_ = tuple[str | int, ...]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.2), as users expect."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+@dataclass(frozen=True)
+class PluginRef:
+    """One plugin of a validated job, with its file resolved."""
+
+    kind: str
+    entry: str
+    function: str
+    path: Path | None
+    module: str | None
+
+
+@dataclass(frozen=True)
+class ValidatedJob:
+    """A job whose spec, paths, plugin entries and datasets all passed validation."""
+
+    spec: JobSpec
+    job_file: Path
+    base_dir: Path
+    model_dir: Path
+    train_path: Path
+    validation_path: Path | None
+    train_rows: int
+    validation_rows: int
+    rollout: PluginRef
+    graders: tuple[PluginRef, ...]
+    group_graders: tuple[PluginRef, ...]
+
+
+# --- job.yaml -------------------------------------------------------------------------------
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read and type-check ``job.yaml`` (no file-system checks beyond the file itself)."""
+    found = Found()
+    spec, _, _ = _load(Path(path), found)
+    found.raise_if_any()
+    if spec is None:  # every failure path above records a problem
+        raise InvalidValueError([Problem(str(path), "job.yaml could not be read")])
+    return spec
+
+
+def validate_job(path: str | Path, *, check_model: bool = True) -> ValidatedJob:
+    """Validate everything a job needs before compute starts; raise with every problem found.
+
+    ``check_model=False`` skips only the check that the model folder exists.
+    """
+    job_file = Path(path)
+    found = Found()
+    spec, raw, lines = _load(job_file, found)
+    if raw is None:
+        found.raise_if_any()
+    base_dir = job_file.resolve().parent
+    name = str(job_file)
+    model_dir = _check_model(raw, lines, base_dir, name, found) if check_model else None
+    counts = _check_data(raw, lines, base_dir, name, found)
+    refs = _check_plugins(raw, lines, base_dir, name, found)
+    found.raise_if_any()
+    if spec is None:  # pragma: no cover - a failed spec always records a problem
+        raise InvalidValueError([Problem(name, "job.yaml could not be validated")])
+    data = spec.data
+    return ValidatedJob(
+        spec=spec,
+        job_file=job_file.resolve(),
+        base_dir=base_dir,
+        model_dir=model_dir or resolve_model(spec.model, base_dir),
+        train_path=(base_dir / data.train).resolve(),
+        validation_path=(base_dir / data.validation).resolve() if data.validation else None,
+        train_rows=counts.get("train", 0),
+        validation_rows=counts.get("validation", 0),
+        rollout=refs["rollout"][0],
+        graders=tuple(refs["graders"]),
+        group_graders=tuple(refs["group_graders"]),
+    )
+
+
+def _load(path: Path, found: Found) -> tuple[JobSpec | None, dict[str, Any] | None, dict[Path_, int]]:
+    name = str(path)
+    text = read_text(path, name, found, what="job spec")
+    if text is None:
+        return None, None, {}
+    try:
+        raw, lines = _compose(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        found.value.append(Problem(name, f"YAML syntax error: {exc.problem or exc}", line=line))
+        return None, None, {}
+    except yaml.YAMLError as exc:
+        found.value.append(Problem(name, f"YAML error: {exc}"))
+        return None, None, {}
+    if not isinstance(raw, dict):
+        found.value.append(
+            Problem(
+                name, f"job.yaml must be a mapping of keys (name, model, ...), got {describe(raw)}", line=1
+            )
+        )
+        return None, None, {}
+    found.value.extend(_duplicates(text, name))
+    try:
+        return JobSpec.model_validate(raw), raw, lines
+    except ValidationError as exc:
+        found.value.extend(_pydantic_problems(exc, lines, name))
+        return None, raw, lines
+
+
+def _display(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it, else absolute."""
+    resolved = path.resolve()
+    try:
+        return str(resolved.relative_to(Path.cwd()))
+    except ValueError:
+        return str(resolved)
+
+
+def _compose(text: str) -> tuple[Any, dict[Path_, int]]:
+    """Load YAML and the 1-based line of every key and list item, by path."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
+    lines: dict[Path_, int] = {}
+    if node is not None:
+        _mark_lines(node, (), lines)
+    return data, lines
+
+
+def _mark_lines(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = (*path, str(key.value))
+            lines[child] = key.start_mark.line + 1
+            _mark_lines(value, child, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _mark_lines(item, (*path, index), lines)
+
+
+def _duplicates(text: str, name: str) -> list[Problem]:
+    problems: list[Problem] = []
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
+    stack = [node] if node is not None else []
+    while stack:
+        current = stack.pop()
+        if isinstance(current, yaml.MappingNode):
+            seen: set[str] = set()
+            for key, value in current.value:
+                if str(key.value) in seen:
+                    problems.append(
+                        Problem(
+                            name,
+                            "key appears twice; the first value would be ignored",
+                            line=key.start_mark.line + 1,
+                            field=str(key.value),
+                        )
+                    )
+                seen.add(str(key.value))
+                stack.append(value)
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(current.value)
+    return problems
+
+
+def _pydantic_problems(exc: ValidationError, lines: dict[Path_, int], name: str) -> list[Problem]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc: Path_ = tuple(error["loc"])
+        message = _message(error)
+        if error["type"] in _BOUNDS and _description(loc):
+            message += f" ({_description(loc)})"
+        problems.append(Problem(name, message, line=_line_of(loc, lines), field=_field_text(loc) or None))
+    return problems
+
+
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def _message(error: Any) -> str:
+    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "extra_forbidden":
+        allowed = ", ".join(_allowed_keys(tuple(error["loc"][:-1])))
+        return f"unknown key (check the spelling); allowed here: {allowed}"
+    if kind in ("model_type", "dict_type"):
+        return f"must be a mapping of keys, got {describe(value)}"
+    if kind in ("int_type", "int_from_float"):
+        return f"must be a whole number, got {value!r}"
+    if kind == "float_type":
+        return f"must be a number, got {value!r}"
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()), "?")
+        return f"must be {_BOUNDS[kind]} {bound}, got {value!r}"
+    if kind in ("string_type", "list_type", "literal_error", "string_pattern_mismatch", "string_too_short"):
+        return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {value!r}"
+    text = str(error["msg"]).removeprefix("Value error, ")
+    return f"{text[0].lower()}{text[1:]}"
+
+
+def _allowed_keys(loc: Path_) -> list[str]:
+    model = _model_at(loc)
+    return list(model.model_fields) if model is not None else []
+
+
+def _description(loc: Path_) -> str:
+    model = _model_at(loc[:-1])
+    info = model.model_fields.get(str(loc[-1])) if model is not None and loc else None
+    return (info.description or "").rstrip(".") if info is not None else ""
+
+
+def _model_at(loc: Path_) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = JobSpec
+    for part in loc:
+        if model is None or isinstance(part, int):
+            continue
+        info = model.model_fields.get(part)
+        model = nested_model(info.annotation) if info is not None else None
+    return model
+
+
+def _line_of(loc: Path_, lines: dict[Path_, int]) -> int | None:
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _field_text(loc: Path_) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+# --- paths and plugins ----------------------------------------------------------------------
+
+
+def _section(raw: dict[str, Any] | None, key: str) -> dict[str, Any]:
+    value = (raw or {}).get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _check_model(
+    raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found
+) -> Path | None:
+    model = (raw or {}).get("model")
+    if not isinstance(model, str) or not model:
+        return None
+    line = lines.get(("model",))
+    try:
+        model_dir = resolve_model(model, base)
+    except ValueError as exc:
+        found.value.append(Problem(name, str(exc), line, "model"))
+        return None
+    hint = "build or download the model first" if model.startswith(BUILTIN_MODEL_PREFIX) else "fix the path"
+    if not model_dir.is_dir():
+        found.data.append(Problem(name, f"model folder {model_dir} does not exist; {hint}", line, "model"))
+    elif not (model_dir / "config.json").is_file():
+        message = f"{model_dir} is not a Hugging Face model folder (no config.json)"
+        found.data.append(Problem(name, message, line, "model"))
+    return model_dir
+
+
+def _check_data(
+    raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found
+) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for key, value in _section(raw, "data").items():
+        if key not in ("train", "validation") or not isinstance(value, str) or not value:
+            continue  # the spec check reports these
+        dataset = base / value
+        label = _display(dataset)
+        where = f" (data.{key} in {name}:{lines.get(('data', key), '?')})"
+        text = read_text(dataset, label, found, what="dataset", where=where)
+        if text is not None:
+            rows, problems = parse_rows(text, label)
+            found.value.extend(problems)
+            counts[key] = len(rows)
+    return counts
+
+
+def _check_plugins(
+    raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found
+) -> dict[str, list[PluginRef]]:
+    plugins = _section(raw, "plugins")
+    refs: dict[str, list[PluginRef]] = {"rollout": [], "graders": [], "group_graders": []}
+    rollout = plugins.get("rollout")
+    entries: list[tuple[str, Path_, Any]] = []
+    if isinstance(rollout, dict):
+        entries.append(("rollout", ("plugins", "rollout", "entry"), rollout.get("entry")))
+    for key in ("graders", "group_graders"):
+        items = plugins.get(key)
+        for index, item in enumerate(items if isinstance(items, list) else []):
+            if isinstance(item, dict):
+                entries.append((key, ("plugins", key, index, "entry"), item.get("entry")))
+    for key, loc, entry in entries:
+        if isinstance(entry, str):
+            ref = _check_entry(
+                key, entry, base, Problem(name, "", _line_of(loc, lines), _field_text(loc)), found
+            )
+            if ref is not None:
+                refs[key].append(ref)
+    if not refs["rollout"]:
+        refs["rollout"].append(_builtin_rollout())
+    return refs
+
+
+def _builtin_rollout() -> PluginRef:
+    ref = parse_entry(BUILTIN_ROLLOUT)
+    return PluginRef("rollout", BUILTIN_ROLLOUT, ref.function, None, ref.module)
+
+
+def _check_entry(kind: str, entry: str, base: Path, where: Problem, found: Found) -> PluginRef | None:
+    def problem(message: str) -> None:
+        found.value.append(Problem(where.file, message, where.line, where.field))
+
+    try:
+        ref = parse_entry(entry)
+    except ValueError as exc:
+        problem(str(exc))
+        return None
+    if ref.file is None:
+        return PluginRef(kind, entry, ref.function, None, ref.module)
+    path = (base / ref.file).resolve()
+    if not path.is_file():
+        problem(f"plugin file {ref.file} does not exist (looked in {path.parent})")
+        return None
+    defined = _top_level_names(path)
+    if defined is not None and ref.function not in defined:
+        known = ", ".join(sorted(n for n in defined if not n.startswith("_"))) or "none"
+        problem(f"{ref.file} defines no function `{ref.function}` (public names: {known})")
+        return None
+    return PluginRef(kind, entry, ref.function, path, None)
+
+
+def _top_level_names(path: Path) -> set[str] | None:
+    """Names a module defines at its top level, or None when it cannot be parsed here.
+
+    A file that does not parse is left to the runtime, which reports it as a `Create faas fault`.
+    """
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError, OSError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Name,)) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names

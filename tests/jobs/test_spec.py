@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from plugtune.jobs.spec import (
+    BUILTIN_ROLLOUT,
+    JobSpec,
+    RuntimeOverrides,
+    merge_runtime,
+    parse_entry,
+    resolve_model,
+    spec_reference,
+)
+from plugtune.sdk import Runtime
+
+MINIMAL = {
+    "name": "arith",
+    "model": "models/tiny",
+    "data": {"train": "data/train.jsonl"},
+    "plugins": {"graders": [{"entry": "plugins/grader.py:exact"}]},
+}
+
+
+def test_minimal_spec_gets_documented_defaults() -> None:
+    spec = JobSpec.model_validate(MINIMAL)
+    assert spec.algorithm == "grpo"
+    assert spec.failure_policy.max_attempts == 3
+    assert spec.failure_policy.on_exhausted == "fail_job"
+    assert spec.retry.platform_delay_s == 900
+    assert spec.retry.max_auto_retries == 3
+    assert spec.circuit_breaker.max_error_share == 0.5
+    assert spec.rollout_entry() == BUILTIN_ROLLOUT
+    assert spec.hyperparameters.group_size >= 2
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"hyperparameters": {"batch_size": 0}}, ("hyperparameters", "batch_size")),
+        ({"hyperparameters": {"group_size": 1}}, ("hyperparameters", "group_size")),
+        ({"hyperparameters": {"learning_rate": 0.0}}, ("hyperparameters", "learning_rate")),
+        ({"hyperparameters": {"steps": True}}, ("hyperparameters", "steps")),
+        ({"hyperparameters": {"steps": "10"}}, ("hyperparameters", "steps")),
+        ({"hyperparameters": {"top_p": 1.5}}, ("hyperparameters", "top_p")),
+        ({"algorithm": "ppo"}, ("algorithm",)),
+        ({"surprise": 1}, ("surprise",)),
+        ({"failure_policy": {"on_exhausted": "ignore"}}, ("failure_policy", "on_exhausted")),
+        ({"circuit_breaker": {"max_error_share": 0}}, ("circuit_breaker", "max_error_share")),
+        ({"model": "builtin:huge"}, ("model",)),
+        ({"name": "has space"}, ("name",)),
+    ],
+)
+def test_illegal_values_are_rejected_at_their_field(patch: dict, field: tuple) -> None:
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate({**MINIMAL, **patch})
+    assert field in [tuple(e["loc"]) for e in info.value.errors()]
+
+
+def test_grader_weight_must_be_positive_and_some_grader_is_needed() -> None:
+    bad = {**MINIMAL, "plugins": {"graders": [{"entry": "g.py:f", "weight": -1.0}]}}
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate(bad)
+    with pytest.raises(ValidationError, match="at least one grader"):
+        JobSpec.model_validate({**MINIMAL, "plugins": {"graders": []}})
+
+
+def test_runtime_overrides_win_over_the_decorator() -> None:
+    decorator = Runtime(memory_mb=512, timeout_s=30, max_concurrency=2)
+    merged = merge_runtime(decorator, RuntimeOverrides(timeout_s=5.0, max_instances=2))
+    assert merged.timeout_s == 5.0
+    assert merged.max_instances == 2
+    assert merged.memory_mb == 512 and merged.max_concurrency == 2
+    assert merge_runtime(decorator, None) is decorator
+
+
+def test_runtime_overrides_check_limits_and_ordering() -> None:
+    with pytest.raises(ValidationError):
+        RuntimeOverrides(memory_mb=1)
+    with pytest.raises(ValidationError, match="min_instances"):
+        RuntimeOverrides(min_instances=5, max_instances=2)
+
+
+def test_parse_entry_forms() -> None:
+    ref = parse_entry("plugins/rollout.py:solve")
+    assert (ref.file, ref.function, ref.module) == ("plugins/rollout.py", "solve", None)
+    builtin = parse_entry(BUILTIN_ROLLOUT)
+    assert builtin.file is None and builtin.module == "plugtune.jobs.builtin_rollout"
+    for bad in ("plugins/rollout.py", "rollout:solve", "a.py:1x", "a.py:f:g"):
+        with pytest.raises(ValueError, match="file.py:function"):
+            parse_entry(bad)
+
+
+def test_resolve_model(tmp_path: Path) -> None:
+    assert resolve_model("models/m", tmp_path) == (tmp_path / "models/m").resolve()
+    builtin = resolve_model("builtin:tiny-chat", tmp_path)
+    assert builtin.parts[-3:] == ("plugtune", "demo", "model")
+    with pytest.raises(ValueError, match="unknown builtin"):
+        resolve_model("builtin:nope", tmp_path)
+
+
+def test_every_field_is_documented() -> None:
+    rows = spec_reference()
+    paths = {r.path for r in rows}
+    assert {"hyperparameters.kl_coef", "plugins.graders[].weight", "retry.platform_delay_s"} <= paths
+    assert "plugins.rollout.runtime.timeout_s" in paths
+    undocumented = [r.path for r in rows if not r.description]
+    assert undocumented == []

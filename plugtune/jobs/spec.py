@@ -36,34 +36,37 @@ class RuntimeOverrides(BaseModel):
     model_config = _STRICT
 
     memory_mb: int | None = Field(
-        None,
+        default=None,
         ge=LIMITS["memory_mb"][0],
         le=LIMITS["memory_mb"][1],
         description="Memory limit per instance (MiB); going over it is `FaaS OOM`.",
     )
     timeout_s: float | None = Field(
-        None,
+        default=None,
         ge=LIMITS["timeout_s"][0],
         le=LIMITS["timeout_s"][1],
         description="Wall-clock limit per call (s); going over it is `Timeout`.",
     )
     max_concurrency: int | None = Field(
-        None,
+        default=None,
         ge=LIMITS["max_concurrency"][0],
         le=LIMITS["max_concurrency"][1],
         description="Calls one instance runs at once (event-loop tasks for async, threads for sync).",
     )
     min_instances: int | None = Field(
-        None, ge=LIMITS["min_instances"][0], le=LIMITS["min_instances"][1], description="Instances kept warm."
+        default=None,
+        ge=LIMITS["min_instances"][0],
+        le=LIMITS["min_instances"][1],
+        description="Instances kept warm.",
     )
     max_instances: int | None = Field(
-        None,
+        default=None,
         ge=LIMITS["max_instances"][0],
         le=LIMITS["max_instances"][1],
         description="Most instances the autoscaler starts.",
     )
     cpu: float | None = Field(
-        None, ge=LIMITS["cpu"][0], le=LIMITS["cpu"][1], description="CPU quota per instance (cores)."
+        default=None, ge=LIMITS["cpu"][0], le=LIMITS["cpu"][1], description="CPU quota per instance (cores)."
     )
 
     @model_validator(mode="after")
@@ -85,24 +88,31 @@ class Hyperparameters(BaseModel):
 
     model_config = _STRICT
 
-    steps: int = Field(30, ge=1, le=1_000_000, description="Optimizer steps to train.")
-    batch_size: int = Field(8, ge=1, le=100_000, description="Prompts (dataset rows) per step.")
+    steps: int = Field(default=30, ge=1, le=1_000_000, description="Optimizer steps to train.")
+    batch_size: int = Field(default=8, ge=1, le=100_000, description="Prompts (dataset rows) per step.")
     group_size: int = Field(
-        4, ge=2, le=1_024, description="Rollouts per prompt; GRPO compares them, so at least 2."
+        default=4, ge=2, le=1_024, description="Rollouts per prompt; GRPO compares them, so at least 2."
     )
-    learning_rate: float = Field(1e-5, gt=0, le=1.0, description="AdamW learning rate.")
-    max_new_tokens: int = Field(64, ge=1, le=131_072, description="Most tokens the policy samples per reply.")
-    temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature of the policy.")
-    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus-sampling probability mass.")
+    learning_rate: float = Field(default=1e-5, gt=0, le=1.0, description="AdamW learning rate.")
+    max_new_tokens: int = Field(
+        default=64, ge=1, le=131_072, description="Most tokens the policy samples per reply."
+    )
+    temperature: float = Field(default=1.0, gt=0, le=10.0, description="Sampling temperature of the policy.")
+    top_p: float = Field(default=1.0, gt=0, le=1.0, description="Nucleus-sampling probability mass.")
     kl_coef: float = Field(
-        0.0, ge=0, le=100.0, description="Weight of the KL penalty to the reference model (0 = off)."
+        default=0.0, ge=0, le=100.0, description="Weight of the KL penalty to the reference model (0 = off)."
     )
-    clip_ratio: float = Field(0.2, gt=0, le=1.0, description="PPO-style ratio clip epsilon.")
-    grad_clip: float = Field(1.0, gt=0, le=1_000.0, description="Global gradient-norm clip.")
+    clip_ratio: float = Field(default=0.2, gt=0, le=1.0, description="PPO-style ratio clip epsilon.")
+    grad_clip: float = Field(default=1.0, gt=0, le=1_000.0, description="Global gradient-norm clip.")
     save_every_n_steps: int = Field(
-        5, ge=1, le=1_000_000, description="Checkpoint every N steps; retries resume from the last one."
+        default=5,
+        ge=1,
+        le=1_000_000,
+        description="Checkpoint every N steps; retries resume from the last one.",
     )
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="Random seed for sampling, shuffling and init.")
+    seed: int = Field(
+        default=0, ge=0, le=2**32 - 1, description="Random seed for sampling, shuffling and init."
+    )
 
 
 class DataSpec(BaseModel):
@@ -112,7 +122,7 @@ class DataSpec(BaseModel):
 
     train: str = Field(..., min_length=1, description="Training rows (.jsonl), relative to job.yaml.")
     validation: str | None = Field(
-        None, min_length=1, description="Optional held-out rows (.jsonl), relative to job.yaml."
+        default=None, min_length=1, description="Optional held-out rows (.jsonl), relative to job.yaml."
     )
 
 
@@ -122,7 +132,9 @@ class RolloutEntry(BaseModel):
     model_config = _STRICT
 
     entry: str = Field(..., description="`file.py:function`, the file relative to job.yaml.")
-    runtime: RuntimeOverrides | None = Field(None, description="Overrides of the decorator's Runtime.")
+    runtime: RuntimeOverrides | None = Field(
+        default=None, description="Overrides of the decorator's Runtime."
+    )
 
 
 class GraderEntry(BaseModel):
@@ -132,9 +144,11 @@ class GraderEntry(BaseModel):
 
     entry: str = Field(..., description="`file.py:function`, the file relative to job.yaml.")
     weight: float | None = Field(
-        None, gt=0, description="Weight in the summed reward (> 0); default: the decorator's weight."
+        default=None, gt=0, description="Weight in the summed reward (> 0); default: the decorator's weight."
     )
-    runtime: RuntimeOverrides | None = Field(None, description="Overrides of the decorator's Runtime.")
+    runtime: RuntimeOverrides | None = Field(
+        default=None, description="Overrides of the decorator's Runtime."
+    )
 
 
 class PluginsSpec(BaseModel):
@@ -143,7 +157,7 @@ class PluginsSpec(BaseModel):
     model_config = _STRICT
 
     rollout: RolloutEntry | None = Field(
-        None,
+        default=None,
         description=f"The rollout; without one the built-in single-turn rollout ({BUILTIN_ROLLOUT}) is used.",
     )
     graders: list[GraderEntry] = Field(default_factory=list, description="Graders scoring each trajectory.")
@@ -163,9 +177,11 @@ class FailurePolicy(BaseModel):
 
     model_config = _STRICT
 
-    max_attempts: int = Field(3, ge=1, le=100, description="Tries per call (each on a fresh instance).")
+    max_attempts: int = Field(
+        default=3, ge=1, le=100, description="Tries per call (each on a fresh instance)."
+    )
     on_exhausted: Literal["fail_job", "drop_sample"] = Field(
-        "fail_job", description="After the last try: fail the job, or drop the sample and count it."
+        default="fail_job", description="After the last try: fail the job, or drop the sample and count it."
     )
 
 
@@ -174,8 +190,12 @@ class RetryPolicy(BaseModel):
 
     model_config = _STRICT
 
-    platform_delay_s: float = Field(900.0, ge=0, le=7 * 86_400, description="Seconds to wait before a retry.")
-    max_auto_retries: int = Field(3, ge=0, le=100, description="Automatic retries before the job stops.")
+    platform_delay_s: float = Field(
+        default=900.0, ge=0, le=7 * 86_400, description="Seconds to wait before a retry."
+    )
+    max_auto_retries: int = Field(
+        default=3, ge=0, le=100, description="Automatic retries before the job stops."
+    )
 
 
 class CircuitBreaker(BaseModel):
@@ -184,10 +204,10 @@ class CircuitBreaker(BaseModel):
     model_config = _STRICT
 
     max_error_share: float = Field(
-        0.5, gt=0, le=1.0, description="Trip when failed calls exceed this share of a step's calls."
+        default=0.5, gt=0, le=1.0, description="Trip when failed calls exceed this share of a step's calls."
     )
     min_calls: int = Field(
-        8, ge=1, le=1_000_000, description="Calls a step needs before the breaker may trip."
+        default=8, ge=1, le=1_000_000, description="Calls a step needs before the breaker may trip."
     )
 
 
@@ -197,18 +217,18 @@ class JobSpec(BaseModel):
     model_config = _STRICT
 
     name: str = Field(
-        ...,
+        default=...,
         min_length=1,
         max_length=100,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Job name (letters, digits, . _ -).",
     )
     model: str = Field(
-        ...,
+        default=...,
         min_length=1,
         description="Local Hugging Face model folder (relative to job.yaml), or `builtin:tiny-chat`.",
     )
-    algorithm: Literal["grpo"] = Field("grpo", description="Training algorithm.")
+    algorithm: Literal["grpo"] = Field(default="grpo", description="Training algorithm.")
     hyperparameters: Hyperparameters = Field(
         default_factory=Hyperparameters,  # type: ignore[arg-type]
         description="Training settings.",

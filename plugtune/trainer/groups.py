@@ -1,0 +1,295 @@
+"""One prompt's group: ``group_size`` rollouts at once, then graders, into TrajectoryRecords.
+
+Outcome handling (Ark semantics, DESIGN §2): a rollout or grader that reports ``retry`` or
+``failure``, or whose call raised ``PluginCallError``, marks its trajectory ``failed`` (reward
+``None``, no gradient) with an ErrorRecord; ``discard`` from any plugin drops the whole group.
+Retries belong to the caller the jobs layer passes in; a rollout retried by it gets a fresh
+trajectory in the policy server, so a failed attempt's tokens never reach the loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from plugtune.errors import ErrorType, Owner, PluginCallError
+from plugtune.sdk import Context, PluginSpec, Sample, Status, Trajectory
+from plugtune.trainer.protocols import Caller, PluginFunction, PolicyServer
+from plugtune.trainer.rewards import final_reward
+from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
+
+T = TypeVar("T")
+
+EMPTY_TRACE = TokenTrace(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[], messages=[])
+
+
+@dataclass(frozen=True)
+class Plugins:
+    """The job's deployed plugins: one rollout, any number of graders and group graders."""
+
+    rollout: PluginFunction
+    graders: Sequence[PluginFunction] = ()
+    group_graders: Sequence[PluginFunction] = ()
+
+    def weights(self) -> dict[str, float]:
+        return {fn.spec.name: fn.spec.weight for fn in (*self.graders, *self.group_graders)}
+
+
+@dataclass
+class _Slot:
+    """A trajectory while its group is being produced (mutable; becomes a TrajectoryRecord)."""
+
+    rollout_index: int
+    trajectory_id: str = ""
+    attempt: int = 0
+    trace: TokenTrace = EMPTY_TRACE
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "success"
+    discard: bool = False
+    errors: list[ErrorRecord] = field(default_factory=list)
+    components: dict[str, float | None] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "success" and not self.discard
+
+
+class _FreshTrajectoryRollout:
+    """Adapts a rollout for the caller: every ``invoke(ctx, sample)`` opens a new trajectory."""
+
+    def __init__(self, fn: PluginFunction, server: PolicyServer, slot: _Slot, base_id: str) -> None:
+        self.fn, self.server, self.slot, self.base_id = fn, server, slot, base_id
+
+    @property
+    def spec(self) -> PluginSpec:
+        return self.fn.spec
+
+    async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
+        if self.slot.attempt:
+            _take(self.server, self.slot.trajectory_id)  # forget the failed attempt's tokens
+        self.slot.attempt += 1
+        tid = self.base_id if self.slot.attempt == 1 else f"{self.base_id}.{self.slot.attempt}"
+        self.slot.trajectory_id = tid
+        ctx = dataclasses.replace(ctx, trajectory_id=tid, attempt=self.slot.attempt)
+        return await self.fn.invoke(ctx, self.server.open(tid), *args)
+
+
+@dataclass
+class GroupRunner:
+    server: PolicyServer
+    plugins: Plugins
+    caller: Caller
+    job_id: str = ""
+
+    async def run(
+        self, step: int, sample: Sample, group_size: int, policy_version: int
+    ) -> list[TrajectoryRecord]:
+        """Roll out ``group_size`` trajectories of ``sample`` concurrently and grade them."""
+        group_id = f"s{step}-p{sample.index}"
+        slots = [_Slot(rollout_index=i) for i in range(group_size)]
+        started = time.perf_counter()
+        await gather_or_cancel([self._rollout(step, sample, slot, group_id) for slot in slots])
+        rolled = time.perf_counter()
+        if not any(s.discard for s in slots):
+            await self._grade(step, sample, slots)
+        graded = time.perf_counter()
+        weights = self.plugins.weights()
+        discard = any(s.discard for s in slots)
+        records = []
+        for slot in slots:
+            slot.timing.update(rollouts_s=rolled - started, graders_s=graded - rolled)
+            records.append(self._record(step, sample, group_id, slot, weights, discard, policy_version))
+        return records
+
+    async def _rollout(self, step: int, sample: Sample, slot: _Slot, group_id: str) -> None:
+        adapter = _FreshTrajectoryRollout(
+            self.plugins.rollout, self.server, slot, f"{group_id}-r{slot.rollout_index}"
+        )
+        ctx = self._context(step, sample, slot, self.plugins.rollout)
+        started = time.perf_counter()
+        try:
+            outcome = await self.caller(adapter, ctx, sample)
+        except PluginCallError as exc:
+            _fail(slot, _error_of(exc, slot))
+            return
+        finally:
+            if slot.attempt:
+                slot.trace = _take(self.server, slot.trajectory_id)
+            slot.timing["rollout_s"] = time.perf_counter() - started
+        result = outcome.value if isinstance(outcome.value, dict) else {}
+        slot.messages = list(result.get("messages") or slot.trace.messages)
+        slot.metrics.update(outcome.metrics)
+        slot.metrics.update(result.get("metrics") or {})
+        _apply_status(slot, outcome, self.plugins.rollout.spec.name)
+
+    async def _grade(self, step: int, sample: Sample, slots: list[_Slot]) -> None:
+        live = [s for s in slots if s.ok]
+        trajectories = {s.rollout_index: self._trajectory(sample, s) for s in live}
+        calls: list[Awaitable[None]] = [
+            self._grade_one(step, sample, slot, fn, trajectories[slot.rollout_index])
+            for fn in self.plugins.graders
+            for slot in live
+        ]
+        calls += [
+            self._grade_group(step, sample, live, fn, trajectories) for fn in self.plugins.group_graders
+        ]
+        await gather_or_cancel(calls)
+
+    async def _grade_one(
+        self, step: int, sample: Sample, slot: _Slot, fn: PluginFunction, trajectory: Trajectory
+    ) -> None:
+        try:
+            outcome = await self.caller(fn, self._context(step, sample, slot, fn), sample, trajectory)
+        except PluginCallError as exc:
+            _fail(slot, _error_of(exc, slot))
+            return
+        if _apply_status(slot, outcome, fn.spec.name):
+            slot.components[fn.spec.name] = _number(outcome.value)
+
+    async def _grade_group(
+        self,
+        step: int,
+        sample: Sample,
+        live: list[_Slot],
+        fn: PluginFunction,
+        trajectories: dict[int, Trajectory],
+    ) -> None:
+        if not live:
+            return
+        ctx = dataclasses.replace(
+            self._context(step, sample, live[0], fn), trajectory_id="", rollout_index=-1
+        )
+        group = [trajectories[s.rollout_index] for s in live]
+        try:
+            outcome = await self.caller(fn, ctx, sample, group)
+        except PluginCallError as exc:
+            for slot in live:
+                _fail(slot, _error_of(exc, slot))
+            return
+        values = outcome.value if isinstance(outcome.value, list) else []
+        for i, slot in enumerate(live):
+            if _apply_status(slot, outcome, fn.spec.name):
+                slot.components[fn.spec.name] = _number(values[i]) if i < len(values) else None
+
+    def _context(self, step: int, sample: Sample, slot: _Slot, fn: PluginFunction) -> Context:
+        return Context(
+            job_id=self.job_id,
+            step=step,
+            sample_id=sample.index,
+            rollout_index=slot.rollout_index,
+            attempt=max(slot.attempt, 1),
+            trajectory_id=slot.trajectory_id,
+            plugin=fn.spec.name,
+        )
+
+    def _trajectory(self, sample: Sample, slot: _Slot) -> Trajectory:
+        return Trajectory(
+            trajectory_id=slot.trajectory_id, messages=slot.messages, tools=sample.tools, metrics=slot.metrics
+        )
+
+    def _record(
+        self,
+        step: int,
+        sample: Sample,
+        group_id: str,
+        slot: _Slot,
+        weights: dict[str, float],
+        discard: bool,
+        policy_version: int,
+    ) -> TrajectoryRecord:
+        trace = slot.trace
+        status = "discard" if discard else slot.status
+        return TrajectoryRecord(
+            trajectory_id=slot.trajectory_id,
+            group_id=group_id,
+            step=step,
+            sample_index=sample.index,
+            rollout_index=slot.rollout_index,
+            attempt=max(slot.attempt, 1),
+            policy_version=policy_version,
+            prompt_ids=list(trace.prompt_ids),
+            response_ids=list(trace.response_ids),
+            response_mask=list(trace.response_mask),
+            response_logprobs=list(trace.response_logprobs),
+            messages=slot.messages,
+            tools=list(sample.tools),
+            reward=final_reward(slot.components, weights) if status == "success" else None,
+            reward_components=dict(slot.components),
+            status=status,
+            stop_reason=trace.finish_reason,
+            errors=list(slot.errors),
+            metrics=dict(slot.metrics),
+            timing=dict(slot.timing),
+        )
+
+
+def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str) -> bool:
+    """Record a non-success status on the slot; True when the outcome's value stands."""
+    if outcome.status == Status.SUCCESS.value:
+        return True
+    if outcome.status == Status.DISCARD.value:
+        slot.discard = True
+        return False
+    _fail(
+        slot,
+        ErrorRecord(
+            type=ErrorType.CALL_PLUGIN.value,
+            owner=Owner.PLUGIN.value,
+            cause=outcome.status,
+            message=outcome.reason or f"{plugin} returned status {outcome.status!r}",
+            plugin=plugin,
+            call_id=outcome.call_id,
+            trajectory_id=slot.trajectory_id,
+            attempt=max(slot.attempt, 1),
+        ),
+    )
+    return False
+
+
+def _fail(slot: _Slot, error: ErrorRecord) -> None:
+    slot.status = "failed"
+    slot.errors.append(error)
+
+
+def _error_of(exc: PluginCallError, slot: _Slot) -> ErrorRecord:
+    return ErrorRecord(
+        type=exc.type,
+        owner=exc.owner,
+        cause=exc.cause,
+        message=exc.message,
+        hint=exc.hint,
+        plugin=exc.plugin,
+        call_id=exc.call_id,
+        trajectory_id=exc.trajectory_id or slot.trajectory_id,
+        attempt=max(slot.attempt, 1),
+        traceback=exc.traceback,
+    )
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _take(server: PolicyServer, trajectory_id: str) -> TokenTrace:
+    try:
+        return server.take(trajectory_id)
+    except KeyError:  # the rollout never called the policy
+        return EMPTY_TRACE
+
+
+async def gather_or_cancel(calls: Sequence[Awaitable[T]]) -> list[T]:
+    """``asyncio.gather``, but the first exception cancels the calls still running."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -1,0 +1,242 @@
+"""``GRPOTrainer``: one GRPO step reads top to bottom.
+
+rollouts (concurrently, through the plugins) → graders → final reward → group advantages →
+clipped policy-gradient loss (+ KL) → guarded optimizer step → metrics. Every step returns
+its TrajectoryRecords so the jobs layer can store them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from plugtune.errors import LossNanError
+from plugtune.sdk import Sample, Sampling
+from plugtune.trainer import checkpoint
+from plugtune.trainer.batch import TrainBatch, build_batch, forward_logits, is_trainable
+from plugtune.trainer.config import TrainerConfig
+from plugtune.trainer.data import DataCursor
+from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
+from plugtune.trainer.losses import clipped_pg_loss, entropy, kl_k3, masked_mean, token_logprobs
+from plugtune.trainer.protocols import Caller, PolicyServer, call_once
+from plugtune.trainer.rewards import group_advantages, summary
+from plugtune.types import TrajectoryRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int  # 1-based number of the step just applied
+    metrics: dict[str, float]
+    records: list[TrajectoryRecord]
+
+
+@dataclass(frozen=True)
+class _LossParts:
+    loss: torch.Tensor
+    pg_loss: float
+    kl: float
+    entropy: float
+    clip_fraction: float
+    logprob_gap: float
+
+
+class GRPOTrainer:
+    """Trains ``model`` in place with GRPO on ``rows`` (dataset dicts: messages / tools / extra)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: Any,
+        server: PolicyServer,
+        plugins: Plugins,
+        rows: Sequence[dict[str, Any]],
+        config: TrainerConfig,
+        *,
+        caller: Caller = call_once,
+        job_id: str = "",
+    ) -> None:
+        self.model, self.tokenizer, self.server, self.config = model, tokenizer, server, config
+        self.rows = rows
+        self.runner = GroupRunner(server=server, plugins=plugins, caller=caller, job_id=job_id)
+        self.cursor = DataCursor(len(rows), config.seed)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=config.learning_rate,
+            weight_decay=config.weight_decay,
+        )
+        self.reference = _frozen_copy(model) if config.kl_coef > 0 else None
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.step_count = 0
+        checkpoint.seed_everything(config.seed)
+        server.set_policy_version(self.step_count)
+
+    async def step(self) -> StepResult:
+        """Run one GRPO step; raises LossNanError (and applies nothing) on a non-finite loss or grad."""
+        started = time.perf_counter()
+        step = self.step_count + 1
+        samples = [self._sample(i, row) for i, row in self.cursor.batch(self.rows, self.config.batch_size)]
+
+        groups = await gather_or_cancel(
+            [self.runner.run(step, s, self.config.group_size, self.step_count) for s in samples]
+        )
+        plugins_s = time.perf_counter() - started
+        records = [r for group in groups for r in _with_advantages(group)]
+
+        trainable = [r for r in records if is_trainable(r)]
+        parts: _LossParts | None = None
+        grad_norm = 0.0
+        batch = build_batch(trainable, self.pad_id) if trainable else None
+        if batch is not None:
+            parts = self._loss(batch)
+            grad_norm = self._guarded_update(parts.loss, step, records, batch)
+        self.step_count = step
+        self.server.set_policy_version(self.step_count)
+
+        metrics = _metrics(records, parts, grad_norm, batch)
+        metrics.update({"time/plugins_s": plugins_s, "time/step_s": time.perf_counter() - started})
+        return StepResult(step=step, metrics=metrics, records=records)
+
+    async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:
+        """Run the remaining steps, writing a checkpoint every ``save_every_n_steps``."""
+        while self.step_count < self.config.steps:
+            result = await self.step()
+            if checkpoint_dir is not None and result.step % self.config.save_every_n_steps == 0:
+                self.save_checkpoint(checkpoint_dir / checkpoint.step_dir_name(result.step))
+            yield result
+
+    def save_checkpoint(self, path: Path) -> Path:
+        return checkpoint.save(path, self.model, self.tokenizer, self.optimizer, self.cursor, self.step_count)
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore weights, optimizer, data cursor, RNG states and step from ``path``."""
+        with self.server.weights_lock:
+            self.step_count = checkpoint.load(path, self.model, self.optimizer, self.cursor)
+        self.server.set_policy_version(self.step_count)
+
+    def save_final(self, path: Path) -> Path:
+        """The trained model as a Hugging Face directory (config, safetensors, tokenizer)."""
+        return checkpoint.save_model(path, self.model, self.tokenizer)
+
+    def _sample(self, index: int, row: dict[str, Any]) -> Sample:
+        c = self.config
+        sampling = Sampling(temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_new_tokens)
+        return replace(Sample.from_dict(row), index=index, sampling=sampling)
+
+    def _loss(self, batch: TrainBatch) -> _LossParts:
+        logits_BTV = forward_logits(self.model, batch, self.config.temperature)
+        logps_BT = token_logprobs(logits_BTV, batch.targets_BT)
+        pg_loss, clip_fraction = clipped_pg_loss(
+            logps_BT, batch.old_logps_BT, batch.advantages_B, batch.mask_BT, self.config.clip_ratio
+        )
+        loss = pg_loss
+        kl = torch.zeros(())
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logps_BT = token_logprobs(
+                    forward_logits(self.reference, batch, self.config.temperature), batch.targets_BT
+                )
+            kl = masked_mean(kl_k3(logps_BT, ref_logps_BT), batch.mask_BT)
+            loss = loss + self.config.kl_coef * kl
+        with torch.no_grad():
+            ent = masked_mean(entropy(logits_BTV), batch.mask_BT)
+            gap = masked_mean((logps_BT - batch.old_logps_BT).abs(), batch.mask_BT)
+        return _LossParts(
+            loss=loss,
+            pg_loss=float(pg_loss.item()),
+            kl=float(kl.item()),
+            entropy=float(ent.item()),
+            clip_fraction=float(clip_fraction.item()),
+            logprob_gap=float(gap.item()),
+        )
+
+    def _guarded_update(
+        self, loss: torch.Tensor, step: int, records: list[TrajectoryRecord], batch: TrainBatch
+    ) -> float:
+        """Backward, clip, and step the optimizer only when loss and gradient are finite."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            self._raise_nan(f"the loss is {loss.item()}", step, records, batch)
+        loss.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self._raise_nan(f"the gradient norm is {grad_norm.item()}", step, records, batch)
+        with self.server.weights_lock:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm.item())
+
+    def _raise_nan(self, what: str, step: int, records: list[TrajectoryRecord], batch: TrainBatch) -> None:
+        rewards = summary([r.reward for r in records])
+        advantages = summary([r.advantage for r in records])
+        stats = {f"reward/{k}": v for k, v in rewards.items()}
+        stats.update({f"advantage/{k}": v for k, v in advantages.items()})
+        self.optimizer.zero_grad(set_to_none=True)
+        raise LossNanError(
+            f"step {step}: {what}; the optimizer step was not applied. Reward mean {rewards['mean']:.4g} "
+            f"(min {rewards['min']:.4g}, max {rewards['max']:.4g}), advantage min {advantages['min']:.4g} "
+            f"max {advantages['max']:.4g}, over {len(batch.trajectory_ids)} trajectories",
+            step=step,
+            stats=stats,
+            trajectory_ids=list(batch.trajectory_ids),
+        )
+
+
+def _with_advantages(group: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
+    """The group's records with GRPO advantages (None for failed, unscorable and discarded ones)."""
+    rewards = [r.reward if r.status == "success" else None for r in group]
+    return [replace(r, advantage=a) for r, a in zip(group, group_advantages(rewards), strict=True)]
+
+
+def _metrics(
+    records: list[TrajectoryRecord], parts: _LossParts | None, grad_norm: float, batch: TrainBatch | None
+) -> dict[str, float]:
+    rewards = summary([r.reward for r in records])
+    out: dict[str, float] = {
+        "reward/mean": rewards["mean"],
+        "reward/std": rewards["std"],
+        "reward/scored": rewards["count"],
+        "trajectories/total": float(len(records)),
+        "trajectories/trained": float(len(batch.trajectory_ids) if batch else 0),
+        "trajectories/failed": float(sum(r.status == "failed" for r in records)),
+        "trajectories/discarded": float(sum(r.status == "discard" for r in records)),
+        "grad_norm": grad_norm,
+        "tokens/policy": float(sum(sum(r.response_mask) for r in records)),
+        "response_length": summary([float(len(r.response_ids)) for r in records])["mean"] if records else 0.0,
+    }
+    for name in sorted({n for r in records for n in r.reward_components}):
+        out[f"reward/{name}"] = summary([r.reward_components.get(name) for r in records])["mean"]
+    for cause, count in Counter(e.cause for r in records for e in r.errors).items():
+        out[f"plugin/errors/{cause}"] = float(count)
+    if parts is not None:
+        out.update(
+            {
+                "loss": float(parts.loss.item()),
+                "loss/pg": parts.pg_loss,
+                "kl": parts.kl,
+                "entropy": parts.entropy,
+                "clip_fraction": parts.clip_fraction,
+                "logprob_gap": parts.logprob_gap,
+            }
+        )
+    return out
+
+
+def _frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+    reference = copy.deepcopy(model)
+    reference.eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference

@@ -1,0 +1,71 @@
+"""Load any Hugging Face causal LM and its tokenizer from a local directory (``model:`` in job.yaml)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from plugtune.errors import InvalidDataError, InvalidValueError, Problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM (float32, CPU, eval mode) and its tokenizer, which carries a chat template."""
+
+    model: PreTrainedModel
+    tokenizer: Any
+    path: Path
+
+
+def load_model(path: str | Path, *, field: str = "model", file: str = "job.yaml") -> LoadedModel:
+    """Load the model and tokenizer in ``path`` offline; errors name the path and what to do."""
+    where = Path(path).expanduser()
+    _check_directory(where, field=field, file=file)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(where), local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InvalidDataError(
+            [
+                Problem(
+                    file=file,
+                    field=field,
+                    message=f"{where} is not a loadable Hugging Face causal LM directory: {exc}",
+                )
+            ]
+        ) from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidValueError(
+            [
+                Problem(
+                    file=file,
+                    field=field,
+                    message=f"the tokenizer in {where} has no chat template; use a chat model or add "
+                    "'chat_template' to its tokenizer_config.json",
+                )
+            ]
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    log.info("loaded %s (%d parameters)", where, sum(p.numel() for p in model.parameters()))
+    return LoadedModel(model=model, tokenizer=tokenizer, path=where)
+
+
+def _check_directory(where: Path, *, field: str, file: str) -> None:
+    if not where.exists():
+        message = f"model directory {where} does not exist; set {field} to a local Hugging Face model folder"
+    elif not where.is_dir():
+        message = f"{where} is a file; {field} must be a Hugging Face model folder (with config.json)"
+    elif not (where / "config.json").is_file():
+        message = f"{where} has no config.json, so it is not a Hugging Face model folder"
+    else:
+        return
+    raise InvalidDataError([Problem(file=file, field=field, message=message)])

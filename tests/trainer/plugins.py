@@ -1,0 +1,42 @@
+"""Plugins the trainer tests run in process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plugtune import Discard, Retry, grader, group_grader, rollout
+from plugtune.sdk import Context, Policy, Sample, Trajectory
+
+
+@rollout
+def answer(ctx: Context, policy: Policy, sample: Sample) -> None:
+    policy.chat(
+        sample.messages, temperature=sample.sampling.temperature, max_tokens=sample.sampling.max_tokens
+    )
+    if sample.extra.get("mode") == "crash":
+        raise RuntimeError("rollout crashed on purpose")
+    if sample.extra.get("mode") == "retry":
+        raise Retry("asked to retry")
+    if sample.extra.get("mode") == "discard":
+        raise Discard("asked to discard")
+
+
+@grader
+def digits(ctx: Context, sample: Sample, trajectory: Trajectory) -> float | None:
+    """Fraction of the completion's characters that are digits (None for an empty completion)."""
+    text = trajectory.completion
+    if sample.extra.get("mode") == "unscorable" or not text:
+        return None
+    return sum(ch.isdigit() for ch in text) / len(text)
+
+
+@grader(weight=1e10)
+def huge(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    """A finite reward so large that the weighted sum overflows to inf."""
+    return 1e300 if trajectory.trajectory_id.endswith("r0") else 0.0
+
+
+@group_grader(weight=0.5)
+def longest(ctx: Context, sample: Sample, trajectories: list[Trajectory]) -> list[Any]:
+    lengths = [len(t.completion) for t in trajectories]
+    return [1.0 if n == max(lengths) else 0.0 for n in lengths]

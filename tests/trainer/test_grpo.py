@@ -1,0 +1,170 @@
+"""GRPO on a tiny random Llama, through in-process plugins and policy: a real model, real steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from plugtune.errors import LossNanError
+from plugtune.trainer.config import TrainerConfig
+from plugtune.trainer.groups import Plugins
+from plugtune.trainer.grpo import GRPOTrainer
+from plugtune.trainer.model import load_model
+from plugtune.trainer.testing import InProcessFunction, InProcessPolicyServer
+from tests.trainer import plugins as p
+
+ROWS = [
+    {"messages": [{"role": "user", "content": f"{i}+{i}=?"}], "extra": {"answer": str(2 * i)}}
+    for i in range(6)
+]
+
+
+def make_trainer(
+    path: Path,
+    rows: list[dict[str, Any]] = ROWS,
+    graders: list[Any] | None = None,
+    group_graders: list[Any] | None = None,
+    **overrides: Any,
+) -> GRPOTrainer:
+    lm = load_model(path)
+    settings: dict[str, Any] = dict(
+        steps=3, batch_size=2, group_size=4, max_new_tokens=12, learning_rate=1e-2
+    )
+    settings.update(overrides)
+    plugins = Plugins(
+        rollout=InProcessFunction(p.answer),
+        graders=[InProcessFunction(g) for g in (graders if graders is not None else [p.digits])],
+        group_graders=[InProcessFunction(g) for g in (group_graders or [])],
+    )
+    server = InProcessPolicyServer(lm.model, lm.tokenizer, seed=7)
+    return GRPOTrainer(lm.model, lm.tokenizer, server, plugins, rows, TrainerConfig(**settings))
+
+
+def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+async def test_smoke_step_changes_parameters_and_reports_metrics(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, group_graders=[p.longest], kl_coef=0.05)
+    before = params(trainer)
+    result = await trainer.step()
+    m = result.metrics
+    for name in (
+        "reward/mean",
+        "reward/std",
+        "reward/digits",
+        "reward/longest",
+        "loss",
+        "kl",
+        "grad_norm",
+        "entropy",
+        "response_length",
+        "time/plugins_s",
+        "time/step_s",
+    ):
+        assert name in m, name
+    assert torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0
+    assert m["trajectories/total"] == 8 and m["trajectories/trained"] == 8
+    # the gateway's sampling log-probs and the trainer's recomputed ones agree
+    assert m["logprob_gap"] < 1e-4
+    after = params(trainer)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert trainer.server.version == 1  # type: ignore[attr-defined]
+    rec = result.records[0]
+    assert rec.status == "success" and rec.reward is not None and rec.advantage is not None
+    assert set(rec.reward_components) == {"digits", "longest"}
+    assert len(rec.response_ids) == len(rec.response_mask) == len(rec.response_logprobs) > 0
+    assert rec.messages[-1]["role"] == "assistant"
+    # records of one group share its id, and their advantages sum to ~0
+    group = [r for r in result.records if r.group_id == rec.group_id]
+    assert len(group) == 4 and abs(sum(r.advantage or 0.0 for r in group)) < 1e-4
+
+
+async def test_failed_retry_discard_and_unscorable_trajectories(tiny_model_path: Path) -> None:
+    rows = [
+        {"messages": [{"role": "user", "content": mode}], "extra": {"mode": mode}}
+        for mode in ("crash", "retry", "discard", "unscorable")
+    ]
+    trainer = make_trainer(tiny_model_path, rows=rows, batch_size=4)
+    result = await trainer.step()
+    by_mode = {rows[r.sample_index]["extra"]["mode"]: r for r in result.records}
+    crash = by_mode["crash"]
+    assert crash.status == "failed" and crash.reward is None and crash.advantage is None
+    assert crash.errors[0].cause == "500" and "crashed on purpose" in crash.errors[0].message
+    assert crash.errors[0].plugin == "answer"
+    assert len(crash.response_ids) > 0  # the tokens it produced are kept for the viewer
+    assert by_mode["retry"].status == "failed" and by_mode["retry"].errors[0].cause == "retry"
+    assert {r.status for r in result.records if r.sample_index == 2} == {"discard"}
+    unscorable = by_mode["unscorable"]
+    assert unscorable.status == "success" and unscorable.reward is None and unscorable.advantage is None
+    m = result.metrics
+    assert m["plugin/errors/500"] == 4 and m["plugin/errors/retry"] == 4
+    assert m["trajectories/discarded"] == 4 and m["trajectories/trained"] == 0
+    assert "loss" not in m  # nothing trainable: no optimizer step
+
+
+async def test_caller_strategy_retries_a_rollout_in_a_fresh_trajectory(tiny_model_path: Path) -> None:
+    calls: list[str] = []
+
+    async def retry_once(fn: Any, ctx: Any, *args: Any) -> Any:
+        outcome = await fn.invoke(ctx, *args)
+        calls.append(fn.spec.name)
+        if outcome.status == "retry":
+            outcome = await fn.invoke(ctx, *args)
+        return outcome
+
+    rows = [{"messages": [{"role": "user", "content": "r"}], "extra": {"mode": "retry"}}]
+    trainer = make_trainer(tiny_model_path, rows=rows, batch_size=1, group_size=2)
+    trainer.runner.caller = retry_once
+    result = await trainer.step()
+    rec = result.records[0]
+    assert rec.attempt == 2 and rec.trajectory_id.endswith(".2")
+    # only the second attempt's tokens are kept: one policy turn of at most max_new_tokens
+    assert 0 < sum(rec.response_mask) <= 12
+
+
+async def test_resume_from_checkpoint_gives_the_same_next_step(tiny_model_path: Path, tmp_path: Path) -> None:
+    straight = make_trainer(tiny_model_path, save_every_n_steps=1, kl_coef=0.05)
+    results = [r async for r in straight.train(tmp_path / "ckpt")]
+    assert [r.step for r in results] == [1, 2, 3]
+    assert (tmp_path / "ckpt" / "step-000002" / "config.json").is_file()
+
+    resumed = make_trainer(tiny_model_path, save_every_n_steps=1, kl_coef=0.05)
+    resumed.load_checkpoint(tmp_path / "ckpt" / "step-000002")
+    assert resumed.step_count == 2
+    third = await resumed.step()
+    assert third.step == 3
+    assert [r.response_ids for r in third.records] == [r.response_ids for r in results[2].records]
+    assert third.metrics["loss"] == pytest.approx(results[2].metrics["loss"], rel=1e-5, abs=1e-7)
+    a, b = params(straight), params(resumed)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+async def test_save_final_writes_a_loadable_hf_directory(tiny_model_path: Path, tmp_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, steps=1)
+    await trainer.step()
+    out = trainer.save_final(tmp_path / "final")
+    reloaded = load_model(out)
+    for k, v in trainer.model.state_dict().items():
+        torch.testing.assert_close(reloaded.model.state_dict()[k], v)
+
+
+async def test_inf_reward_raises_loss_nan_and_applies_nothing(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, graders=[p.digits, p.huge], batch_size=1)
+    before = params(trainer)
+    with pytest.raises(LossNanError) as info:
+        await trainer.step()
+    err = info.value
+    assert err.type == "Loss nan" and err.step == 1
+    assert err.stats["reward/max"] == float("inf")
+    assert "advantage/mean" in err.stats
+    assert len(err.trajectory_ids) == 4 and all(t.startswith("s1-p") for t in err.trajectory_ids)
+    assert "step 1" in err.message and "not applied" in err.message
+    after = params(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert trainer.step_count == 0
+    assert all(p.grad is None for p in trainer.model.parameters())

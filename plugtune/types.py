@@ -32,6 +32,7 @@ class MetricPoint:
     name: str  # exec_qps | latency_ms_avg | latency_ms_p50 | latency_ms_p99 | error_qps/<cause> |
     #            cpu_percent | memory_percent | instances | outbound_mib_s | concurrency_per_instance
     value: float
+    step: int | None = None  # training metrics (plugin "") carry the step they describe
 
 
 @dataclass(frozen=True)

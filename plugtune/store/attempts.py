@@ -1,0 +1,99 @@
+"""Attempts (one process run of a job each) and the checkpoints a retry resumes from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+
+from plugtune.store.base import StoreBase, dumps, loads
+from plugtune.store.jobs import require_job
+from plugtune.store.records import Attempt, Checkpoint, NotFoundError
+from plugtune.store.schema import attempts, checkpoints
+
+ATTEMPT_STATUSES = frozenset({"running", "succeeded", "failed", "cancelled"})
+
+
+class AttemptsTable(StoreBase):
+    def start_attempt(self, job_id: int, pid: int | None, resumed_from_step: int = 0) -> int:
+        """Record a new attempt of the job (status ``running``) and return its number (1, 2, ...)."""
+        with self._db.write("starting an attempt") as conn:
+            require_job(conn, job_id, lock=True)
+            last = conn.execute(
+                select(func.max(attempts.c.number)).where(attempts.c.job_id == job_id)
+            ).scalar()
+            number = int(last or 0) + 1
+            conn.execute(
+                insert(attempts),
+                {
+                    "job_id": job_id,
+                    "number": number,
+                    "pid": pid,
+                    "started_at": self._clock(),
+                    "status": "running",
+                    "resumed_from_step": resumed_from_step,
+                },
+            )
+        return number
+
+    def end_attempt(self, job_id: int, number: int, status: str, error: dict[str, Any] | None = None) -> None:
+        """Close an attempt with its final status and, when it failed, the classified error."""
+        if status not in ATTEMPT_STATUSES - {"running"}:
+            raise ValueError(
+                f"an attempt ends as one of {sorted(ATTEMPT_STATUSES - {'running'})}, not {status!r}"
+            )
+        with self._db.write("ending an attempt") as conn:
+            done = conn.execute(
+                update(attempts)
+                .where(attempts.c.job_id == job_id, attempts.c.number == number)
+                .values(status=status, ended_at=self._clock(), error=None if error is None else dumps(error))
+            )
+            if done.rowcount == 0:
+                raise NotFoundError(f"job {job_id} has no attempt {number}")
+
+    def list_attempts(self, job_id: int) -> list[Attempt]:
+        query = select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)
+        with self._db.read("reading attempts") as conn:
+            return [
+                Attempt(
+                    job_id=r.job_id,
+                    number=r.number,
+                    pid=r.pid,
+                    started_at=r.started_at,
+                    ended_at=r.ended_at,
+                    status=r.status,
+                    error=loads(r.error),
+                    resumed_from_step=r.resumed_from_step,
+                )
+                for r in conn.execute(query)
+            ]
+
+    def add_checkpoint(self, job_id: int, step: int, path: str) -> Checkpoint:
+        """Record that the job's state after ``step`` is saved at ``path``."""
+        record = Checkpoint(job_id=job_id, step=step, path=path, created_at=self._clock())
+        with self._db.write("recording a checkpoint") as conn:
+            require_job(conn, job_id)
+            conn.execute(insert(checkpoints), record.to_dict())
+        return record
+
+    def latest_checkpoint(self, job_id: int) -> Checkpoint | None:
+        """The checkpoint with the highest step (the newest one if a step was saved twice)."""
+        query = (
+            select(checkpoints)
+            .where(checkpoints.c.job_id == job_id)
+            .order_by(checkpoints.c.step.desc(), checkpoints.c.id.desc())
+            .limit(1)
+        )
+        with self._db.read("reading checkpoints") as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return None
+        return Checkpoint(job_id=row.job_id, step=row.step, path=row.path, created_at=row.created_at)
+
+    def list_checkpoints(self, job_id: int) -> list[Checkpoint]:
+        query = select(checkpoints).where(checkpoints.c.job_id == job_id).order_by(checkpoints.c.step)
+        with self._db.read("reading checkpoints") as conn:
+            return [
+                Checkpoint(job_id=r.job_id, step=r.step, path=r.path, created_at=r.created_at)
+                for r in conn.execute(query)
+            ]

@@ -1,0 +1,44 @@
+"""What every table module of the store shares: the database, the clock, JSON helpers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from plugtune.store.database import Database
+
+
+class StoreBase:
+    """State the table mixins of :class:`plugtune.store.Store` read; set by ``Store.open``."""
+
+    _db: Database
+    _clock: Callable[[], float]
+    _retention_s: float
+
+
+MAX_PAGE = 1000
+
+
+def page_size(limit: int) -> int:
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    return min(limit, MAX_PAGE)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_fallback)
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _fallback(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)

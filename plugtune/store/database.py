@@ -1,0 +1,208 @@
+"""Opening the database, transactions, and translating database errors once into PlatformError.
+
+SQLite: WAL mode, ``synchronous=FULL`` (a committed transaction is fsynced, so it survives a
+crash of the process *and* of the machine), a 30 s busy timeout, foreign keys on, and write
+transactions that start with ``BEGIN IMMEDIATE`` so two processes never deadlock upgrading a
+read lock. PostgreSQL: the psycopg 3 driver; an optional schema isolates one store from another
+in the same database (tests use one schema per run).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, exc, text
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL, make_url
+
+from plugtune.errors import PlatformError
+from plugtune.store.schema import metadata
+
+log = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_S = 30.0
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def normalize_url(url: str) -> URL:
+    """Parse a database URL; plain ``postgresql://`` / ``postgres://`` mean the psycopg 3 driver."""
+    try:
+        parsed = make_url(url)
+    except exc.ArgumentError as e:
+        raise PlatformError(
+            f"PLUGTUNE_DATABASE_URL {url!r} is not a database URL: {e}",
+            hint="Use sqlite:///path/to/plugtune.db or postgresql://user@host:5432/dbname.",
+        ) from e
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise PlatformError(
+            f"database URL {_safe(parsed)} names {parsed.get_backend_name()!r}; plugtune stores "
+            "its data in SQLite or PostgreSQL",
+            hint="Use sqlite:///path/to/plugtune.db or postgresql://user@host:5432/dbname.",
+        )
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise PlatformError(
+            "an in-memory SQLite database cannot be shared between plugtune's processes",
+            hint="Use a file: sqlite:///path/to/plugtune.db",
+        )
+    return parsed
+
+
+def _safe(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+class Database:
+    """An engine plus the transaction helpers every table module uses. Thread-safe."""
+
+    def __init__(self, url: URL, schema: str | None = None) -> None:
+        self.url = url
+        self.is_sqlite = url.get_backend_name() == "sqlite"
+        self.schema = schema
+        if schema is not None and (self.is_sqlite or not _SCHEMA_NAME.match(schema)):
+            raise PlatformError(
+                f"schema {schema!r} is not usable: schemas are PostgreSQL-only, lowercase "
+                "letters, digits and '_'"
+            )
+        self.engine = self._create_engine()
+
+    def _create_engine(self) -> Engine:
+        if self.is_sqlite:
+            path = Path(str(self.url.database)).expanduser()
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise PlatformError(
+                    f"cannot create the folder {path.parent} for the database file: {e}",
+                    hint="Set PLUGTUNE_HOME or PLUGTUNE_DATABASE_URL to a writable place.",
+                ) from e
+            engine = create_engine(
+                self.url,
+                connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
+                pool_size=8,
+                max_overflow=16,
+            )
+            event.listen(engine, "connect", _sqlite_on_connect)
+            return engine
+        options: dict[str, Any] = {}
+        if self.schema is not None:
+            options["schema_translate_map"] = {None: self.schema}
+        return create_engine(self.url, pool_pre_ping=True, pool_size=8, max_overflow=16).execution_options(
+            **options
+        )
+
+    def create_schema(self) -> None:
+        with self.errors("creating the tables"):
+            if self.is_sqlite:
+                with self.engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+                    metadata.create_all(conn)
+                    conn.commit()
+                return
+            with self.engine.begin() as conn:
+                if self.schema is not None:
+                    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
+                # Two processes opening a fresh database at once must not race on CREATE TABLE.
+                conn.execute(text("SELECT pg_advisory_xact_lock(8321)"))
+                metadata.create_all(conn)
+
+    def drop_schema(self) -> None:
+        """Delete every table (PostgreSQL: the whole schema). For tests and `plugtune` resets."""
+        with self.errors("dropping the tables"), self.engine.begin() as conn:
+            if self.schema is not None:
+                conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
+            else:
+                metadata.drop_all(conn)
+
+    @contextmanager
+    def write(self, what: str) -> Iterator[Connection]:
+        """One write transaction: committed (and durable) when the block exits without error."""
+        with self.errors(what), self.engine.connect() as conn:
+            if self.is_sqlite:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+    @contextmanager
+    def read(self, what: str) -> Iterator[Connection]:
+        with self.errors(what), self.engine.connect() as conn:
+            yield conn
+            conn.rollback()
+
+    @contextmanager
+    def errors(self, what: str) -> Iterator[None]:
+        """Translate driver errors into one PlatformError that says what failed and what to do."""
+        try:
+            yield
+        except PlatformError:
+            raise
+        except (exc.DBAPIError, exc.NoSuchModuleError, ModuleNotFoundError, sqlite3.Error) as e:
+            raise self._platform_error(what, e) from e
+
+    def _platform_error(self, what: str, e: BaseException) -> PlatformError:
+        where = _safe(self.url)
+        lines = str(getattr(e, "orig", None) or e).strip().splitlines()
+        reason = lines[0] if lines else type(e).__name__
+        if isinstance(e, (exc.NoSuchModuleError, ModuleNotFoundError)):
+            return PlatformError(
+                f"cannot use {where}: a database driver is missing ({reason})",
+                hint="Install PostgreSQL support with: pip install 'psycopg[binary]'",
+            )
+        if self.is_sqlite:
+            if "unable to open database file" in reason:
+                return PlatformError(
+                    f"cannot open the database file {self.url.database}: {reason}",
+                    hint="Check that the folder exists and is writable, or set PLUGTUNE_DATABASE_URL.",
+                )
+            if "locked" in reason or "busy" in reason:
+                return PlatformError(
+                    f"the database file {self.url.database} stayed locked by another process for "
+                    f"more than {BUSY_TIMEOUT_S:.0f} s while {what}",
+                    hint="Another plugtune process holds a long write; retry, or use PostgreSQL.",
+                )
+        elif isinstance(e, exc.OperationalError) and _is_connect_failure(reason):
+            return PlatformError(
+                f"cannot connect to PostgreSQL at {where}: {reason}",
+                hint="Check that the server is running and that PLUGTUNE_DATABASE_URL is right.",
+            )
+        return PlatformError(f"database error while {what} ({where}): {reason}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _is_connect_failure(reason: str) -> bool:
+    words = ("connection", "connect", "could not translate host", "does not exist", "authentication")
+    return any(w in reason.lower() for w in words)
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Autocommit at the driver: Database.write issues BEGIN IMMEDIATE itself; reads need no BEGIN.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def upsert(db: Database, table: Table, keys: list[str], update_columns: list[str] | None) -> Insert:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE SET the update columns (or DO NOTHING when None)."""
+    stmt = sqlite_insert(table) if db.is_sqlite else postgresql_insert(table)
+    if update_columns is None:
+        return stmt.on_conflict_do_nothing(index_elements=keys)
+    return stmt.on_conflict_do_update(
+        index_elements=keys, set_={name: stmt.excluded[name] for name in update_columns}
+    )

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from plugtune.errors import PlatformError
+from plugtune.store import Store
+from plugtune.store.database import normalize_url
+
+
+def test_default_url_is_sqlite_under_plugtune_home_in_wal_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PLUGTUNE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("PLUGTUNE_HOME", str(tmp_path / "deep" / "home"))
+    store = Store.open()
+    store.create_job("j", {})
+    store.close()
+    db_file = tmp_path / "deep" / "home" / "plugtune.db"
+    assert db_file.is_file()
+    with sqlite3.connect(db_file) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
+
+
+def test_database_url_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    with Store.open() as store:
+        assert store.is_sqlite and store.url.endswith("env.db")
+    assert (tmp_path / "env.db").is_file()
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:secret@h:5432/db", "postgres://u:secret@h/db"])
+def test_plain_postgresql_urls_mean_psycopg(url: str) -> None:
+    assert normalize_url(url).drivername == "postgresql+psycopg"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("not a url", "is not a database URL"),
+        ("mysql://root@localhost/db", "plugtune stores its data in SQLite or PostgreSQL"),
+        ("sqlite://", "in-memory SQLite"),
+    ],
+)
+def test_unusable_urls_are_platform_errors(url: str, message: str) -> None:
+    with pytest.raises(PlatformError, match=message):
+        Store.open(url)
+
+
+def test_database_path_that_is_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(PlatformError, match=f"cannot open the database file {tmp_path}") as info:
+        Store.open(f"sqlite:///{tmp_path}")
+    assert info.value.type == "internal error" and "writable" in info.value.hint
+
+
+def test_database_folder_that_cannot_be_created(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PlatformError, match="cannot create the folder"):
+        Store.open(f"sqlite:///{tmp_path / 'file' / 'sub' / 'plugtune.db'}")
+
+
+def test_unreachable_postgresql_names_the_url_without_password() -> None:
+    with pytest.raises(
+        PlatformError, match="cannot connect to PostgreSQL at postgresql\\+psycopg://"
+    ) as info:
+        Store.open("postgresql://postgres:hunter2@127.0.0.1:1/test")
+    assert "hunter2" not in str(info.value) and "server is running" in info.value.hint
+
+
+def test_schema_is_postgresql_only(tmp_path: Path) -> None:
+    with pytest.raises(PlatformError, match="PostgreSQL-only"):
+        Store.open(f"sqlite:///{tmp_path / 'a.db'}", schema="abc")

@@ -138,7 +138,9 @@ def _filtered(
     if plugin:
         query = query.where(T.c.plugins.contains(f"|{plugin}|", autoescape=True))
     if text:
-        query = query.where(T.c.messages.icontains(text, autoescape=True))
+        # Messages are stored as JSON: escape the needle the same way so quotes and newlines match.
+        needle = dumps(text)[1:-1]
+        query = query.where(T.c.messages.icontains(needle, autoescape=True))
     if min_reward is not None:
         query = query.where(T.c.reward >= min_reward)
     if max_reward is not None:

@@ -23,5 +23,31 @@ def version() -> None:
 # Commands are added below by their modules' owners; keep each command a thin wrapper.
 
 
+@app.command()
+def lint(
+    paths: list[str] = typer.Argument(None, help="Files or folders to check (default: the current folder)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Check plugins statically: blocking calls in async code, NaN-prone graders, swallowed errors,
+    missing decorators and signatures the runtime rejects. Exits 1 when anything is found."""
+    import json
+
+    from plugtune.lint import lint_paths
+
+    try:
+        report = lint_paths(paths or ["."])
+    except FileNotFoundError as exc:
+        typer.echo(f"plugtune lint: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for finding in report.findings:
+            typer.echo(str(finding))
+        if report.findings:
+            typer.echo(f"{len(report.findings)} finding(s) in {len(report.files)} file(s)", err=True)
+    raise typer.Exit(1 if report.findings else 0)
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,152 @@
+"""PT401-PT403: which functions are plugins, and whether the runtime will accept them.
+
+A function is a plugin when a plugtune decorator marks it, when a ``job.yaml`` names it, or when it
+looks like one (parameters ``(ctx, policy, sample)`` / ``(ctx, sample, trajectory[s])``, or a
+rollout/grader name in a file under ``plugins/``).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from plugtune.lint.findings import Finding, finding
+from plugtune.lint.names import qualified
+from plugtune.sdk.decorators import PARAMETERS, Kind, signature_problems
+
+DECORATORS = {kind.value: kind for kind in Kind}
+NAME_HINT = re.compile(r"(^|_)(rollout|grader|group_grader)(_|$)")
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """A top-level function that is (or should be) a plugin."""
+
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    kind: Kind
+    decorated: Kind | None
+
+
+def find_plugins(
+    tree: ast.Module, imports: dict[str, str], expected: dict[str, Kind], in_plugins_dir: bool
+) -> list[Plugin]:
+    """Top-level functions that are plugins; ``expected`` maps names job.yaml gives a kind."""
+    out: list[Plugin] = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        decorated = _decorator_kind(node, imports)
+        kind = expected.get(node.name) or decorated or _looks_like(node, in_plugins_dir)
+        if kind is not None:
+            out.append(Plugin(node, kind, decorated))
+    return out
+
+
+def check_plugin(plugin: Plugin, expected: dict[str, Kind], file: str) -> list[Finding]:
+    """Missing decorator, wrong kind for job.yaml, a signature or decorator the runtime rejects."""
+    node, kind = plugin.node, plugin.kind
+    named = " (job.yaml names it)" if node.name in expected else ""
+    if plugin.decorated is None:
+        message = f"`{node.name}` looks like a {kind.value}{named} but has no @{kind.value} decorator"
+        fix = f"add `@{kind.value}` above it (`from plugtune import {kind.value}`)"
+        return [finding(file, node, "PT401", message, fix)]
+    out: list[Finding] = []
+    if node.name in expected and plugin.decorated is not expected[node.name]:
+        used = expected[node.name].value
+        message = f"job.yaml uses `{node.name}` as a {used}, but it is decorated @{plugin.decorated.value}"
+        out.append(finding(file, node, "PT403", message, f"decorate it with @{expected[node.name].value}"))
+    for problem in signature_problems(_signature_only(node), plugin.decorated):
+        want = f"def {node.name}({', '.join(PARAMETERS[plugin.decorated])})"
+        out.append(
+            finding(
+                file, node, "PT402", f"@{plugin.decorated.value} `{node.name}` {problem}", f"use `{want}`"
+            )
+        )
+    out.extend(_decorator_arguments(node, file))
+    return out
+
+
+def _decorator_kind(node: ast.FunctionDef | ast.AsyncFunctionDef, imports: dict[str, str]) -> Kind | None:
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = qualified(target, imports)
+        if name is None:
+            continue
+        last = name.rsplit(".", 1)[-1]
+        if last in DECORATORS and (name == last or name.startswith("plugtune")):
+            return DECORATORS[last]
+    return None
+
+
+def _looks_like(node: ast.FunctionDef | ast.AsyncFunctionDef, in_plugins_dir: bool) -> Kind | None:
+    if node.name.startswith("_"):
+        return None
+    params = tuple(a.arg for a in node.args.posonlyargs + node.args.args)
+    for kind, expected in PARAMETERS.items():
+        if params == expected:
+            return kind
+    match = NAME_HINT.search(node.name) if in_plugins_dir else None
+    if match is None:
+        return None
+    return DECORATORS[match.group(2)]
+
+
+def _decorator_arguments(node: ast.FunctionDef | ast.AsyncFunctionDef, file: str) -> list[Finding]:
+    out: list[Finding] = []
+    for decorator in node.decorator_list:
+        if not isinstance(decorator, ast.Call):
+            continue
+        for keyword in decorator.keywords:
+            value = keyword.value
+            number = _literal_number(value)
+            if keyword.arg == "weight" and number is not None and number <= 0:
+                message = f"`{node.name}` has weight={ast.unparse(value)}; the decorator rejects weights <= 0"
+                out.append(finding(file, decorator, "PT402", message, "use a weight > 0"))
+    return out
+
+
+def _literal_number(node: ast.AST) -> float | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _literal_number(node.operand)
+        return -inner if inner is not None else None
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float))
+        and not isinstance(node.value, bool)
+    ):
+        return float(node.value)
+    return None
+
+
+class _SignatureOnly:
+    """A callable that only carries a signature, so the SDK's own check can judge an AST function."""
+
+    def __init__(self, name: str, signature: inspect.Signature) -> None:
+        self.__name__ = name
+        self.__signature__ = signature
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - never called
+        raise TypeError("signature only")
+
+
+def _signature_only(node: ast.FunctionDef | ast.AsyncFunctionDef) -> _SignatureOnly:
+    args = node.args
+    P = inspect.Parameter
+    positional = [(a, P.POSITIONAL_ONLY) for a in args.posonlyargs] + [
+        (a, P.POSITIONAL_OR_KEYWORD) for a in args.args
+    ]
+    first_default = len(positional) - len(args.defaults)
+    params = [
+        P(a.arg, kind, default=None if i >= first_default else P.empty)
+        for i, (a, kind) in enumerate(positional)
+    ]
+    if args.vararg is not None:
+        params.append(P(args.vararg.arg, P.VAR_POSITIONAL))
+    for a, default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        params.append(P(a.arg, P.KEYWORD_ONLY, default=P.empty if default is None else None))
+    if args.kwarg is not None:
+        params.append(P(args.kwarg.arg, P.VAR_KEYWORD))
+    return _SignatureOnly(node.name, inspect.Signature(params))

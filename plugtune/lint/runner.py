@@ -1,0 +1,174 @@
+"""Run every lint rule over files and folders; ``job.yaml`` files tell which functions are plugins."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from plugtune.lint.blocking import check_blocking
+from plugtune.lint.findings import Finding, finding
+from plugtune.lint.graders import check_excepts, check_grader
+from plugtune.lint.names import import_map
+from plugtune.lint.plugins import check_plugin, find_plugins
+from plugtune.sdk.decorators import Kind
+
+SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "venv", "build", "dist"}
+JOB_FILES = ("job.yaml", "job.yml")
+SECTIONS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
+NOQA = re.compile(r"#\s*noqa(?::\s*(?P<rules>[A-Z0-9, ]+))?", re.IGNORECASE)
+
+
+@dataclass
+class LintReport:
+    """What ``plugtune lint`` found, over how many files."""
+
+    files: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        by_rule: dict[str, int] = {}
+        for f in self.findings:
+            by_rule[f.rule] = by_rule.get(f.rule, 0) + 1
+        return {
+            "findings": [f.to_dict() for f in self.findings],
+            "summary": {"files": len(self.files), "findings": len(self.findings), "by_rule": by_rule},
+        }
+
+
+def lint_paths(paths: Sequence[str | Path]) -> LintReport:
+    """Lint every ``.py`` file under ``paths`` (files or folders); ``job.yaml`` files name the plugins.
+
+    Raises FileNotFoundError for a path that does not exist.
+    """
+    roots = [Path(p) for p in paths] or [Path(".")]
+    for root in roots:
+        if not root.exists():
+            raise FileNotFoundError(f"no such file or folder: {root}")
+    expected = _expected_kinds(_job_files(roots))
+    files = sorted({*_python_files(roots), *expected})
+    report = LintReport(files=[str(f) for f in files])
+    for path in files:
+        report.findings.extend(lint_file(path, expected.get(path, {})))
+    return report
+
+
+def lint_file(path: Path, expected: dict[str, Kind] | None = None) -> list[Finding]:
+    """Findings for one file; ``expected`` maps function names job.yaml gives a plugin kind."""
+    name = str(path)
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        return [
+            finding(
+                name, 1, "PT000", f"cannot read the file: {exc.strerror or exc}", "fix the file's permissions"
+            )
+        ]
+    in_plugins = "plugins" in path.resolve().parts[:-1]
+    return lint_source(source, name, expected=expected, in_plugins_dir=in_plugins)
+
+
+def lint_source(
+    source: str | bytes,
+    file: str = "<string>",
+    *,
+    expected: dict[str, Kind] | None = None,
+    in_plugins_dir: bool = False,
+) -> list[Finding]:
+    """Findings for one module's source text."""
+    expected = expected or {}
+    try:
+        tree = ast.parse(source, filename=file)
+    except SyntaxError as exc:
+        message = f"the file does not parse: {exc.msg}"
+        return [
+            Finding(
+                file, exc.lineno or 1, exc.offset or 1, "PT000", message, finding(file, 1, "PT000", "").fix
+            )
+        ]
+    except ValueError as exc:  # e.g. null bytes
+        return [finding(file, 1, "PT000", f"the file does not parse: {exc}")]
+    imports = import_map(tree)
+    out = check_blocking(tree, imports, file)
+    plugins = find_plugins(tree, imports, expected, in_plugins_dir)
+    graders = {p.node.name for p in plugins if p.kind in (Kind.GRADER, Kind.GROUP_GRADER)}
+    for plugin in plugins:
+        out.extend(check_plugin(plugin, expected, file))
+        if plugin.kind in (Kind.GRADER, Kind.GROUP_GRADER):
+            out.extend(check_grader(plugin.node, plugin.kind, imports, file))
+    out.extend(check_excepts(tree, graders, imports, file))
+    return sorted(_not_silenced(out, source), key=lambda f: (f.line, f.col, f.rule))
+
+
+def _not_silenced(findings: list[Finding], source: str | bytes) -> list[Finding]:
+    silenced: dict[int, set[str] | None] = {}
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            match = NOQA.search(token.string) if token.type == tokenize.COMMENT else None
+            if match is not None:
+                rules = match["rules"]
+                silenced[token.start[0]] = {r.strip().upper() for r in rules.split(",")} if rules else None
+    except (tokenize.TokenError, SyntaxError):
+        return findings
+    return [f for f in findings if not _is_silenced(f, silenced)]
+
+
+def _is_silenced(f: Finding, silenced: dict[int, set[str] | None]) -> bool:
+    if f.line not in silenced:
+        return False
+    rules = silenced[f.line]
+    return rules is None or f.rule in rules
+
+
+def _walk(roots: Iterable[Path], match: Any) -> list[Path]:
+    out: list[Path] = []
+    for root in roots:
+        if root.is_file():
+            out.extend([root] if match(root) else [])
+            continue
+        for path in sorted(root.rglob("*")):
+            relative = path.relative_to(root).parts
+            if any(part in SKIP_DIRS or part.startswith(".") for part in relative[:-1]):
+                continue
+            if path.is_file() and match(path):
+                out.append(path)
+    return out
+
+
+def _python_files(roots: list[Path]) -> list[Path]:
+    return [p.resolve() for p in _walk(roots, lambda p: p.suffix == ".py")]
+
+
+def _job_files(roots: list[Path]) -> list[Path]:
+    explicit = [r for r in roots if r.is_file() and r.suffix in (".yaml", ".yml")]
+    found = _walk([r for r in roots if r.is_dir()], lambda p: p.name in JOB_FILES)
+    return explicit + found
+
+
+def _expected_kinds(job_files: list[Path]) -> dict[Path, dict[str, Kind]]:
+    """Plugin file -> {function: kind}, from the entries of every readable job.yaml."""
+    out: dict[Path, dict[str, Kind]] = {}
+    for job in job_files:
+        try:
+            spec = yaml.safe_load(job.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # `plugtune run` / validation reports a broken job.yaml
+        plugins = spec.get("plugins") if isinstance(spec, dict) else None
+        for section, kind in SECTIONS.items():
+            items = plugins.get(section) if isinstance(plugins, dict) else None
+            for item in items if isinstance(items, list) else [items]:
+                entry = item.get("entry") if isinstance(item, dict) else None
+                if isinstance(entry, str) and entry.count(":") == 1 and entry.split(":")[0].endswith(".py"):
+                    file, function = entry.split(":")
+                    path = (job.parent / file).resolve()
+                    if path.is_file():
+                        out.setdefault(path, {})[function] = kind
+    return out

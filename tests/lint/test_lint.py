@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plugtune.cli import app
+from plugtune.lint import RULES, lint_file, lint_paths, lint_source
+from plugtune.sdk.decorators import Kind
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lint"
+EXPECT = re.compile(r"#.*expect: (?P<rules>(PT\d{3} ?)+)")
+
+
+def expected(path: Path) -> set[tuple[int, str]]:
+    """The (line, rule) pairs a fixture marks with `# expect: PTxxx`."""
+    out = set()
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        match = EXPECT.search(line)
+        if match:
+            out.update((number, rule) for rule in match["rules"].split())
+    return out
+
+
+def found(path: Path, **kwargs: object) -> set[tuple[int, str]]:
+    return {(f.line, f.rule) for f in lint_file(path, **kwargs)}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["blocking.py", "graders_bad.py", "plugins/undecorated.py"])
+def test_each_pattern_is_found_at_its_line(name: str) -> None:
+    path = FIXTURES / name
+    want = expected(path)
+    assert want, "the fixture marks what it expects"
+    assert found(path) == want
+
+
+@pytest.mark.parametrize("name", ["blocking_ok.py", "graders_ok.py"])
+def test_clean_code_is_quiet(name: str) -> None:
+    assert lint_file(FIXTURES / name) == []
+
+
+def test_job_yaml_tells_which_functions_are_plugins() -> None:
+    report = lint_paths([FIXTURES / "project"])
+    main = FIXTURES / "project/plugins/main.py"
+    assert {(f.line, f.rule) for f in report.findings} == expected(main)
+    assert all(f.file == str(main.resolve()) for f in report.findings)
+    wrong = next(f for f in report.findings if f.rule == "PT403")
+    assert "as a grader" in wrong.message and "@rollout" in wrong.message
+
+
+def test_every_finding_has_location_rule_and_one_line_fix() -> None:
+    report = lint_paths([FIXTURES])
+    assert {f.rule for f in report.findings} == set(RULES) - {"PT000"}
+    for f in report.findings:
+        assert f.line >= 1 and f.col >= 1
+        assert f.fix and "\n" not in f.fix
+        assert str(f).startswith(f"{f.file}:{f.line}:{f.col}: {f.rule} [{f.name}]")
+    blocking = [f for f in report.findings if f.rule == "PT101"]
+    assert all("drop `async` so the runtime runs the function in threads" in f.fix for f in blocking)
+    assert any("asyncio.sleep" in f.fix for f in blocking)
+
+
+def test_syntax_error_is_a_finding_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.py"
+    bad.write_text("def solve(ctx, policy, sample):\n    return (\n")
+    (finding,) = lint_file(bad)
+    assert finding.rule == "PT000" and finding.line >= 2
+    assert "does not parse" in finding.message
+    nul = lint_source(b"x = 1\x00\n", "nul.py")
+    assert [f.rule for f in nul] == ["PT000"]
+
+
+def test_noqa_silences_only_the_named_rule() -> None:
+    source = (
+        "import time\n"
+        "async def a():\n"
+        "    time.sleep(1)  # noqa: PT101\n"
+        "    time.sleep(1)  # noqa: E501\n"
+        "    time.sleep(1)  # noqa\n"
+    )
+    assert [(f.line, f.rule) for f in lint_source(source)] == [(4, "PT101")]
+
+
+def test_expected_kinds_apply_the_grader_rules() -> None:
+    source = "def judge(a, b, c):\n    if a:\n        return 1.0\n"
+    findings = lint_source(source, expected={"judge": Kind.GRADER})
+    assert {f.rule for f in findings} == {"PT401", "PT203"}
+
+
+def test_missing_path_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        lint_paths([tmp_path / "nope"])
+
+
+def test_cli_exit_status_and_json(tmp_path: Path) -> None:
+    runner = CliRunner()
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    shutil.copy(FIXTURES / "graders_ok.py", clean)
+    result = runner.invoke(app, ["lint", str(clean)])
+    assert result.exit_code == 0, result.output
+    assert result.output == ""
+    result = runner.invoke(app, ["lint", str(FIXTURES / "blocking.py")])
+    assert result.exit_code == 1
+    assert "PT101 [blocking-call]" in result.output and "fix:" in result.output
+    result = runner.invoke(app, ["lint", "--json", str(FIXTURES / "graders_bad.py")])
+    assert result.exit_code == 1
+    document = json.loads(result.stdout)
+    want = len(expected(FIXTURES / "graders_bad.py"))
+    assert document["summary"]["findings"] == len(document["findings"]) == want
+    assert {"file", "line", "col", "rule", "name", "message", "fix"} <= set(document["findings"][0])
+    result = runner.invoke(app, ["lint", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "no such file" in result.output

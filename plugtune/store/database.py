@@ -103,15 +103,19 @@ class Database:
         with self.errors("creating the tables"):
             if self.is_sqlite:
                 with self.engine.connect() as conn:
-                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-                    metadata.create_all(conn)
+                    conn.exec_driver_sql(
+                        "PRAGMA journal_mode=WAL"
+                    )  # persistent; not allowed in a transaction
                     conn.commit()
+                # One transaction holding the write lock: processes opening a new file at once queue here.
+                with self.write("creating the tables") as conn:
+                    metadata.create_all(conn)
                 return
             with self.engine.begin() as conn:
+                # Two processes opening a fresh database at once must not race on CREATE SCHEMA/TABLE.
+                conn.execute(text("SELECT pg_advisory_xact_lock(8321)"))
                 if self.schema is not None:
                     conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
-                # Two processes opening a fresh database at once must not race on CREATE TABLE.
-                conn.execute(text("SELECT pg_advisory_xact_lock(8321)"))
                 metadata.create_all(conn)
 
     def drop_schema(self) -> None:

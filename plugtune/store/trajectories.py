@@ -60,16 +60,21 @@ class TrajectoriesTable(StoreBase):
         limit: int = 50,
         offset: int = 0,
         before_id: int | None = None,
+        after_id: int | None = None,
     ) -> list[TrajectorySummary]:
         """One page of trajectory summaries (no messages, no tokens).
 
         ``plugin`` keeps trajectories that ran that plugin or hold an error from it; ``text`` is a
         case-insensitive substring of the messages. Page with ``offset``, or for the default
-        newest-first order with ``before_id=page[-1].id`` (constant cost however deep).
+        newest-first order with ``before_id=page[-1].id`` (constant cost however deep). The
+        trajectory shown before ``t`` in newest-first order (full-screen "up"):
+        ``trajectories(..., order="oldest", after_id=t.id, limit=1)``.
         """
         query = _filtered(select(*_SUMMARY), job_id, status, step, plugin, text, min_reward, max_reward)
         if before_id is not None:
             query = query.where(T.c.id < before_id)
+        if after_id is not None:
+            query = query.where(T.c.id > after_id)
         query = query.order_by(*_ORDER[order]).limit(page_size(limit)).offset(offset)
         with self._db.read("listing trajectories") as conn:
             return [_summary(r) for r in conn.execute(query)]

@@ -151,3 +151,15 @@ def test_group_and_status_counts(store: Store, job_id: int, records: list[Trajec
     assert [r.rollout_index for r in group] == [0, 1, 2, 3]
     assert group == records[20:24]
     assert store.trajectory_status_counts(job_id) == {"success": 32, "failed": 16, "discard": 16}
+
+
+def test_previous_and_next_for_full_screen_navigation(
+    store: Store, job_id: int, records: list[TrajectoryRecord]
+) -> None:
+    page = store.trajectories(job_id, status="failed", limit=3)
+    newer, current, older = page
+    assert store.trajectories(job_id, status="failed", before_id=current.id, limit=1) == [older]
+    assert store.trajectories(job_id, status="failed", order="oldest", after_id=current.id, limit=1) == [
+        newer
+    ]
+    assert store.trajectories(job_id, order="oldest", after_id=newer.id, status="failed") == []

@@ -1,0 +1,235 @@
+"""The JSON API under /api: everything the console shows, paginated. OpenAPI schema at /openapi.json."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from plugtune.store import Store
+from plugtune.store.records import JobStatus
+from plugtune.web import charts, service
+from plugtune.web.codeview import zip_code
+from plugtune.web.models import (
+    ChartsOut,
+    CodeFileOut,
+    CodeOut,
+    GroupOut,
+    JobDetail,
+    JobPage,
+    LogPage,
+    NeighborsOut,
+    PluginMetricsOut,
+    PluginOut,
+    RetryOut,
+    TrajectoryOut,
+    TrajectoryPage,
+)
+from plugtune.web.params import BadParameter, LogForm, TrajectoryForm, choice, number
+from plugtune.web.views import attempts_out, error_out, job_out, plugin_out
+
+router = APIRouter(prefix="/api", tags=["api"])
+
+Limit = Annotated[int, Query(ge=1, le=500, description="rows per page")]
+Before = Annotated[
+    int | None, Query(ge=1, description="cursor: rows older than this (the `before` of the last page)")
+]
+STATUSES = tuple(s.value for s in JobStatus)
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+@router.get("/jobs", response_model=JobPage)
+def list_jobs(
+    request: Request,
+    status: str | None = None,
+    page: Annotated[int, Query(ge=1)] = 1,
+    page_size: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> JobPage:
+    """Jobs, newest first, optionally only those in one status."""
+    store = _store(request)
+    wanted = choice("status", status, STATUSES)
+    jobs = store.list_jobs(wanted, limit=page_size, offset=(page - 1) * page_size)
+    return JobPage(
+        items=[job_out(j) for j in jobs], page=page, page_size=page_size, total=store.count_jobs(wanted)
+    )
+
+
+@router.get("/jobs/{job_id}", response_model=JobDetail)
+def get_job(request: Request, job_id: int) -> JobDetail:
+    """A job with its current error (type, owner, message, hint), its attempts and its error history."""
+    store = _store(request)
+    job = service.require_job(store, job_id)
+    errors = store.list_job_errors(job_id)
+    return JobDetail(
+        job=job_out(job),
+        attempts=attempts_out(store.list_attempts(job_id), errors),
+        errors=[e for e in (error_out(x) for x in errors) if e is not None],
+    )
+
+
+@router.post("/jobs/{job_id}/retry", response_model=RetryOut)
+def retry_job(request: Request, job_id: int) -> RetryOut:
+    """Retry a failed (or cancelled) job by hand: it is queued again and resumes from its last checkpoint."""
+    job = service.retry(_store(request), job_id, request.app.state.on_retry)
+    return RetryOut(job_id=job.id, status=job.status, message=f"job {job.id} is {job.status} again")
+
+
+@router.get("/jobs/{job_id}/curves", response_model=ChartsOut)
+def training_curves(request: Request, job_id: int) -> ChartsOut:
+    """Training curves by step: reward (mean and per grader), loss, KL, response length, plugin errors."""
+    store = _store(request)
+    service.require_job(store, job_id)
+    return ChartsOut(charts=charts.training_charts(store, job_id))
+
+
+@router.get("/jobs/{job_id}/plugins", response_model=list[PluginOut])
+def list_plugins(request: Request, job_id: int) -> list[PluginOut]:
+    """The job's plugins (rollout first, then graders) with status and failure reason."""
+    store = _store(request)
+    service.require_job(store, job_id)
+    return [plugin_out(p) for p in store.list_plugins(job_id)]
+
+
+@router.get("/jobs/{job_id}/plugins/{name}", response_model=PluginOut)
+def get_plugin(request: Request, job_id: int, name: str) -> PluginOut:
+    return plugin_out(service.require_plugin(_store(request), job_id, name))
+
+
+@router.get("/jobs/{job_id}/plugins/{name}/code", response_model=CodeOut)
+def plugin_code(request: Request, job_id: int, name: str) -> CodeOut:
+    """The exact files that ran (by content hash), as text."""
+    plugin, files = service.plugin_code(_store(request), job_id, name)
+    return CodeOut(
+        code_hash=plugin.code_hash,
+        files=[CodeFileOut(path=p, text=d.decode("utf-8", "replace")) for p, d in files.items()],
+    )
+
+
+@router.get("/jobs/{job_id}/plugins/{name}/code.zip", response_class=Response)
+def download_code(request: Request, job_id: int, name: str) -> Response:
+    """The files that ran, zipped under a folder named after the plugin and its code hash."""
+    plugin, files = service.plugin_code(_store(request), job_id, name)
+    if not files:
+        raise service.Missing(f"no code is stored for plugin {name!r} of job {job_id}")
+    folder = f"{_filename(plugin.name)}-{plugin.code_hash[:12] or 'code'}"
+    return Response(
+        zip_code(files, folder),
+        media_type="application/zip",
+        headers={"Content-Disposition": f'attachment; filename="{folder}.zip"'},
+    )
+
+
+@router.get("/jobs/{job_id}/plugins/{name}/code/{path:path}", response_class=Response)
+def download_file(request: Request, job_id: int, name: str, path: str) -> Response:
+    """One file of the code that ran, as plain text."""
+    _, files = service.plugin_code(_store(request), job_id, name)
+    if path not in files:
+        raise service.Missing(f"plugin {name!r} of job {job_id} has no file {path!r}")
+    return Response(
+        files[path],
+        media_type="text/plain; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{_filename(path.rsplit("/", 1)[-1])}"'},
+    )
+
+
+@router.get("/jobs/{job_id}/plugins/{name}/metrics", response_model=PluginMetricsOut)
+def plugin_metrics(
+    request: Request,
+    job_id: int,
+    name: str,
+    range: Annotated[str, Query(description="1h, 3h, 6h, 12h, 3d, 7d or custom")] = "1h",
+    start: Annotated[str | None, Query(description="custom range start, epoch seconds")] = None,
+    end: Annotated[str | None, Query(description="custom range end, epoch seconds")] = None,
+) -> PluginMetricsOut:
+    """Resource monitoring of one plugin over a time range; says so when the data was reclaimed."""
+    store = _store(request)
+    plugin = service.require_plugin(store, job_id, name)
+    try:
+        lo, hi = charts.window(range, number("start", start), number("end", end), plugin)
+    except ValueError as e:
+        raise BadParameter(str(e)) from e
+    return charts.plugin_metrics(store, job_id, plugin, range, lo, hi)
+
+
+@router.get("/jobs/{job_id}/logs", response_model=LogPage)
+def list_logs(
+    request: Request,
+    job_id: int,
+    plugin: str | None = None,
+    level: str | None = None,
+    trajectory: str | None = None,
+    q: Annotated[str | None, Query(description="text the message contains (any case)")] = None,
+    before: Before = None,
+    after: Annotated[int | None, Query(ge=0, description="live tail: only lines newer than this id")] = None,
+    limit: Limit = 100,
+) -> LogPage:
+    """Custom plugin logs, newest first; filter by plugin, level, trajectory and text."""
+    store = _store(request)
+    job = service.require_job(store, job_id)
+    flt = LogForm.parse(plugin, level, trajectory, q).to_filter()
+    if after is not None:
+        return LogPage(
+            items=service.log_tail(store, job_id, flt, after=after, limit=limit), job_status=job.status
+        )
+    page = service.log_page(store, job_id, flt, before=before, limit=limit)
+    return LogPage(items=page.items, before=page.before, job_status=job.status)
+
+
+@router.get("/jobs/{job_id}/trajectories", response_model=TrajectoryPage)
+def list_trajectories(
+    request: Request,
+    job_id: int,
+    status: str | None = None,
+    plugin: str | None = None,
+    step: str | None = None,
+    min_reward: str | None = None,
+    max_reward: str | None = None,
+    q: Annotated[str | None, Query(description="text the messages contain (any case)")] = None,
+    before: Before = None,
+    limit: Limit = 50,
+) -> TrajectoryPage:
+    """Trajectory summaries, newest first; filter by status, plugin, step, reward and text."""
+    store = _store(request)
+    service.require_job(store, job_id)
+    flt = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q).to_filter()
+    page = service.trajectory_page(store, job_id, flt, before=before, limit=limit)
+    return TrajectoryPage(items=page.items, before=page.before)
+
+
+@router.get("/jobs/{job_id}/trajectories/{trajectory_id}", response_model=TrajectoryOut)
+def get_trajectory(request: Request, job_id: int, trajectory_id: str) -> TrajectoryOut:
+    """One trajectory: messages (tool calls readable), reward per grader, errors and its log lines."""
+    return service.trajectory_detail(_store(request), job_id, trajectory_id)
+
+
+@router.get("/jobs/{job_id}/trajectories/{trajectory_id}/neighbors", response_model=NeighborsOut)
+def trajectory_neighbors(
+    request: Request,
+    job_id: int,
+    trajectory_id: str,
+    status: str | None = None,
+    plugin: str | None = None,
+    step: str | None = None,
+    min_reward: str | None = None,
+    max_reward: str | None = None,
+    q: str | None = None,
+) -> NeighborsOut:
+    """The trajectories just above and below one in the list with the same filters (for up/down keys)."""
+    flt = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q).to_filter()
+    return service.neighbors(_store(request), job_id, trajectory_id, flt)
+
+
+@router.get("/jobs/{job_id}/groups/{group_id}", response_model=GroupOut)
+def get_group(request: Request, job_id: int, group_id: str) -> GroupOut:
+    """All trajectories of one prompt, with rewards and advantages."""
+    store = _store(request)
+    service.require_job(store, job_id)
+    return GroupOut(group_id=group_id, trajectories=service.group(store, job_id, group_id))
+
+
+def _filename(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "code"

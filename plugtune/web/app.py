@@ -1,0 +1,126 @@
+"""The console's FastAPI application: JSON API, pages, /metrics, /docs, and the optional token."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from plugtune import __version__
+from plugtune.errors import PlatformError
+from plugtune.store import Store
+from plugtune.web import api, exposition, pages, service
+from plugtune.web.auth import TokenAuth, wants_json
+from plugtune.web.docs import operations
+from plugtune.web.params import BadParameter
+from plugtune.web.templating import templates
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+# The pages load only the console's own files; injected markup could not run a script anyway.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+
+
+def create_app(
+    store: Store,
+    *,
+    api_token: str | None = None,
+    on_retry: Callable[[str], None] | None = None,
+) -> FastAPI:
+    """The console over ``store``.
+
+    ``api_token``: when set, every page and API request must carry it (``Authorization: Bearer``,
+    or the cookie a browser gets by opening any page once with ``?token=``). ``on_retry(job_id)``
+    is called after a manual retry has queued the job again (the scheduler's wake-up hook).
+    """
+    app = FastAPI(
+        title="plugtune",
+        version=__version__,
+        description="Jobs, plugins, logs and trajectories of plugtune's RL fine-tuning jobs.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.store = store
+    app.state.on_retry = on_retry
+    app.include_router(api.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    _add_meta_routes(app, token_required=api_token is not None)
+    _add_error_handlers(app)
+    if api_token is not None:
+        app.add_middleware(TokenAuth, token=api_token)
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Callable[[Request], object]) -> Response:
+        response: Response = await call_next(request)  # type: ignore[misc]
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        return response
+
+    return app
+
+
+def _add_meta_routes(app: FastAPI, *, token_required: bool) -> None:
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> PlainTextResponse:
+        """Jobs by status, plugins of running jobs and their newest metrics (Prometheus format)."""
+        body = exposition.render(app.state.store)
+        return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    def docs(request: Request) -> HTMLResponse:
+        context = {
+            "title": app.title,
+            "version": app.version,
+            "operations": operations(app.openapi()),
+            "token_required": token_required,
+        }
+        return templates.TemplateResponse(request, "docs.html", context)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    def problem(request: Request, status_code: int, title: str, detail: str) -> Response:
+        if wants_json(request):
+            return JSONResponse({"detail": detail}, status_code=status_code)
+        context = {"status_code": status_code, "title": title, "detail": detail, "ask_token": False}
+        return templates.TemplateResponse(request, "error.html", context, status_code=status_code)
+
+    @app.exception_handler(service.Missing)
+    async def missing(request: Request, exc: service.Missing) -> Response:
+        return problem(request, 404, "Not found", str(exc))
+
+    @app.exception_handler(service.Conflict)
+    async def conflict(request: Request, exc: service.Conflict) -> Response:
+        return problem(request, 409, "Conflict", str(exc))
+
+    @app.exception_handler(BadParameter)
+    async def bad_parameter(request: Request, exc: BadParameter) -> Response:
+        return problem(request, 400, "Bad request", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: {e.get('msg', '')}"
+            for e in exc.errors()
+        )
+        return problem(request, 400 if not wants_json(request) else 422, "Bad request", details)
+
+    @app.exception_handler(PlatformError)
+    async def platform(request: Request, exc: PlatformError) -> Response:
+        log.error("store error while serving %s: %s", request.url.path, exc)
+        return problem(request, 503, "Store unavailable", f"{exc.message} — {exc.hint}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return problem(request, exc.status_code, "Error", str(exc.detail))

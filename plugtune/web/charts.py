@@ -1,0 +1,162 @@
+"""Chart specs the console's JS draws: training curves by step, plugin resource metrics by time."""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plugtune.store import Store
+from plugtune.store.records import Plugin, SeriesPoint
+from plugtune.web.models import ChartOut, PluginMetricsOut, SeriesOut
+
+MAX_POINTS = 400  # per series and chart: a 7-day chart costs what a 1-hour one does
+MAX_EXTRA_CHARTS = 8
+
+RANGES: dict[str, float] = {
+    "1h": 3600.0,
+    "3h": 3 * 3600.0,
+    "6h": 6 * 3600.0,
+    "12h": 12 * 3600.0,
+    "3d": 3 * 86400.0,
+    "7d": 7 * 86400.0,
+}
+
+
+@dataclass(frozen=True)
+class PluginChart:
+    key: str
+    title: str
+    unit: str
+    matches: Callable[[str], bool]
+    label: Callable[[str], str]
+
+
+def _exact(name: str) -> Callable[[str], bool]:
+    return lambda n: n == name
+
+
+def _prefix(prefix: str) -> Callable[[str], bool]:
+    return lambda n: n.startswith(prefix)
+
+
+def _after(prefix: str) -> Callable[[str], str]:
+    return lambda n: n[len(prefix) :] if n.startswith(prefix) else n
+
+
+PLUGIN_CHARTS: list[PluginChart] = [
+    PluginChart("exec_qps", "Exec QPS", "counts/s", _exact("exec_qps"), lambda n: "exec QPS"),
+    PluginChart("latency", "Latency", "ms", _prefix("latency_ms_"), _after("latency_ms_")),
+    PluginChart(
+        "error_qps", "Error QPS", "counts/s", _prefix("error_qps"), lambda n: n.partition("/")[2] or n
+    ),
+    PluginChart("cpu_percent", "CPU", "%", _exact("cpu_percent"), lambda n: "CPU"),
+    PluginChart("memory_percent", "Memory", "%", _exact("memory_percent"), lambda n: "memory"),
+    PluginChart("instances", "Instance count", "instances", _exact("instances"), lambda n: "instances"),
+    PluginChart(
+        "outbound_mib_s", "Outbound traffic", "MiB/s", _exact("outbound_mib_s"), lambda n: "outbound"
+    ),
+    PluginChart(
+        "concurrency_per_instance",
+        "Concurrent requests per instance",
+        "requests",
+        _exact("concurrency_per_instance"),
+        lambda n: "concurrency",
+    ),
+]
+
+# Training curves: (key, title, unit, which metric names, legend label).
+TRAINING_CHARTS: list[PluginChart] = [
+    PluginChart("reward", "Reward (mean and per grader)", "", _prefix("reward/"), _after("reward/")),
+    PluginChart("loss", "Loss", "", _exact("loss"), lambda n: n),
+    PluginChart("kl", "KL", "", lambda n: n == "kl" or n.startswith("kl/"), lambda n: n),
+    PluginChart(
+        "response_length",
+        "Response length",
+        "tokens",
+        lambda n: n == "response_length" or n.startswith("response_length/"),
+        lambda n: n,
+    ),
+    PluginChart(
+        "plugin_errors",
+        "Plugin errors by cause",
+        "count",
+        _prefix("plugin/errors/"),
+        _after("plugin/errors/"),
+    ),
+]
+
+
+def training_charts(store: Store, job_id: int) -> list[ChartOut]:
+    """The job page's curves by step; metrics no chart claims get one chart each (a few at most)."""
+    series = store.metrics(job_id, "", max_points=MAX_POINTS)
+    charts = [_chart(spec, series, x="step") for spec in TRAINING_CHARTS]
+    claimed = {n for spec in TRAINING_CHARTS for n in series if spec.matches(n)}
+    extra = sorted(n for n in series if n not in claimed)[:MAX_EXTRA_CHARTS]
+    for name in extra:
+        charts.append(_chart(PluginChart(name, name, "", _exact(name), lambda n: n), series, x="step"))
+    return charts
+
+
+def window(range_name: str, start: float | None, end: float | None, plugin: Plugin) -> tuple[float, float]:
+    """The time window a range shows: custom start/end, else the range up to now (or to the plugin's end)."""
+    if range_name == "custom":
+        if start is None or end is None or end <= start:
+            raise ValueError("a custom range needs start < end (epoch seconds)")
+        return start, end
+    if range_name not in RANGES:
+        raise ValueError(f"range must be one of {', '.join([*RANGES, 'custom'])}; got {range_name!r}")
+    stop = plugin.ended_at if plugin.ended_at is not None else _time.time()
+    return stop - RANGES[range_name], stop
+
+
+def plugin_metrics(
+    store: Store, job_id: int, plugin: Plugin, range_name: str, start: float, end: float
+) -> PluginMetricsOut:
+    series = (
+        {}
+        if plugin.monitoring_expired
+        else store.metrics(job_id, plugin.name, since=start, until=end, max_points=MAX_POINTS)
+    )
+    charts = [_chart(spec, series, x="time", x_min=start, x_max=end) for spec in PLUGIN_CHARTS]
+    message = ""
+    if plugin.monitoring_expired:
+        message = (
+            f"The monitoring data of plugin {plugin.name} has been reclaimed: metrics and logs are kept "
+            "for the retention period after a plugin ends (PLUGTUNE_RETENTION_DAYS), then deleted."
+        )
+    return PluginMetricsOut(
+        plugin=plugin.name,
+        range=range_name,
+        start=start,
+        end=end,
+        reclaimed=plugin.monitoring_expired,
+        reclaimed_message=message,
+        charts=charts,
+    )
+
+
+def _chart(
+    spec: PluginChart,
+    series: dict[str, list[SeriesPoint]],
+    *,
+    x: str,
+    x_min: float | None = None,
+    x_max: float | None = None,
+) -> ChartOut:
+    names = sorted(n for n in series if spec.matches(n))
+    # By step when every point has one (training metrics); otherwise the whole chart is by time.
+    by_step = x == "step" and all(p.step is not None for n in names for p in series[n])
+    out = [
+        SeriesOut(
+            name=spec.label(name),
+            points=[
+                (float(p.step) if by_step and p.step is not None else p.time, p.value) for p in series[name]
+            ],
+        )
+        for name in names
+    ]
+    axis = "step" if by_step else "time"
+    return ChartOut(
+        key=spec.key, title=spec.title, unit=spec.unit, x=axis, x_min=x_min, x_max=x_max, series=out
+    )

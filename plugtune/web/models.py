@@ -1,0 +1,206 @@
+"""What the JSON API answers (pydantic models at the API edge; the pages render the same ones)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ErrorOut(BaseModel):
+    """A classified failure (DESIGN §2): who owns it, what the backend said, what to do."""
+
+    type: str
+    owner: str
+    cause: str = ""
+    message: str = ""
+    hint: str = ""
+    plugin: str = ""
+    trajectory_id: str = ""
+    traceback: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    status: str
+    created_at: float
+    updated_at: float
+    steps_done: int
+    total_steps: int
+    error: ErrorOut | None = None
+    next_retry_at: float | None = None
+    auto_retries: int = 0
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    page: int
+    page_size: int
+    total: int
+
+
+class AttemptOut(BaseModel):
+    number: int
+    trigger: str = Field(description="first run, automatic retry or manual retry")
+    status: str
+    started_at: float
+    ended_at: float | None = None
+    resumed_from_step: int = 0
+    error: ErrorOut | None = None
+
+
+class JobDetail(BaseModel):
+    job: JobOut
+    attempts: list[AttemptOut]
+    errors: list[ErrorOut] = Field(description="every error the job has had, oldest first")
+
+
+class PluginOut(BaseModel):
+    name: str
+    kind: str = Field(description="rollout, grader or group_grader")
+    entry: str = ""
+    status: str = Field(description="waiting, running, completed or failed")
+    failure_reason: str = ""
+    code_hash: str = ""
+    runtime: dict[str, Any] = Field(default_factory=dict)
+    started_at: float | None = None
+    ended_at: float | None = None
+    retention_expires_at: float | None = None
+    monitoring_reclaimed: bool = False
+
+
+class CodeFileOut(BaseModel):
+    path: str
+    text: str
+
+
+class CodeOut(BaseModel):
+    code_hash: str
+    files: list[CodeFileOut]
+
+
+class SeriesOut(BaseModel):
+    name: str
+    points: list[tuple[float, float | None]] = Field(description="[x, y] pairs; x is a time or a step")
+
+
+class ChartOut(BaseModel):
+    key: str
+    title: str
+    unit: str = ""
+    x: str = Field(default="time", description="time (epoch seconds) or step")
+    x_min: float | None = None
+    x_max: float | None = None
+    series: list[SeriesOut]
+
+
+class ChartsOut(BaseModel):
+    charts: list[ChartOut]
+
+
+class PluginMetricsOut(BaseModel):
+    plugin: str
+    range: str
+    start: float
+    end: float
+    reclaimed: bool
+    reclaimed_message: str = ""
+    charts: list[ChartOut]
+
+
+class LogOut(BaseModel):
+    id: int
+    time: float
+    level: str
+    plugin: str
+    source: str = ""
+    trajectory_id: str = ""
+    call_id: str = ""
+    message: str
+
+
+class LogPage(BaseModel):
+    items: list[LogOut] = Field(description="newest first")
+    before: int | None = Field(default=None, description="cursor of the next (older) page")
+    job_status: str = ""
+
+
+class TrajectorySummaryOut(BaseModel):
+    id: str
+    row: int = Field(description="stable row id; the list's order and keyset cursor")
+    group_id: str
+    step: int
+    status: str
+    reward: float | None = None
+    advantage: float | None = None
+    plugins: list[str] = Field(default_factory=list)
+    error_cause: str = ""
+    preview: str = ""
+
+
+class TrajectoryPage(BaseModel):
+    items: list[TrajectorySummaryOut]
+    before: int | None = Field(default=None, description="cursor of the next (older) page")
+
+
+class ToolCallOut(BaseModel):
+    id: str = ""
+    name: str
+    arguments: str
+
+
+class MessageOut(BaseModel):
+    role: str
+    name: str = ""
+    content: str = ""
+    tool_call_id: str = ""
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+
+
+class TrajectoryErrorOut(BaseModel):
+    type: str = ""
+    owner: str = ""
+    cause: str = ""
+    message: str = ""
+    plugin: str = ""
+    attempt: int = 1
+    traceback: str = ""
+
+
+class TrajectoryLogs(BaseModel):
+    items: list[LogOut] = Field(description="oldest first")
+    truncated: bool = False
+
+
+class TrajectoryOut(BaseModel):
+    id: str
+    group_id: str
+    step: int
+    attempt: int
+    status: str
+    stop_reason: str = ""
+    reward: float | None = None
+    advantage: float | None = None
+    reward_components: dict[str, float | None] = Field(default_factory=dict)
+    errors: list[TrajectoryErrorOut] = Field(default_factory=list)
+    messages: list[MessageOut] = Field(default_factory=list)
+    code_hash: dict[str, str] = Field(default_factory=dict)
+    logs: TrajectoryLogs
+
+
+class NeighborsOut(BaseModel):
+    prev: str | None = Field(default=None, description="the trajectory above in the list (newer)")
+    next: str | None = Field(default=None, description="the trajectory below in the list (older)")
+
+
+class GroupOut(BaseModel):
+    group_id: str
+    trajectories: list[TrajectoryOut]
+
+
+class RetryOut(BaseModel):
+    job_id: int
+    status: str
+    message: str

@@ -1,0 +1,202 @@
+"""The console's server-rendered pages (Jinja2, autoescaped: plugin and data text stays text)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from plugtune.store import Store
+from plugtune.store.records import JobStatus
+from plugtune.web import charts, service
+from plugtune.web.codeview import render_files
+from plugtune.web.params import LEVELS, LogForm, TrajectoryForm, choice, integer
+from plugtune.web.templating import templates
+from plugtune.web.views import attempts_out, job_out, plugin_out
+
+router = APIRouter(include_in_schema=False)
+
+JOBS_PER_PAGE = 50
+LOGS_PER_PAGE = 100
+TRAJECTORIES_PER_PAGE = 50
+
+
+@dataclass(frozen=True)
+class Pager:
+    label: str
+    first_url: str | None = None
+    prev_url: str | None = None
+    next_url: str | None = None
+    is_first: bool = True
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def _render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+@router.get("/")
+def home() -> RedirectResponse:
+    return RedirectResponse("/jobs", status_code=303)
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request, status: str | None = None, page: str | None = None) -> HTMLResponse:
+    store = _store(request)
+    statuses = tuple(s.value for s in JobStatus)
+    wanted = choice("status", status, statuses)
+    number = integer("page", page, minimum=1) or 1
+    total = store.count_jobs(wanted)
+    pages = max(1, math.ceil(total / JOBS_PER_PAGE))
+    jobs = store.list_jobs(wanted, limit=JOBS_PER_PAGE, offset=(number - 1) * JOBS_PER_PAGE)
+    base = f"status={wanted}&" if wanted else ""
+    pager = Pager(
+        label=f"page {number} of {pages} · {total} jobs",
+        prev_url=f"?{base}page={number - 1}" if number > 1 else None,
+        next_url=f"?{base}page={number + 1}" if number < pages else None,
+    )
+    return _render(
+        request, "jobs.html", jobs=[job_out(j) for j in jobs], statuses=statuses, status=wanted, pager=pager
+    )
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: int, retried: str | None = None) -> HTMLResponse:
+    return _job_page(request, job_id, message="Retry requested: the job is queued again." if retried else "")
+
+
+def _job_page(request: Request, job_id: int, *, message: str = "", status_code: int = 200) -> HTMLResponse:
+    store = _store(request)
+    job = service.require_job(store, job_id)
+    attempts = attempts_out(store.list_attempts(job_id), store.list_job_errors(job_id))
+    return _render(request, "job.html", status_code, job=job_out(job), attempts=attempts, message=message)
+
+
+@router.post("/jobs/{job_id}/retry")
+def retry_page(request: Request, job_id: int) -> Response:
+    try:
+        service.retry(_store(request), job_id, request.app.state.on_retry)
+    except service.Conflict as e:
+        return _job_page(request, job_id, message=f"Cannot retry: {e}", status_code=409)
+    return RedirectResponse(f"/jobs/{job_id}?retried=1", status_code=303)
+
+
+@router.get("/jobs/{job_id}/plugins", response_class=HTMLResponse)
+def plugins_page(
+    request: Request, job_id: int, plugin: str | None = None, range: str | None = None
+) -> HTMLResponse:
+    store = _store(request)
+    job = service.require_job(store, job_id)
+    plugins = [plugin_out(p) for p in store.list_plugins(job_id)]
+    chosen = next((p for p in plugins if p.name == plugin), plugins[0] if plugins else None)
+    if plugin and (chosen is None or chosen.name != plugin):
+        raise service.Missing(f"job {job_id} has no plugin {plugin!r}")
+    files = []
+    if chosen is not None:
+        _, code = service.plugin_code(store, job_id, chosen.name)
+        failure = chosen.failure_reason if chosen.status == "failed" else ""
+        files = render_files(code, failure)
+    wanted = range if range in (*charts.RANGES, "custom") else "1h"
+    return _render(
+        request,
+        "plugins.html",
+        job=job_out(job),
+        plugins=plugins,
+        plugin=chosen,
+        code_files=files,
+        ranges=list(charts.RANGES),
+        range=wanted,
+    )
+
+
+@router.get("/jobs/{job_id}/logs", response_class=HTMLResponse)
+def logs_page(
+    request: Request,
+    job_id: int,
+    plugin: str | None = None,
+    level: str | None = None,
+    trajectory: str | None = None,
+    q: str | None = None,
+    before: str | None = None,
+) -> HTMLResponse:
+    store = _store(request)
+    job = service.require_job(store, job_id)
+    form = LogForm.parse(plugin, level, trajectory, q)
+    cursor = integer("before", before, minimum=1)
+    page = service.log_page(store, job_id, form.to_filter(), before=cursor, limit=LOGS_PER_PAGE)
+    pager = _keyset_pager(page, form.query, "lines")
+    plugins = store.list_plugins(job_id)
+    reclaimed = [p.name for p in plugins if p.monitoring_expired and (form.plugin in (None, p.name))]
+    latest = max((line.id for line in page.items), default=0)
+    return _render(
+        request,
+        "logs.html",
+        job=job_out(job),
+        lines=page.items,
+        filters=form,
+        levels=LEVELS,
+        plugin_names=[p.name for p in plugins],
+        reclaimed=reclaimed,
+        pager=pager,
+        latest_id=latest,
+    )
+
+
+@router.get("/jobs/{job_id}/trajectories", response_class=HTMLResponse)
+def trajectories_page(
+    request: Request,
+    job_id: int,
+    status: str | None = None,
+    plugin: str | None = None,
+    step: str | None = None,
+    min_reward: str | None = None,
+    max_reward: str | None = None,
+    q: str | None = None,
+    before: str | None = None,
+    t: str | None = None,
+) -> HTMLResponse:
+    store = _store(request)
+    job = service.require_job(store, job_id)
+    form = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q)
+    cursor = integer("before", before, minimum=1)
+    page = service.trajectory_page(
+        store, job_id, form.to_filter(), before=cursor, limit=TRAJECTORIES_PER_PAGE
+    )
+    selected = t or (page.items[0].id if page.items else None)
+    return _render(
+        request,
+        "trajectories.html",
+        job=job_out(job),
+        trajectories=page.items,
+        filters=form,
+        plugin_names=[p.name for p in store.list_plugins(job_id)],
+        pager=_keyset_pager(page, form.query, "trajectories"),
+        selected=selected,
+    )
+
+
+@router.get("/jobs/{job_id}/groups/{group_id}", response_class=HTMLResponse)
+def group_page(request: Request, job_id: int, group_id: str) -> HTMLResponse:
+    store = _store(request)
+    job = service.require_job(store, job_id)
+    members = service.group(store, job_id, group_id)
+    if not members:
+        raise service.Missing(f"job {job_id} has no trajectory group {group_id!r}")
+    return _render(request, "group.html", job=job_out(job), group_id=group_id, trajectories=members)
+
+
+def _keyset_pager(page: service.Page[Any], query: Any, noun: str) -> Pager:
+    first = f"?{query()}" if page.has_newer else None
+    prev = None
+    if page.has_newer:
+        prev = f"?{query(before=page.newer_before)}" if page.newer_before is not None else first
+    nxt = f"?{query(before=page.before)}" if page.before is not None else None
+    shown = f"{len(page.items)} {noun}, newest first" if page.items else f"no {noun}"
+    return Pager(label=shown, first_url=first, prev_url=prev, next_url=nxt, is_first=not page.has_newer)

@@ -1,0 +1,135 @@
+"""Query parameters as HTML forms send them (blank = not set), parsed with errors that say what to fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from plugtune.web.queries import LogFilter, TrajectoryFilter
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+TRAJECTORY_STATUSES = ("success", "failed", "discard")
+
+
+class BadParameter(ValueError):
+    """Raised when a query parameter cannot be used; the message names it and says what is expected."""
+
+
+def text(raw: str | None) -> str | None:
+    value = (raw or "").strip()
+    return value or None
+
+
+def integer(name: str, raw: str | None, *, minimum: int | None = None) -> int | None:
+    value = text(raw)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadParameter(f"{name} must be a whole number, got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise BadParameter(f"{name} must be >= {minimum}, got {number}")
+    return number
+
+
+def number(name: str, raw: str | None) -> float | None:
+    value = text(raw)
+    if value is None:
+        return None
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise BadParameter(f"{name} must be a number, got {value!r}") from None
+    if parsed != parsed or parsed in (float("inf"), float("-inf")):
+        raise BadParameter(f"{name} must be a finite number, got {value!r}")
+    return parsed
+
+
+def choice(name: str, raw: str | None, allowed: tuple[str, ...], *, upper: bool = False) -> str | None:
+    value = text(raw)
+    if value is None:
+        return None
+    value = value.upper() if upper else value
+    if value not in allowed:
+        raise BadParameter(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LogForm:
+    """The Logs page's filters as they appear in its URL."""
+
+    plugin: str | None = None
+    level: str | None = None
+    trajectory: str | None = None
+    q: str | None = None
+
+    @classmethod
+    def parse(cls, plugin: str | None, level: str | None, trajectory: str | None, q: str | None) -> LogForm:
+        return cls(text(plugin), choice("level", level, LEVELS, upper=True), text(trajectory), text(q))
+
+    def to_filter(self) -> LogFilter:
+        return LogFilter(plugin=self.plugin, level=self.level, trajectory_id=self.trajectory, text=self.q)
+
+    def query(self, **extra: object) -> str:
+        values = {
+            "plugin": self.plugin,
+            "level": self.level,
+            "trajectory": self.trajectory,
+            "q": self.q,
+            **extra,
+        }
+        return urlencode({k: v for k, v in values.items() if v is not None and v != ""})
+
+
+@dataclass(frozen=True)
+class TrajectoryForm:
+    """The Trajectory analysis page's filters as they appear in its URL."""
+
+    status: str | None = None
+    plugin: str | None = None
+    step: int | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    q: str | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        status: str | None,
+        plugin: str | None,
+        step: str | None,
+        min_reward: str | None,
+        max_reward: str | None,
+        q: str | None,
+    ) -> TrajectoryForm:
+        return cls(
+            status=choice("status", status, TRAJECTORY_STATUSES),
+            plugin=text(plugin),
+            step=integer("step", step, minimum=0),
+            min_reward=number("min_reward", min_reward),
+            max_reward=number("max_reward", max_reward),
+            q=text(q),
+        )
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in self.__dict__.values())
+
+    def to_filter(self) -> TrajectoryFilter:
+        return TrajectoryFilter(
+            status=self.status,
+            step=self.step,
+            plugin=self.plugin,
+            text=self.q,
+            min_reward=self.min_reward,
+            max_reward=self.max_reward,
+        )
+
+    def api_query(self) -> str:
+        return self.query()
+
+    def query(self, **extra: object) -> str:
+        values = {**self.__dict__, **extra}
+        return urlencode({k: v for k, v in values.items() if v is not None and v != ""})

@@ -1,0 +1,148 @@
+"""What the API and the pages both do: find a job or a plugin, read a page of logs or trajectories,
+open a trajectory with its log lines, and retry a job."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from plugtune.store import Store
+from plugtune.store.records import IllegalTransitionError, Job, NotFoundError, Plugin
+from plugtune.store.schema import log_lines, trajectories
+from plugtune.web import queries
+from plugtune.web.models import LogOut, NeighborsOut, TrajectoryLogs, TrajectoryOut, TrajectorySummaryOut
+from plugtune.web.queries import LogFilter, TrajectoryFilter
+from plugtune.web.views import log_out, summary_out, trajectory_out
+
+log = logging.getLogger(__name__)
+Row = TypeVar("Row", LogOut, TrajectorySummaryOut)
+
+TRAJECTORY_LOG_LINES = 500  # shown with a trajectory; the Logs page pages through the rest
+
+
+class Missing(LookupError):
+    """Raised when a job, plugin, trajectory or code version asked for does not exist."""
+
+
+class Conflict(ValueError):
+    """Raised when an action does not apply to the job's current state (e.g. retrying a running job)."""
+
+
+@dataclass(frozen=True)
+class Page(Generic[Row]):
+    """One newest-first keyset page: its rows and the cursors of the pages around it."""
+
+    items: list[Row]
+    before: int | None  # cursor of the next (older) page; None on the last page
+    has_newer: bool  # is there a page above (newer rows)?
+    newer_before: int | None  # cursor of that page; None means the first page
+
+
+def require_job(store: Store, job_id: int) -> Job:
+    job = store.get_job(job_id)
+    if job is None:
+        raise Missing(f"job {job_id} does not exist")
+    return job
+
+
+def require_plugin(store: Store, job_id: int, name: str) -> Plugin:
+    plugin = store.get_plugin(job_id, name)
+    if plugin is None:
+        names = ", ".join(p.name for p in store.list_plugins(job_id)) or "none"
+        raise Missing(f"job {job_id} has no plugin {name!r} (its plugins: {names})")
+    return plugin
+
+
+def plugin_code(store: Store, job_id: int, name: str) -> tuple[Plugin, dict[str, bytes]]:
+    plugin = require_plugin(store, job_id, name)
+    files = store.get_code(plugin.code_hash) if plugin.code_hash else {}
+    return plugin, files
+
+
+def log_page(store: Store, job_id: int, flt: LogFilter, *, before: int | None, limit: int) -> Page[LogOut]:
+    rows = store.logs(job_id, **flt.store_kwargs(), before_id=before, limit=limit + 1)
+    items = [log_out(r) for r in rows[:limit]]
+    has_newer, newer_before = False, None
+    if before is not None and items:
+        has_newer, newer_before = queries.newer_page_cursor(
+            store, log_lines, flt.ids(job_id), items[0].id, limit
+        )
+    elif before is not None:
+        has_newer = True
+    return Page(items, items[-1].id if len(rows) > limit else None, has_newer, newer_before)
+
+
+def log_tail(store: Store, job_id: int, flt: LogFilter, *, after: int, limit: int) -> list[LogOut]:
+    return [log_out(r) for r in store.logs(job_id, **flt.store_kwargs(), after_id=after, limit=limit)]
+
+
+def trajectory_page(
+    store: Store, job_id: int, flt: TrajectoryFilter, *, before: int | None, limit: int
+) -> Page[TrajectorySummaryOut]:
+    rows = store.trajectories(job_id, **flt.store_kwargs(), before_id=before, limit=limit + 1)
+    items = [summary_out(r) for r in rows[:limit]]
+    has_newer, newer_before = False, None
+    if before is not None and items:
+        has_newer, newer_before = queries.newer_page_cursor(
+            store, trajectories, flt.ids(job_id), items[0].row, limit
+        )
+    elif before is not None:
+        has_newer = True
+    return Page(items, items[-1].row if len(rows) > limit else None, has_newer, newer_before)
+
+
+def trajectory_detail(store: Store, job_id: int, trajectory_id: str) -> TrajectoryOut:
+    record = store.get_trajectory(job_id, trajectory_id)
+    if record is None:
+        raise Missing(f"job {job_id} has no trajectory {trajectory_id!r}")
+    rows = store.logs(job_id, trajectory_id=trajectory_id, limit=TRAJECTORY_LOG_LINES)
+    logs = TrajectoryLogs(
+        items=[log_out(r) for r in reversed(rows)], truncated=len(rows) >= TRAJECTORY_LOG_LINES
+    )
+    return trajectory_out(record, logs)
+
+
+def neighbors(store: Store, job_id: int, trajectory_id: str, flt: TrajectoryFilter) -> NeighborsOut:
+    row = queries.trajectory_row_id(store, job_id, trajectory_id)
+    if row is None:
+        raise Missing(f"job {job_id} has no trajectory {trajectory_id!r}")
+    return NeighborsOut(
+        prev=queries.neighbor_trajectory(store, job_id, row, flt, newer=True),
+        next=queries.neighbor_trajectory(store, job_id, row, flt, newer=False),
+    )
+
+
+def group(store: Store, job_id: int, group_id: str) -> list[TrajectoryOut]:
+    empty = TrajectoryLogs(items=[], truncated=False)
+    return [trajectory_out(r, empty) for r in store.group(job_id, group_id)]
+
+
+def retry(store: Store, job_id: int, on_retry: Callable[[str], None] | None) -> Job:
+    """Manual retry: the job goes back to the queue (and resumes from its last checkpoint)."""
+    job = require_job(store, job_id)
+    if job.status not in ("failed", "cancelled"):
+        raise Conflict(f"job {job_id} is {job.status}; only a failed or cancelled job can be retried")
+    try:
+        from plugtune.jobs.control import retry_job  # the jobs layer owns what a retry means
+    except ImportError:
+        log.warning("plugtune.jobs.control.retry_job is not available; requeueing job %s directly", job_id)
+        _requeue(store, job_id)
+    else:
+        try:
+            retry_job(store, job_id)
+        except (IllegalTransitionError, NotFoundError) as e:
+            raise Conflict(str(e)) from e
+    if on_retry is not None:
+        on_retry(str(job_id))
+    return require_job(store, job_id)
+
+
+def _requeue(store: Store, job_id: int) -> None:
+    try:
+        store.transition(job_id, "queued", "manual retry from the console")
+    except IllegalTransitionError as e:
+        raise Conflict(str(e)) from e
+    store.clear_job_error(job_id)
+    store.update_job(job_id, next_retry_at=None)

@@ -1,0 +1,114 @@
+// plugtune console: small SVG line charts, drawn from the JSON API's {title, unit, series} specs.
+"use strict";
+
+(function () {
+  const PT = window.PT;
+  const SVG = "http://www.w3.org/2000/svg";
+  const COLORS = ["#2f5bd3", "#c0352b", "#1a7f4b", "#a15c00", "#8a2be2", "#0b6e99", "#b3306f", "#5b6b00"];
+  const W = 460;
+  const H = 190;
+  const PAD = { left: 48, right: 10, top: 10, bottom: 26 };
+
+  function svgEl(tag, attrs, text) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function ticks(lo, hi, count) {
+    if (hi === lo) return [lo];
+    const step = (hi - lo) / count;
+    const out = [];
+    for (let i = 0; i <= count; i++) out.push(lo + step * i);
+    return out;
+  }
+
+  function fmtX(value, xKind, span) {
+    if (xKind !== "time") return PT.fmtNumber(value);
+    const d = new Date(value * 1000);
+    const hm = `${String(d.getUTCHours()).padStart(2, "0")}:${String(d.getUTCMinutes()).padStart(2, "0")}`;
+    if (span > 2 * 86400) return `${d.getUTCMonth() + 1}/${d.getUTCDate()} ${hm}`;
+    return hm;
+  }
+
+  function bounds(series, spec) {
+    let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+    for (const s of series) {
+      for (const [x, y] of s.points) {
+        if (y === null || !Number.isFinite(y)) continue;
+        x0 = Math.min(x0, x); x1 = Math.max(x1, x);
+        y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+      }
+    }
+    if (spec.x_min !== undefined && spec.x_min !== null) x0 = spec.x_min;
+    if (spec.x_max !== undefined && spec.x_max !== null) x1 = spec.x_max;
+    if (y0 > 0 && spec.zero_based !== false) y0 = 0;
+    if (y1 === y0) { y1 = y0 + 1; }
+    if (x1 === x0) { x1 = x0 + 1; }
+    return { x0, x1, y0, y1 };
+  }
+
+  // Draws one chart into `container` (replacing its content). spec: {key, title, unit, x: "time"|"step",
+  // series: [{name, points: [[x, y], ...]}], empty: "text when there is nothing to draw"}.
+  PT.lineChart = function (container, spec) {
+    const series = (spec.series || []).filter((s) => s.points && s.points.length);
+    const head = PT.el("div", { class: "chart-title" }, [
+      spec.title || "",
+      spec.unit ? PT.el("span", { class: "chart-unit", text: ` (${spec.unit})` }) : null,
+    ]);
+    const box = PT.el("div", { class: "chart", "data-chart": spec.key || "" }, [head]);
+    if (!series.length) {
+      box.append(PT.el("div", { class: "empty", text: spec.empty || "No data in this range." }));
+      container.replaceChildren(box);
+      return box;
+    }
+    const b = bounds(series, spec);
+    const sx = (x) => PAD.left + ((x - b.x0) / (b.x1 - b.x0)) * (W - PAD.left - PAD.right);
+    const sy = (y) => H - PAD.bottom - ((y - b.y0) / (b.y1 - b.y0)) * (H - PAD.top - PAD.bottom);
+    const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img" });
+    svg.append(svgEl("title", {}, `${spec.title || ""} ${spec.unit ? "(" + spec.unit + ")" : ""}`));
+    for (const y of ticks(b.y0, b.y1, 4)) {
+      svg.append(svgEl("line", { class: "gridline", x1: PAD.left, x2: W - PAD.right, y1: sy(y), y2: sy(y) }));
+      svg.append(svgEl("text", { x: PAD.left - 4, y: sy(y) + 3, "text-anchor": "end" }, PT.fmtNumber(y)));
+    }
+    for (const x of ticks(b.x0, b.x1, 4)) {
+      svg.append(svgEl("text", { x: sx(x), y: H - 8, "text-anchor": "middle" }, fmtX(x, spec.x, b.x1 - b.x0)));
+    }
+    svg.append(svgEl("line", { class: "axis", x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: H - PAD.bottom }));
+    svg.append(svgEl("line", { class: "axis", x1: PAD.left, x2: W - PAD.right, y1: H - PAD.bottom, y2: H - PAD.bottom }));
+    const legend = PT.el("div", { class: "legend" });
+    series.forEach((s, i) => {
+      const color = COLORS[i % COLORS.length];
+      const parts = [];
+      let pen = "M";
+      for (const [x, y] of s.points) {
+        if (y === null || !Number.isFinite(y)) { pen = "M"; continue; }
+        parts.push(`${pen}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`);
+        pen = "L";
+      }
+      svg.append(svgEl("path", { class: "series", d: parts.join(" "), stroke: color, "data-series": s.name }));
+      if (s.points.length === 1) {
+        const [x, y] = s.points[0];
+        svg.append(svgEl("circle", { cx: sx(x), cy: sy(y), r: 2.5, fill: color }));
+      }
+      const last = s.points[s.points.length - 1][1];
+      const item = PT.el("span", { text: `${s.name}: ${PT.fmtNumber(last)}` });
+      item.style.setProperty("--swatch", color);
+      legend.append(item);
+    });
+    box.append(svg, legend);
+    container.replaceChildren(box);
+    return box;
+  };
+
+  // Draws every chart of an API answer {charts: [...]} into `grid`, one cell per chart.
+  PT.drawCharts = function (grid, charts, emptyText) {
+    grid.replaceChildren();
+    for (const spec of charts) {
+      const cell = PT.el("div");
+      grid.append(cell);
+      PT.lineChart(cell, Object.assign({ empty: emptyText }, spec));
+    }
+  };
+})();

@@ -1,0 +1,173 @@
+// plugtune console: Trajectory analysis detail panel, its log area and the full-screen navigation.
+// Everything shown here came from a plugin or a dataset: it goes in with textContent only.
+"use strict";
+
+(function () {
+  const PT = window.PT;
+
+  function section(title, children) {
+    return PT.el("section", {}, [PT.el("h3", { text: title }), ...children]);
+  }
+
+  function renderMessages(messages) {
+    return messages.map((m) => {
+      const calls = (m.tool_calls || []).map((call) =>
+        PT.el("div", { class: "toolcall", text: `→ ${call.name}(${call.arguments})${call.id ? "  [" + call.id + "]" : ""}` }),
+      );
+      const role = m.role + (m.name ? ` · ${m.name}` : "") + (m.tool_call_id ? ` · reply to ${m.tool_call_id}` : "");
+      return PT.el("div", { class: `msg role-${m.role}` }, [
+        PT.el("div", { class: "role", text: role }),
+        m.content ? PT.el("div", { class: "content", text: m.content }) : null,
+        ...calls,
+      ]);
+    });
+  }
+
+  function renderRewards(t) {
+    const rows = [["reward", t.reward], ["advantage", t.advantage]];
+    for (const [grader, value] of Object.entries(t.reward_components || {})) rows.push([`grader ${grader}`, value]);
+    return PT.el("dl", { class: "kv", id: "reward-components" }, rows.flatMap(([k, v]) => [
+      PT.el("dt", { text: k }),
+      PT.el("dd", { text: PT.fmtNumber(v) }),
+    ]));
+  }
+
+  function renderErrors(errors) {
+    if (!errors.length) return [PT.el("div", { class: "muted", text: "No error." })];
+    return errors.map((e) => PT.el("div", { class: "error-item" }, [
+      PT.el("strong", { text: `${e.type}${e.cause ? " · " + e.cause : ""}${e.plugin ? " [" + e.plugin + "]" : ""}` }),
+      document.createTextNode(` attempt ${e.attempt}: ${e.message}`),
+      e.traceback ? PT.el("pre", { text: e.traceback }) : null,
+    ]));
+  }
+
+  function renderLogs(t) {
+    const open = t.status === "failed" || t.status === "discard";
+    const details = PT.el("details", { class: "logs", id: "trajectory-logs" });
+    details.open = open;
+    const count = t.logs.items.length + (t.logs.truncated ? "+" : "");
+    details.append(PT.el("summary", { text: `Log lines (${count})` }));
+    const plugins = [...new Set(t.logs.items.map((l) => l.plugin))].sort();
+    const select = PT.el("select", { id: "log-plugin-filter", "aria-label": "plugin" }, [
+      PT.el("option", { value: "", text: "all plugins" }),
+      ...plugins.map((p) => PT.el("option", { value: p, text: p })),
+    ]);
+    const body = PT.el("tbody");
+    const fill = () => {
+      const wanted = select.value;
+      const rows = t.logs.items
+        .filter((l) => !wanted || l.plugin === wanted)
+        .map((l) => PT.el("tr", { "data-plugin": l.plugin }, [
+          PT.el("td", { class: "mono", text: PT.fmtTime(l.time) }),
+          PT.el("td", {}, [PT.badge("level", l.level)]),
+          PT.el("td", { class: "mono", text: l.plugin }),
+          PT.el("td", { class: "msg-text", text: l.message }),
+        ]));
+      body.replaceChildren(...(rows.length ? rows : [PT.el("tr", {}, [PT.el("td", { class: "muted", colspan: 4, text: "No log line." })])]));
+    };
+    select.addEventListener("change", fill);
+    fill();
+    const table = PT.el("table", { class: "grid loglines" }, [
+      PT.el("thead", {}, [PT.el("tr", {}, ["Time (UTC)", "Level", "Plugin", "Detail"].map((h) => PT.el("th", { text: h })))]),
+      body,
+    ]);
+    details.append(PT.el("div", { class: "toolbar" }, [PT.el("label", {}, ["Plugin ", select])]), table);
+    return details;
+  }
+
+  function setup(panel) {
+    const job = panel.dataset.job;
+    const filters = new URLSearchParams(panel.dataset.filters || "");
+    const state = { id: panel.dataset.selected || null, prev: null, next: null, loading: false };
+
+    function enterFullscreen() {
+      panel.classList.add("fullscreen");
+      if (panel.requestFullscreen) panel.requestFullscreen().catch(() => {});
+    }
+    function exitFullscreen() {
+      panel.classList.remove("fullscreen");
+      if (document.fullscreenElement && document.exitFullscreen) document.exitFullscreen().catch(() => {});
+    }
+    document.addEventListener("fullscreenchange", () => {
+      if (!document.fullscreenElement) panel.classList.remove("fullscreen");
+    });
+
+    function navBar(t) {
+      const isFull = panel.classList.contains("fullscreen");
+      return PT.el("div", { class: "nav-fs" }, [
+        PT.el("button", { type: "button", id: "traj-prev", title: "previous (↑)", disabled: !state.prev, text: "↑ Previous", onclick: () => move(-1) }),
+        PT.el("button", { type: "button", id: "traj-next", title: "next (↓)", disabled: !state.next, text: "↓ Next", onclick: () => move(1) }),
+        PT.el("button", {
+          type: "button", id: "fullscreen-toggle", text: isFull ? "Exit full screen" : "Full screen",
+          onclick: () => { (panel.classList.contains("fullscreen") ? exitFullscreen : enterFullscreen)(); render(state.data); },
+        }),
+        PT.el("a", { href: `/jobs/${encodeURIComponent(job)}/groups/${encodeURIComponent(t.group_id)}`, text: "Group view" }),
+      ]);
+    }
+
+    function render(t) {
+      if (!t) return;
+      const head = PT.el("h2", {}, [
+        PT.el("span", { class: "mono", id: "detail-id", text: t.id }), " ", PT.badge("status", t.status),
+      ]);
+      const meta = PT.el("div", { class: "muted", text: `step ${t.step} · group ${t.group_id} · attempt ${t.attempt}` + (t.stop_reason ? ` · stop: ${t.stop_reason}` : "") });
+      panel.replaceChildren(
+        navBar(t), head, meta,
+        section("Reward per grader", [renderRewards(t)]),
+        section("Errors", renderErrors(t.errors)),
+        renderLogs(t),
+        section("Messages", renderMessages(t.messages)),
+      );
+      panel.dataset.selected = t.id;
+      for (const row of document.querySelectorAll("#trajectory-list tr[data-id]")) {
+        row.classList.toggle("selected", row.dataset.id === t.id);
+      }
+    }
+
+    async function open(id) {
+      if (!id || state.loading) return;
+      state.loading = true;
+      try {
+        const base = `/api/jobs/${encodeURIComponent(job)}/trajectories/${encodeURIComponent(id)}`;
+        const [t, around] = await Promise.all([PT.api(base), PT.api(`${base}/neighbors`, Object.fromEntries(filters))]);
+        Object.assign(state, { id, data: t, prev: around.prev, next: around.next });
+        render(t);
+        const url = new URL(window.location.href);
+        url.searchParams.set("t", id);
+        window.history.replaceState(null, "", url);
+      } catch (err) {
+        panel.replaceChildren(PT.el("div", { class: "notice", text: `Could not load ${id}: ${err.message}` }));
+      } finally {
+        state.loading = false;
+      }
+    }
+
+    function move(delta) {
+      const target = delta < 0 ? state.prev : state.next;
+      if (target) open(target);
+    }
+
+    document.addEventListener("keydown", (event) => {
+      const tag = (event.target && event.target.tagName) || "";
+      if (["INPUT", "SELECT", "TEXTAREA"].includes(tag) || !state.id) return;
+      if (event.key === "ArrowUp") { event.preventDefault(); move(-1); }
+      else if (event.key === "ArrowDown") { event.preventDefault(); move(1); }
+      else if (event.key === "Escape" && panel.classList.contains("fullscreen")) { exitFullscreen(); render(state.data); }
+    });
+    for (const link of document.querySelectorAll("#trajectory-list [data-open]")) {
+      link.addEventListener("click", (event) => { event.preventDefault(); open(link.dataset.open); });
+    }
+    for (const row of document.querySelectorAll("#trajectory-list tr[data-id]")) {
+      row.addEventListener("click", (event) => {
+        if (event.target.closest("a")) return;
+        open(row.dataset.id);
+      });
+    }
+    if (state.id) open(state.id);
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const panel = document.getElementById("detail");
+    if (panel) setup(panel);
+  });
+})();

@@ -1,0 +1,219 @@
+"""Store records → the API's models: one translation, shared by the JSON API and the pages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from plugtune.store.records import Attempt, Job, JobError, LogRow, Plugin, TrajectorySummary
+from plugtune.types import ErrorRecord, TrajectoryRecord
+from plugtune.web.models import (
+    AttemptOut,
+    ErrorOut,
+    JobOut,
+    LogOut,
+    MessageOut,
+    PluginOut,
+    ToolCallOut,
+    TrajectoryErrorOut,
+    TrajectoryLogs,
+    TrajectoryOut,
+    TrajectorySummaryOut,
+)
+
+
+def error_out(error: JobError | dict[str, Any] | None) -> ErrorOut | None:
+    if error is None:
+        return None
+    fields = error.to_dict() if isinstance(error, JobError) else dict(error)
+    evidence = dict(fields.get("evidence") or {})
+    # Evidence keys the banner shows in their own rows; the rest stays in evidence.
+    return ErrorOut(
+        type=str(fields.get("type") or "unknown error"),
+        owner=str(fields.get("owner") or ""),
+        cause=str(fields.get("cause") or ""),
+        message=str(fields.get("message") or ""),
+        hint=str(fields.get("hint") or ""),
+        plugin=str(fields.get("plugin") or evidence.get("plugin") or ""),
+        trajectory_id=str(fields.get("trajectory_id") or evidence.get("trajectory_id") or ""),
+        traceback=str(fields.get("traceback") or evidence.get("traceback") or ""),
+        evidence=_jsonable(evidence),
+    )
+
+
+def job_out(job: Job) -> JobOut:
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        steps_done=job.steps_done,
+        total_steps=job.steps_total,
+        error=error_out(job.error),
+        next_retry_at=job.next_retry_at,
+        auto_retries=job.auto_retries,
+    )
+
+
+def attempts_out(attempts: list[Attempt], errors: list[JobError]) -> list[AttemptOut]:
+    """Attempts, newest first, each with the trigger that started it and its error."""
+    by_attempt = {e.attempt: e for e in errors if e.attempt is not None}
+    out: list[AttemptOut] = []
+    previous: Attempt | None = None
+    for a in attempts:
+        out.append(
+            AttemptOut(
+                number=a.number,
+                trigger=_trigger(a, previous),
+                status=a.status,
+                started_at=a.started_at,
+                ended_at=a.ended_at,
+                resumed_from_step=a.resumed_from_step,
+                error=error_out(a.error if a.error else by_attempt.get(a.number)),
+            )
+        )
+        previous = a
+    return out[::-1]
+
+
+def _trigger(attempt: Attempt, previous: Attempt | None) -> str:
+    if previous is None:
+        return "first run"
+    error = previous.error or {}
+    if error.get("owner") == "platform":
+        return "retry (platform error)"
+    return "manual retry"
+
+
+def plugin_out(plugin: Plugin) -> PluginOut:
+    return PluginOut(
+        name=plugin.name,
+        kind=plugin.role,
+        entry=plugin.entry,
+        status=plugin.status,
+        failure_reason=plugin.failure_reason,
+        code_hash=plugin.code_hash,
+        runtime=_jsonable(plugin.runtime),
+        started_at=plugin.started_at,
+        ended_at=plugin.ended_at,
+        retention_expires_at=plugin.retention_expires_at,
+        monitoring_reclaimed=plugin.monitoring_expired,
+    )
+
+
+def log_out(row: LogRow) -> LogOut:
+    return LogOut(
+        id=row.id,
+        time=row.time,
+        level=row.level,
+        plugin=row.plugin,
+        source=row.source,
+        trajectory_id=row.trajectory_id,
+        call_id=row.call_id,
+        message=row.message,
+    )
+
+
+def summary_out(row: TrajectorySummary) -> TrajectorySummaryOut:
+    return TrajectorySummaryOut(
+        id=row.trajectory_id,
+        row=row.id,
+        group_id=row.group_id,
+        step=row.step,
+        status=row.status,
+        reward=row.reward,
+        advantage=row.advantage,
+        plugins=list(row.plugins),
+        error_cause=row.error_cause,
+        preview=row.preview,
+    )
+
+
+def trajectory_out(record: TrajectoryRecord, logs: TrajectoryLogs) -> TrajectoryOut:
+    return TrajectoryOut(
+        id=record.trajectory_id,
+        group_id=record.group_id,
+        step=record.step,
+        attempt=record.attempt,
+        status=record.status,
+        stop_reason=record.stop_reason,
+        reward=_finite(record.reward),
+        advantage=_finite(record.advantage),
+        reward_components={k: _finite(v) for k, v in record.reward_components.items()},
+        errors=[_trajectory_error(e) for e in record.errors],
+        messages=[message_out(m) for m in record.messages if isinstance(m, dict)],
+        code_hash=dict(record.code_hash),
+        logs=logs,
+    )
+
+
+def _trajectory_error(e: ErrorRecord) -> TrajectoryErrorOut:
+    return TrajectoryErrorOut(
+        type=e.type,
+        owner=e.owner,
+        cause=e.cause,
+        message=e.message,
+        plugin=e.plugin,
+        attempt=e.attempt,
+        traceback=e.traceback,
+    )
+
+
+def message_out(message: dict[str, Any]) -> MessageOut:
+    """An OpenAI-format message made readable: content parts joined, tool-call arguments pretty."""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        if not isinstance(call, dict):
+            continue
+        inner = call.get("function")
+        function: dict[str, Any] = inner if isinstance(inner, dict) else call
+        calls.append(
+            ToolCallOut(
+                id=str(call.get("id") or ""),
+                name=str(function.get("name") or "?"),
+                arguments=_pretty_arguments(function.get("arguments")),
+            )
+        )
+    return MessageOut(
+        role=str(message.get("role") or "?"),
+        name=str(message.get("name") or ""),
+        content=_content_text(message.get("content")),
+        tool_call_id=str(message.get("tool_call_id") or ""),
+        tool_calls=calls,
+    )
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                parts.append(str(part.get("text") or part.get("content") or json.dumps(part)))
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _pretty_arguments(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, ensure_ascii=False, indent=1 if isinstance(arguments, dict) else None)
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None or value != value or value in (float("inf"), float("-inf")):
+        return None
+    return float(value)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))

@@ -49,5 +49,23 @@ def lint(
     raise typer.Exit(1 if report.findings else 0)
 
 
+@app.command()
+def init(
+    directory: str = typer.Argument(..., help="Folder to create (it must be new or empty)."),
+    name: str = typer.Option("", help="Job name in job.yaml (default: the folder's name)."),
+) -> None:
+    """Create a ready project: plugins/rollout.py, plugins/grader.py, data/train.jsonl, job.yaml."""
+    from plugtune.init_project import ProjectExistsError, create_project
+
+    try:
+        written = create_project(directory, name or None)
+    except ProjectExistsError as exc:
+        typer.echo(f"plugtune init: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for path in written:
+        typer.echo(f"  created {path}")
+    typer.echo(f"\nNext: cd {directory} && plugtune lint && plugtune test && plugtune run job.yaml")
+
+
 if __name__ == "__main__":
     app()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,18 @@ from plugtune.errors import InvalidValueError, Problem
 from plugtune.jobs.spec import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_ROLLOUT,
+    GraderEntry,
     JobSpec,
+    RolloutEntry,
+    RuntimeOverrides,
     nested_model,
     parse_entry,
     resolve_model,
 )
 from plugtune.jobs.validation_rows import Found, describe, parse_rows, read_dataset, read_text, validate_row
+from plugtune.sdk.decorators import Kind
+
+SECTION_KINDS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
 
 __all__ = ["PluginRef", "ValidatedJob", "load_spec", "read_dataset", "validate_job", "validate_row"]
 
@@ -45,13 +52,21 @@ _Loader.add_implicit_resolver(
 
 @dataclass(frozen=True)
 class PluginRef:
+    """One plugin of a validated job: where its code is, and job.yaml's weight / runtime overrides.
+
+    ``path`` is the resolved file for user plugins; ``module`` is set instead for the built-in rollout.
+    Merge the decorator's Runtime with ``runtime`` using :func:`plugtune.jobs.spec.merge_runtime`.
+    """
+
     """One plugin of a validated job, with its file resolved."""
 
-    kind: str
+    kind: Kind
     entry: str
     function: str
     path: Path | None
     module: str | None
+    weight: float | None = None
+    runtime: RuntimeOverrides | None = None
 
 
 @dataclass(frozen=True)
@@ -112,10 +127,21 @@ def validate_job(path: str | Path, *, check_model: bool = True) -> ValidatedJob:
         validation_path=(base_dir / data.validation).resolve() if data.validation else None,
         train_rows=counts.get("train", 0),
         validation_rows=counts.get("validation", 0),
-        rollout=refs["rollout"][0],
-        graders=tuple(refs["graders"]),
-        group_graders=tuple(refs["group_graders"]),
+        rollout=_with_overrides(refs["rollout"], [spec.plugins.rollout])[0],
+        graders=_with_overrides(refs["graders"], spec.plugins.graders),
+        group_graders=_with_overrides(refs["group_graders"], spec.plugins.group_graders),
     )
+
+
+def _with_overrides(
+    refs: list[PluginRef], entries: Sequence[RolloutEntry | GraderEntry | None]
+) -> tuple[PluginRef, ...]:
+    """Attach job.yaml's weight and runtime overrides (every entry is valid by now, in order)."""
+    out = []
+    for ref, entry in zip(refs, list(entries) + [None] * (len(refs) - len(entries)), strict=True):
+        weight = entry.weight if isinstance(entry, GraderEntry) else None
+        out.append(replace(ref, weight=weight, runtime=entry.runtime if entry is not None else None))
+    return tuple(out)
 
 
 def _load(path: Path, found: Found) -> tuple[JobSpec | None, dict[str, Any] | None, dict[Path_, int]]:
@@ -334,7 +360,7 @@ def _check_plugins(
     raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found
 ) -> dict[str, list[PluginRef]]:
     plugins = _section(raw, "plugins")
-    refs: dict[str, list[PluginRef]] = {"rollout": [], "graders": [], "group_graders": []}
+    refs: dict[str, list[PluginRef]] = {key: [] for key in SECTION_KINDS}
     rollout = plugins.get("rollout")
     entries: list[tuple[str, Path_, Any]] = []
     if isinstance(rollout, dict):
@@ -358,10 +384,10 @@ def _check_plugins(
 
 def _builtin_rollout() -> PluginRef:
     ref = parse_entry(BUILTIN_ROLLOUT)
-    return PluginRef("rollout", BUILTIN_ROLLOUT, ref.function, None, ref.module)
+    return PluginRef(Kind.ROLLOUT, BUILTIN_ROLLOUT, ref.function, None, ref.module)
 
 
-def _check_entry(kind: str, entry: str, base: Path, where: Problem, found: Found) -> PluginRef | None:
+def _check_entry(section: str, entry: str, base: Path, where: Problem, found: Found) -> PluginRef | None:
     def problem(message: str) -> None:
         found.value.append(Problem(where.file, message, where.line, where.field))
 
@@ -371,7 +397,7 @@ def _check_entry(kind: str, entry: str, base: Path, where: Problem, found: Found
         problem(str(exc))
         return None
     if ref.file is None:
-        return PluginRef(kind, entry, ref.function, None, ref.module)
+        return PluginRef(SECTION_KINDS[section], entry, ref.function, None, ref.module)
     path = (base / ref.file).resolve()
     if not path.is_file():
         problem(f"plugin file {ref.file} does not exist (looked in {path.parent})")
@@ -381,7 +407,7 @@ def _check_entry(kind: str, entry: str, base: Path, where: Problem, found: Found
         known = ", ".join(sorted(n for n in defined if not n.startswith("_"))) or "none"
         problem(f"{ref.file} defines no function `{ref.function}` (public names: {known})")
         return None
-    return PluginRef(kind, entry, ref.function, path, None)
+    return PluginRef(SECTION_KINDS[section], entry, ref.function, path, None)
 
 
 def _top_level_names(path: Path) -> set[str] | None:

@@ -9,6 +9,7 @@ import pytest
 from plugtune.errors import InvalidDataError, InvalidValueError, Problem
 from plugtune.jobs.spec import BUILTIN_ROLLOUT
 from plugtune.jobs.validation import load_spec, read_dataset, validate_job, validate_row
+from plugtune.sdk import Kind
 
 JOB = """\
 name: arithmetic-grpo
@@ -60,6 +61,12 @@ def test_the_issue_example_validates(tmp_path: Path) -> None:
     assert job.rollout.path == (tmp_path / "plugins/rollout.py").resolve()
     assert job.rollout.function == "solve"
     assert [g.function for g in job.graders] == ["exact"]
+    assert job.rollout.kind is Kind.ROLLOUT and job.graders[0].kind is Kind.GRADER
+    assert job.rollout.runtime is not None and job.rollout.runtime.given() == {
+        "timeout_s": 60,
+        "max_concurrency": 8,
+    }
+    assert job.graders[0].weight == 1.0 and job.graders[0].runtime is None
     assert job.model_dir == (tmp_path / "models/tiny-chat").resolve()
     assert load_spec(tmp_path / "job.yaml").name == "arithmetic-grpo"
 
@@ -211,3 +218,38 @@ def test_read_dataset_and_validate_row(tmp_path: Path) -> None:
         read_dataset(path)
     assert len(info.value.problems) <= 51
     assert "450 more invalid row(s)" in info.value.problems[-1].message
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ("- name: x\n", None, "must be a mapping"),
+        (
+            JOB.replace(
+                "  graders:\n    - {entry: plugins/grader.py:exact, weight: 1.0}\n", "  graders: exact\n"
+            ),
+            "plugins.graders",
+            "valid list",
+        ),
+        (
+            JOB.replace(
+                "{entry: plugins/rollout.py:solve, runtime: {timeout_s: 60, max_concurrency: 8}}", "solve"
+            ),
+            "plugins.rollout",
+            "must be a mapping",
+        ),
+        (
+            JOB.replace("data: {train: data/train.jsonl, validation: data/val.jsonl}", "data: {train: 5}"),
+            "data.train",
+            "valid string",
+        ),
+        ("name: x\n\tmodel: m\n", None, "YAML syntax error"),
+    ],
+)
+def test_shape_errors_name_the_field(tmp_path: Path, text: str, field: str | None, words: str) -> None:
+    with pytest.raises(InvalidValueError) as info:
+        validate_job(make_project(tmp_path, text))
+    problems = problems_of(info)
+    match = [p for p in problems if p.field == field and words in p.message]
+    assert match, problems
+    assert match[0].line is not None

@@ -1,0 +1,119 @@
+"""``Function``: a deployed plugin, whatever backend runs it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+from plugtune.errors import Cause
+from plugtune.runtime.backend import CallRequest, Deployment, Failed
+from plugtune.runtime.classify import InvalidReturn, call_error, classify, validate
+from plugtune.runtime.faults import FaultInjection
+from plugtune.runtime.metrics import MetricsRecorder
+from plugtune.runtime.snapshot import CodeSnapshot
+from plugtune.sdk import Kind, PluginSpec, Runtime
+from plugtune.sdk.context import Context
+from plugtune.types import CallOutcome, LogLine, MetricPoint
+
+RUNNING, CLOSED = "running", "closed"
+
+
+class Function:
+    """A deployed plugin. ``invoke`` returns a :class:`CallOutcome` or raises ``PluginCallError``."""
+
+    def __init__(
+        self,
+        entry: str,
+        deployment: Deployment,
+        snapshot: CodeSnapshot,
+        inject: FaultInjection | None,
+        metrics_period_s: float,
+    ) -> None:
+        self.entry = entry
+        self.deployment = deployment
+        self.spec: PluginSpec = deployment.spec
+        self.runtime: Runtime = deployment.runtime
+        self.code_hash = snapshot.code_hash
+        self.snapshot = snapshot
+        self.inject = inject
+        self.status = RUNNING
+        self._ids = itertools.count(1)
+        self._prefix = os.urandom(4).hex()
+        self.recorder = MetricsRecorder(entry, metrics_period_s, deployment.sample)
+        self.recorder.start()
+
+    async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
+        """Call the plugin: ``(policy, sample)`` for a rollout, ``(sample, trajectory)`` for a grader,
+        ``(sample, trajectories)`` for a group grader."""
+        if self.status != RUNNING:
+            raise RuntimeError(f"{self.entry} is closed; deploy it again")
+        if not isinstance(ctx, Context):
+            raise TypeError(f"invoke() needs a plugtune.sdk.Context first, got {type(ctx).__name__}")
+        call_id = f"{self._prefix}-{next(self._ids)}"
+        fault = self.inject.draw() if self.inject is not None else None
+        request = CallRequest(call_id, ctx, args, self.runtime.timeout_s, fault)
+        started = time.perf_counter()
+        result = await self.deployment.invoke(request)
+        if isinstance(result, Failed):
+            error = classify(
+                result,
+                plugin=self.entry,
+                call_id=call_id,
+                trajectory_id=ctx.trajectory_id,
+                code_hash=self.code_hash,
+            )
+            self.recorder.record(result.latency_ms or (time.perf_counter() - started) * 1000, error.cause)
+            raise error
+        group = len(args[1]) if self.spec.kind is Kind.GROUP_GRADER else 0
+        try:
+            status, value, reason = validate(self.spec.kind, result.value, group)
+        except InvalidReturn as exc:
+            self.recorder.record(result.latency_ms, exc.cause.value)
+            raise call_error(
+                exc.cause,
+                exc.message,
+                plugin=self.entry,
+                call_id=call_id,
+                instance_id=result.instance_id,
+                trajectory_id=ctx.trajectory_id,
+                code_hash=self.code_hash,
+                logs=result.logs,
+            ) from None
+        self.recorder.record(result.latency_ms)
+        return CallOutcome(
+            status=status,
+            value=value,
+            reason=reason,
+            metrics=dict(result.metrics),
+            logs=result.logs,
+            call_id=call_id,
+            instance_id=result.instance_id,
+            latency_ms=result.latency_ms,
+        )
+
+    def metrics(self) -> list[MetricPoint]:
+        """The sampled series so far (one point per metric per period)."""
+        return list(self.recorder.points)
+
+    def logs(self) -> list[LogLine]:
+        """Every line this function's instances (and the runtime about them) wrote, oldest first."""
+        return self.deployment.logs()
+
+    def code(self) -> dict[str, bytes]:
+        """The snapshot that runs: relative path -> content."""
+        return self.snapshot.files()
+
+    async def scale(self, instances: int) -> None:
+        await self.deployment.scale(instances)
+
+    async def close(self) -> None:
+        if self.status == CLOSED:
+            return
+        self.status = CLOSED
+        await self.recorder.stop()
+        await self.deployment.close()
+
+
+__all__ = ["CLOSED", "RUNNING", "Cause", "Function"]

@@ -1,0 +1,176 @@
+"""``InProcessRuntime``: the same deploy/invoke/close surface, running plugins in the caller.
+
+For fast local tests and ``plugtune test``: no isolation and no memory limit, but the same
+validation, statuses and failure causes (``sys.exit`` and injected crashes are reported as EOF,
+without ending the caller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from plugtune.runtime import protocol as p
+from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
+from plugtune.runtime.runtime import BaseRuntime
+from plugtune.runtime.worker.loader import LoadError, Plugin, load, user_traceback
+from plugtune.sdk import Discard, Kind, PluginSpec, Retry, Runtime
+from plugtune.types import LogLine
+
+MAX_LOG_LINES = 20_000
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, sink: list[LogLine], plugin: str, call_id: str, trajectory_id: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.sink = sink
+        self.plugin = plugin
+        self.call_id = call_id
+        self.trajectory_id = trajectory_id
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink.append(
+            LogLine(
+                record.created,
+                record.levelname,
+                self.plugin,
+                record.getMessage(),
+                "logger",
+                self.call_id,
+                self.trajectory_id,
+                "in-process",
+            )
+        )
+
+
+class InProcessDeployment:
+    def __init__(self, plugin: Plugin, runtime: Runtime, entry: str, code_root: str) -> None:
+        self.plugin = plugin
+        self.spec: PluginSpec = plugin.spec
+        self.runtime = runtime
+        self.entry = entry
+        self.code_root = code_root
+        self.pool = ThreadPoolExecutor(
+            max_workers=runtime.max_concurrency, thread_name_prefix="plugtune-inproc"
+        )
+        self.semaphore = asyncio.Semaphore(runtime.max_concurrency)
+        self.log_lines: collections.deque[LogLine] = collections.deque(maxlen=MAX_LOG_LINES)
+        self.in_flight = 0
+
+    async def invoke(self, request: CallRequest) -> Returned | Failed:
+        p.encode_args(self.spec.kind, request.args)  # the same argument checks as the local backend
+        ctx = request.context
+        logs: list[LogLine] = []
+        logger = logging.Logger(f"plugtune.plugin.{self.spec.name}")
+        logger.addHandler(_ListHandler(logs, self.entry, request.call_id, ctx.trajectory_id))
+        call_ctx = type(ctx)(**{**ctx.info(), "call_id": request.call_id, "plugin": self.entry})
+        call_ctx.deadline = time.time() + request.timeout_s
+        call_ctx.logger = logger
+        started = time.perf_counter()
+        self.in_flight += 1
+        try:
+            async with self.semaphore:
+                value = await asyncio.wait_for(self._run(call_ctx, request), request.timeout_s)
+            result: Returned | Failed = Returned(
+                p.encode_result(value), call_ctx.metrics, logs, "in-process", 0.0
+            )
+        except asyncio.TimeoutError:
+            result = Failed(Happened.DEADLINE, f"the call ran past timeout_s={request.timeout_s:g}", logs)
+        except BaseException as exc:  # noqa: BLE001 - every failure is classified
+            result = self._failure(exc, call_ctx.metrics, logs)
+        finally:
+            self.in_flight -= 1
+        self.log_lines.extend(logs)
+        latency = (time.perf_counter() - started) * 1000
+        if isinstance(result, Returned):
+            return Returned(result.value, result.metrics, logs, "in-process", latency)
+        return Failed(result.happened, result.message, logs, result.traceback, "in-process", None, latency)
+
+    async def _run(self, ctx: Any, request: CallRequest) -> Any:
+        fault = request.fault
+        fn = self.plugin.function
+        if fault == "timeout":
+            await asyncio.sleep(request.timeout_s + 1.0)
+        elif fault == "eof":
+            raise SystemExit(71)
+        elif fault == "oom":
+            raise MemoryError("injected fault: oom (FaultInjection)")
+        elif fault == "500":
+            raise RuntimeError("injected fault: 500 (FaultInjection)")
+        elif fault == "nan" and self.spec.kind is not Kind.ROLLOUT:
+            n = len(request.args[1]) if self.spec.kind is Kind.GROUP_GRADER else 0
+            return [float("nan")] * n if n else float("nan")
+        if self.spec.is_async:
+            return await fn(ctx, *request.args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, lambda: fn(ctx, *request.args))
+
+    def _failure(
+        self, exc: BaseException, metrics: dict[str, float], logs: list[LogLine]
+    ) -> Returned | Failed:
+        if isinstance(exc, Retry):
+            return Returned(p.encode_status("retry", exc.reason), metrics, logs, "in-process", 0.0)
+        if isinstance(exc, Discard):
+            return Returned(p.encode_status("discard", exc.reason), metrics, logs, "in-process", 0.0)
+        text = f"{type(exc).__name__}: {exc}"
+        tb = user_traceback(exc, self.code_root)
+        if isinstance(exc, SystemExit):
+            return Failed(Happened.DIED, f"the plugin called sys.exit({exc.code!r})", logs, tb)
+        if isinstance(exc, MemoryError):
+            return Failed(Happened.MEMORY_ERROR, text, logs, tb)
+        return Failed(Happened.RAISED, text, logs, tb)
+
+    async def scale(self, instances: int) -> None:
+        return None
+
+    async def kill(self, instance_id: str | None = None) -> None:
+        return None
+
+    def sample(self) -> dict[str, float]:
+        return {"instances": 1.0, "concurrency_per_instance": float(self.in_flight), "outbound_bytes": 0.0}
+
+    def logs(self) -> list[LogLine]:
+        return list(self.log_lines)
+
+    async def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class InProcessBackend:
+    limits_mechanism = "none (in-process)"
+
+    async def deploy(self, request: DeployRequest) -> InProcessDeployment:
+        root = str(request.code_root)
+        try:
+            plugin = load(root, request.relpath, request.function)
+        except LoadError as exc:
+            raise DeployFailed(exc.message, exc.traceback) from None
+        if plugin.setup is not None:
+            try:
+                result = plugin.setup()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # noqa: BLE001
+                raise DeployFailed(
+                    f"setup() failed: {type(exc).__name__}: {exc}", user_traceback(exc, root)
+                ) from None
+        return InProcessDeployment(plugin, request.runtime or plugin.spec.runtime, request.entry, root)
+
+    async def close(self) -> None:
+        return None
+
+
+class InProcessRuntime(BaseRuntime):
+    """Runs plugins inside the calling process (no isolation); same API as ``LocalRuntime``."""
+
+    def __init__(self, quota: Any = None, state_dir: Any = None, *, metrics_period_s: float = 5.0) -> None:
+        super().__init__(quota, state_dir, metrics_period_s)
+
+    async def start(self) -> None:
+        if self.backend is None:
+            self.backend = InProcessBackend()

@@ -1,0 +1,264 @@
+"""The supervisor's side of one instance: its connection, in-flight calls, logs and death.
+
+Calls are multiplexed on one Unix socket by call id. When the instance ends, every call still in
+flight gets a :class:`Failed` fact (``DIED`` or ``OOM_KILLED``, decided from the cgroup's OOM-kill
+counter or the memory watchdog, never from the exit code alone) with the last output the instance
+wrote, so nothing it printed before dying is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugtune.runtime import protocol as p
+from plugtune.runtime.backend import DeployFailed, Failed, Happened, Returned
+from plugtune.runtime.limits import InstanceLimits
+from plugtune.types import LogLine
+
+log = logging.getLogger(__name__)
+
+DRAIN_OUTPUT_S = 0.5
+
+
+@dataclass
+class Pending:
+    call_id: str
+    trajectory_id: str
+    future: asyncio.Future[Returned | Failed]
+    started: float
+    logs: list[LogLine] = field(default_factory=list)
+
+
+class Instance:
+    def __init__(
+        self,
+        instance_id: str,
+        plugin: str,
+        limits: InstanceLimits,
+        on_log: Callable[[LogLine], None],
+        on_end: Callable[[Instance], None],
+    ) -> None:
+        self.id = instance_id
+        self.plugin = plugin
+        self.limits = limits
+        self.on_log = on_log
+        self.on_end = on_end
+        self.pid = 0
+        self.pending: dict[str, Pending] = {}
+        self.loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[float] = self.loop.create_future()
+        self.exit_code: asyncio.Future[int | None] = self.loop.create_future()
+        self.output_done: asyncio.Future[None] = self.loop.create_future()
+        self.tail: collections.deque[str] = collections.deque(maxlen=60)
+        self.draining = False
+        self.ended = False
+        self.kill_reason = ""
+        self.watchdog_oom = ""
+        self.last_used = time.monotonic()
+        self.started_at = time.monotonic()
+        self.outbound_bytes = 0
+        self.peak_rss_mb = 0.0
+        self.cancel_timers: dict[str, asyncio.TimerHandle] = {}
+        self.transport: asyncio.Transport | None = None
+        self.fatal: DeployFailed | None = None
+        self.ledger_released = False
+
+    # ---- wiring -----------------------------------------------------------------------------
+
+    async def attach(self, sock: socket.socket, output_fd: int) -> None:
+        reader = p.FrameReader()
+        instance = self
+
+        class Conn(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                for message in reader.feed(data):
+                    instance.on_message(message)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                instance.loop.create_task(instance.on_connection_lost())
+
+        class Output(asyncio.Protocol):
+            partial = b""
+
+            def data_received(self, data: bytes) -> None:
+                lines = (self.partial + data).split(b"\n")
+                self.partial = lines.pop()
+                for line in lines:
+                    instance.on_output(line.decode(errors="replace"))
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self.partial:
+                    instance.on_output(self.partial.decode(errors="replace"))
+                if not instance.output_done.done():
+                    instance.output_done.set_result(None)
+
+        transport, _ = await self.loop.create_unix_connection(Conn, sock=sock)
+        self.transport = transport  # type: ignore[assignment]
+        await self.loop.connect_read_pipe(Output, os.fdopen(output_fd, "rb", buffering=0))
+
+    # ---- calls ------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def start_call(self, call_id: str, trajectory_id: str, message: list[Any]) -> Pending:
+        pending = Pending(call_id, trajectory_id, self.loop.create_future(), time.perf_counter())
+        self.pending[call_id] = pending
+        self.last_used = time.monotonic()
+        self.send(message)
+        return pending
+
+    def send(self, message: list[Any]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(p.pack(message))
+
+    def expire(self, call_id: str, timeout_s: float) -> Pending | None:
+        """The caller's deadline passed: stop waiting, ask the instance to cancel the call."""
+        pending = self.pending.pop(call_id, None)
+        if pending is None:
+            return None
+        self.send([p.CANCEL, call_id])
+        return pending
+
+    # ---- messages from the instance ---------------------------------------------------------
+
+    def on_message(self, message: list[Any]) -> None:
+        op = message[0]
+        if op == p.LOG:
+            _, when, level, text, source, call_id, trajectory_id = message
+            self._log(LogLine(when, level, self.plugin, text, source, call_id, trajectory_id, self.id))
+        elif op == p.OK:
+            _, call_id, value, metrics = message
+            pending = self.pending.pop(call_id, None)
+            self._settled(call_id)
+            if pending is not None and not pending.future.done():
+                latency = (time.perf_counter() - pending.started) * 1000
+                pending.future.set_result(Returned(value, metrics, pending.logs, self.id, latency))
+        elif op == p.ERR:
+            self._on_error(*message[1:])
+        elif op == p.READY:
+            self.pid = int(message[1])
+            if not self.ready.done():
+                self.ready.set_result(float(message[2]))
+        elif op == p.FATAL:
+            self.fatal = DeployFailed(message[1], message[2], list(self.tail_lines()))
+        elif op == p.STATS:
+            self.outbound_bytes = int(message[1])
+
+    def _on_error(self, call_id: str, kind: str, text: str, tb: str, metrics: dict[str, float]) -> None:
+        pending = self.pending.pop(call_id, None)
+        self._settled(call_id)
+        if pending is None or pending.future.done():
+            return
+        happened = {p.MEMORY: Happened.MEMORY_ERROR, p.BAD_RETURN: Happened.BAD_RETURN}.get(
+            kind, Happened.RAISED
+        )
+        latency = (time.perf_counter() - pending.started) * 1000
+        peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
+        pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency))
+
+    def _settled(self, call_id: str) -> None:
+        timer = self.cancel_timers.pop(call_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _log(self, line: LogLine) -> None:
+        pending = self.pending.get(line.call_id) if line.call_id else None
+        if pending is not None:
+            pending.logs.append(line)
+        self.on_log(line)
+
+    def on_output(self, text: str) -> None:
+        """A line the instance wrote to its file descriptors 1/2 (C code, faulthandler, children)."""
+        self.tail.append(text)
+        call_id = trajectory_id = ""
+        if len(self.pending) == 1:
+            only = next(iter(self.pending.values()))
+            call_id, trajectory_id = only.call_id, only.trajectory_id
+        self._log(
+            LogLine(time.time(), "WARNING", self.plugin, text, "stderr", call_id, trajectory_id, self.id)
+        )
+
+    def tail_lines(self) -> list[LogLine]:
+        return [LogLine(time.time(), "WARNING", self.plugin, t, "stderr", "", "", self.id) for t in self.tail]
+
+    # ---- the end ----------------------------------------------------------------------------
+
+    def kill(self, reason: str) -> None:
+        """Kill the instance's whole process tree (its session and everything in its cgroup)."""
+        if not self.kill_reason:
+            self.kill_reason = reason
+        if self.pid:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        self.limits.kill_all()
+        if self.transport is not None:
+            self.transport.close()
+
+    async def on_connection_lost(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        for _ in range(2):  # the last output and the exit status arrive a moment after the socket closes
+            await asyncio.wait([self.output_done, self.exit_code], timeout=DRAIN_OUTPUT_S)  # type: ignore[type-var]
+        oom = self.limits.oom_kills() > 0 or bool(self.watchdog_oom)
+        peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
+        code = self.exit_code.result() if self.exit_code.done() else None
+        message = self._death_message(oom, code, peak)
+        tb = "\n".join(self.tail)
+        if not self.ready.done():
+            fatal = self.fatal or DeployFailed(
+                f"the instance exited before it was ready ({_describe_exit(code)})", tb, self.tail_lines()
+            )
+            if oom:
+                fatal = DeployFailed(message, tb, self.tail_lines())
+            self.ready.set_exception(fatal)
+        happened = Happened.OOM_KILLED if oom else Happened.DIED
+        for pending in list(self.pending.values()):
+            if not pending.future.done():
+                latency = (time.perf_counter() - pending.started) * 1000
+                pending.future.set_result(Failed(happened, message, pending.logs, tb, self.id, peak, latency))
+        self.pending.clear()
+        for timer in self.cancel_timers.values():
+            timer.cancel()
+        self.on_end(self)
+
+    def _death_message(self, oom: bool, code: int | None, peak: float | None) -> str:
+        where = f"instance {self.id} (pid {self.pid})"
+        if oom:
+            how = (
+                self.watchdog_oom
+                or f"the kernel killed it (cgroup oom_kill counter went up, {_describe_exit(code)})"
+            )
+            peak_text = f"; peak {peak:.0f} MiB" if peak else ""
+            return f"{where} went over memory_mb={self.limits.memory_mb}: {how}{peak_text}"
+        if self.kill_reason:
+            return f"{where} was killed by the runtime: {self.kill_reason}"
+        return f"{where} ended during the call: {_describe_exit(code)}"
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exited with status {code}"

@@ -1,0 +1,263 @@
+"""Resource limits per instance: a cgroup child of the runtime's own cgroup, or rlimits.
+
+``detect()`` picks what this host allows: cgroup v2 (``memory.max``/``cpu.max``/``pids.max`` where a
+unified hierarchy has the controllers), cgroup v1 (memory + cpu quota + pids), else
+``RLIMIT_DATA`` plus the supervisor's RSS watchdog. Instances never leave the cgroup the runtime
+was started in: their cgroups are created below it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPU_PERIOD_US = 100_000
+MIB = 1 << 20
+
+CGROUP_V1, CGROUP_V2, RLIMIT = "cgroup-v1", "cgroup-v2", "rlimit+watchdog"
+
+
+@dataclass
+class InstanceLimits:
+    """The limits of one instance; the child process enters them itself (``cgroup_procs``)."""
+
+    memory_mb: int
+    cgroup_procs: list[str] = field(default_factory=list)
+    rlimit_data: int | None = None
+    memory_dir: Path | None = None
+    dirs: list[Path] = field(default_factory=list)
+    version: int = 0
+
+    @property
+    def watchdog(self) -> bool:
+        return self.memory_dir is None
+
+    def oom_kills(self) -> int:
+        if self.memory_dir is None:
+            return 0
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        return _read_key(self.memory_dir / name, "oom_kill")
+
+    def usage_mb(self) -> float | None:
+        name = "memory.usage_in_bytes" if self.version == 1 else "memory.current"
+        return _read_mb(self.memory_dir / name) if self.memory_dir else None
+
+    def peak_mb(self) -> float | None:
+        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
+        return _read_mb(self.memory_dir / name) if self.memory_dir else None
+
+    def pids(self) -> list[int]:
+        if self.memory_dir is None:
+            return []
+        try:
+            return [int(x) for x in (self.memory_dir / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def kill_all(self) -> None:
+        """Kill every process in the instance's cgroup (children that left the session too)."""
+        if self.memory_dir is not None and self.version == 2 and (self.memory_dir / "cgroup.kill").exists():
+            _write(self.memory_dir / "cgroup.kill", "1")
+            return
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def remove(self) -> bool:
+        """Remove the cgroup folders; False while processes are still in them."""
+        ok = True
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                ok = False
+        return ok
+
+
+class Limits:
+    """Creates :class:`InstanceLimits`; one per runtime."""
+
+    mechanism = RLIMIT
+
+    def instance(self, instance_id: str, memory_mb: int, cpu: float, concurrency: int) -> InstanceLimits:
+        # Thread stacks count against RLIMIT_DATA: leave room for the pool, the watchdog does the rest.
+        headroom = 128 + 8 * min(concurrency, 64)
+        return InstanceLimits(memory_mb=memory_mb, rlimit_data=(memory_mb + headroom) * MIB)
+
+    def close(self) -> None:
+        return None
+
+
+class CgroupV1Limits(Limits):
+    mechanism = CGROUP_V1
+
+    def __init__(self, roots: dict[str, Path]) -> None:
+        self.roots = roots  # controller -> this runtime's folder in that hierarchy
+
+    def instance(self, instance_id: str, memory_mb: int, cpu: float, concurrency: int) -> InstanceLimits:
+        dirs = {name: root / instance_id for name, root in self.roots.items()}
+        for d in dirs.values():
+            d.mkdir()
+        _write(dirs["memory"] / "memory.limit_in_bytes", str(memory_mb * MIB))
+        if "cpu" in dirs:
+            _write(dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(dirs["cpu"] / "cpu.cfs_quota_us", str(max(1000, int(cpu * CPU_PERIOD_US))))
+        if "pids" in dirs:
+            _write(dirs["pids"] / "pids.max", str(max(1024, concurrency + 256)))
+        return InstanceLimits(
+            memory_mb=memory_mb,
+            cgroup_procs=[str(d / "cgroup.procs") for d in dirs.values()],
+            memory_dir=dirs["memory"],
+            dirs=list(dirs.values()),
+            version=1,
+        )
+
+    def close(self) -> None:
+        for root in self.roots.values():
+            for child in root.iterdir() if root.exists() else []:
+                if child.is_dir():
+                    try:
+                        child.rmdir()
+                    except OSError:
+                        pass
+            try:
+                root.rmdir()
+            except OSError as exc:
+                log.warning("could not remove cgroup %s: %s", root, exc)
+
+
+class CgroupV2Limits(Limits):
+    mechanism = CGROUP_V2
+
+    def __init__(self, root: Path, controllers: set[str]) -> None:
+        self.root = root
+        self.controllers = controllers
+
+    def instance(self, instance_id: str, memory_mb: int, cpu: float, concurrency: int) -> InstanceLimits:
+        d = self.root / instance_id
+        d.mkdir()
+        _write(d / "memory.max", str(memory_mb * MIB))
+        _write(d / "memory.swap.max", "0") if (d / "memory.swap.max").exists() else None
+        if "cpu" in self.controllers:
+            _write(d / "cpu.max", f"{max(1000, int(cpu * CPU_PERIOD_US))} {CPU_PERIOD_US}")
+        if "pids" in self.controllers:
+            _write(d / "pids.max", str(max(1024, concurrency + 256)))
+        return InstanceLimits(
+            memory_mb=memory_mb, cgroup_procs=[str(d / "cgroup.procs")], memory_dir=d, dirs=[d], version=2
+        )
+
+    def close(self) -> None:
+        CgroupV1Limits({"memory": self.root}).close()
+
+
+def detect(prefer: str | None = None) -> Limits:
+    """The strongest limits this host lets the runtime set (``prefer``: "cgroup", "rlimit" or None)."""
+    if prefer not in (None, "cgroup", "rlimit"):
+        raise ValueError(f"limits={prefer!r}: use 'cgroup', 'rlimit' or None (auto)")
+    chosen: Limits = Limits()
+    if prefer != "rlimit":
+        name = f"plugtune-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        for attempt in (_try_v2, _try_v1):
+            try:
+                found = attempt(name)
+            except OSError as exc:
+                log.debug("cgroup setup failed: %s", exc)
+                found = None
+            if found is not None:
+                chosen = found
+                break
+        if prefer == "cgroup" and chosen.mechanism == RLIMIT:
+            raise RuntimeError("limits='cgroup' was asked for, but no writable cgroup hierarchy was found")
+    log.info("function runtime limits: %s", chosen.mechanism)
+    return chosen
+
+
+def _own_paths() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out
+
+
+def _try_v1(name: str) -> Limits | None:
+    own = _own_paths()
+    roots: dict[str, Path] = {}
+    for controller in ("memory", "cpu", "pids"):
+        mount = _v1_mount(controller)
+        if mount is None or controller not in own:
+            continue
+        root = mount / own[controller].lstrip("/") / name
+        try:
+            root.mkdir()
+        except OSError:
+            if controller == "memory":
+                raise
+            continue
+        roots[controller] = root
+    if "memory" not in roots:
+        return None
+    return CgroupV1Limits(roots)
+
+
+def _v1_mount(controller: str) -> Path | None:
+    for d in CGROUP_ROOT.iterdir() if CGROUP_ROOT.exists() else []:
+        if controller in d.name.split(",") and (d / "cgroup.procs").exists() and not d.name == "unified":
+            return d
+    return None
+
+
+def _try_v2(name: str) -> Limits | None:
+    mount = CGROUP_ROOT if (CGROUP_ROOT / "cgroup.controllers").exists() else CGROUP_ROOT / "unified"
+    own = _own_paths().get("")
+    if own is None or not (mount / "cgroup.controllers").exists():
+        return None
+    base = mount / own.lstrip("/")
+    available = set((base / "cgroup.controllers").read_text().split())
+    if "memory" not in available:
+        return None
+    wanted = available & {"memory", "cpu", "pids"}
+    _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+    root = base / name
+    root.mkdir()
+    try:
+        _write(root / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+    except OSError:
+        root.rmdir()
+        raise
+    return CgroupV2Limits(root, wanted)
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read_key(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _read_mb(path: Path) -> float | None:
+    try:
+        return int(path.read_text()) / MIB
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,535 @@
+"""The local-process backend: per-function zygote, instance pool, autoscaling, limits, watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import psutil
+
+from plugtune.runtime import protocol as p
+from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
+from plugtune.runtime.instance import Instance
+from plugtune.runtime.limits import Limits
+from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
+from plugtune.runtime.zygote_client import Zygote, spawn
+from plugtune.sdk import Kind, PluginSpec, Runtime
+from plugtune.types import LogLine
+
+log = logging.getLogger(__name__)
+
+SYNC_CANCEL_GRACE_S = 0.0
+ASYNC_CANCEL_GRACE_S = 1.0
+IMPORT_TIMEOUT_S = 120.0
+MAX_LOG_LINES = 20_000
+
+
+def spec_from(raw: dict[str, Any]) -> PluginSpec:
+    return PluginSpec(
+        kind=Kind(raw["kind"]),
+        name=raw["name"],
+        runtime=Runtime(**raw["runtime"]),
+        weight=float(raw["weight"]),
+        is_async=bool(raw["is_async"]),
+    )
+
+
+class LocalBackend:
+    """Runs each instance as a local process under this runtime's limits."""
+
+    def __init__(
+        self,
+        limits: Limits,
+        ledger: QuotaLedger,
+        *,
+        use_zygote: bool = True,
+        idle_timeout_s: float = 60.0,
+        watchdog_period_s: float = 0.05,
+    ) -> None:
+        self.limits = limits
+        self.limits_mechanism = limits.mechanism
+        self.ledger = ledger
+        self.use_zygote = use_zygote
+        self.idle_timeout_s = idle_timeout_s
+        self.watchdog_period_s = watchdog_period_s
+        self.ids = itertools.count(1)
+
+    async def deploy(self, request: DeployRequest) -> LocalDeployment:
+        config = {
+            "code_root": str(request.code_root),
+            "relpath": request.relpath,
+            "function": request.function,
+            "env": dict(request.env),
+        }
+        zygote = Zygote(config, request.entry)
+        try:
+            raw = await zygote.start(IMPORT_TIMEOUT_S)
+        except DeployFailed as exc:
+            exc.logs = zygote.output_logs() + exc.logs
+            await zygote.aclose()
+            raise
+        spec = spec_from(raw)
+        runtime = request.runtime or spec.runtime
+        deployment = LocalDeployment(
+            self, request, spec, runtime, zygote if self.use_zygote else None, config
+        )
+        if not self.use_zygote:
+            await zygote.aclose()
+        try:
+            await deployment.start()
+        except BaseException:
+            await deployment.close()
+            raise
+        return deployment
+
+    def next_instance_id(self) -> str:
+        return f"i{next(self.ids)}"
+
+    async def close(self) -> None:
+        self.limits.close()
+
+
+class LocalDeployment:
+    def __init__(
+        self,
+        backend: LocalBackend,
+        request: DeployRequest,
+        spec: PluginSpec,
+        runtime: Runtime,
+        zygote: Zygote | None,
+        config: dict[str, Any],
+    ) -> None:
+        self.backend = backend
+        self.request = request
+        self.spec = spec
+        self.runtime = runtime
+        self.zygote = zygote
+        self.config = config
+        self.plugin = request.entry
+        self.instances: list[Instance] = []
+        self.starting = 0
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.log_lines: collections.deque[LogLine] = collections.deque(maxlen=MAX_LOG_LINES)
+        self.closed = False
+        self.last_create_error: DeployFailed | None = None
+        self.cold_starts_ms: list[float] = []
+        self.spawned: dict[str, asyncio.subprocess.Process] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._cpu: dict[int, tuple[float, float]] = {}
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.runtime_log("INFO", f"deployed with limits: {self.backend.limits_mechanism}")
+        first = max(1, self.runtime.min_instances)
+        results = await asyncio.gather(*(self.add_instance() for _ in range(first)), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._housekeeping()))
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        for instance in list(self.instances):
+            instance.kill("the function was closed")
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        await asyncio.sleep(0)
+        for instance in list(self.instances):
+            await self._cleanup(instance)
+        if self.zygote is not None:
+            await self.zygote.aclose()
+        for proc in list(self.spawned.values()):
+            await _reap(proc)
+
+    def runtime_log(self, level: str, text: str, instance_id: str = "") -> None:
+        self.log_lines.append(
+            LogLine(time.time(), level, self.plugin, text, "runtime", instance_id=instance_id)
+        )
+        log.log(logging.getLevelName(level), "%s: %s", self.plugin, text)
+
+    # ---- instances --------------------------------------------------------------------------
+
+    async def add_instance(self) -> Instance:
+        """Create one instance (zygote fork, else a fresh spawn); raises DeployFailed."""
+        self.starting += 1
+        try:
+            return await self._create()
+        finally:
+            self.starting -= 1
+            self._wake()
+
+    async def _create(self) -> Instance:
+        runtime = self.runtime
+        instance_id = self.backend.next_instance_id()
+        try:
+            self.backend.ledger.reserve(runtime.memory_mb)
+        except QuotaExceeded as exc:
+            raise DeployFailed(str(exc)) from None
+        started = time.perf_counter()
+        try:
+            limits = self.backend.limits.instance(
+                instance_id, runtime.memory_mb, runtime.cpu, runtime.max_concurrency
+            )
+        except OSError as exc:
+            self.backend.ledger.release(runtime.memory_mb)
+            raise DeployFailed(f"could not create the instance's cgroup: {exc}") from None
+        instance = Instance(instance_id, self.plugin, limits, self.log_lines.append, self._on_end)
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        config = {
+            **self.config,
+            "instance_id": instance_id,
+            "cgroup_procs": limits.cgroup_procs,
+            "rlimit_data": limits.rlimit_data,
+            "memory_mb": runtime.memory_mb,
+            "max_concurrency": runtime.max_concurrency,
+        }
+        self.instances.append(instance)
+        try:
+            await instance.attach(parent, out_r)
+            await self._launch(instance, config, child.fileno(), out_w)
+        except BaseException as exc:
+            child.close()
+            os.close(out_w)
+            instance.kill("start-up failed")
+            if instance in self.instances:
+                self.instances.remove(instance)
+            await self._cleanup(instance)
+            raise DeployFailed(f"could not start an instance: {exc}") from None
+        child.close()
+        os.close(out_w)
+        try:
+            setup_ms = await asyncio.wait_for(asyncio.shield(instance.ready), max(60.0, runtime.timeout_s))
+        except asyncio.TimeoutError:
+            instance.kill("it was not ready in time")
+            raise DeployFailed("the instance was not ready in time (setup() too slow?)") from None
+        except DeployFailed as exc:
+            self.last_create_error = exc
+            instance.kill("it failed to start")
+            raise
+        ready_ms = (time.perf_counter() - started) * 1000
+        self.cold_starts_ms.append(ready_ms)
+        self.runtime_log(
+            "INFO",
+            f"instance {instance_id} ready in {ready_ms:.1f} ms (setup {setup_ms:.0f} ms)",
+            instance_id,
+        )
+        return instance
+
+    async def _launch(self, instance: Instance, config: dict[str, Any], sock_fd: int, out_fd: int) -> None:
+        if self.zygote is not None and self.zygote.alive:
+            try:
+                instance.pid = await self.zygote.fork(config, sock_fd, out_fd)
+                exit_future = self.zygote.exit_future(instance.pid)
+                exit_future.add_done_callback(lambda f: _copy_exit(f, instance))
+                return
+            except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
+                self.runtime_log("WARNING", f"zygote unavailable ({exc}); starting instances by fresh spawn")
+        proc = await spawn(config, sock_fd, out_fd)
+        instance.pid = proc.pid
+        self.spawned[instance.id] = proc
+
+        async def reap() -> None:
+            code = await proc.wait()
+            if not instance.exit_code.done():
+                instance.exit_code.set_result(code)
+
+        asyncio.get_running_loop().create_task(reap())
+
+    def _on_end(self, instance: Instance) -> None:
+        if instance in self.instances:
+            self.instances.remove(instance)
+        why = instance.kill_reason or "it ended"
+        self.runtime_log(
+            "WARNING" if not instance.kill_reason else "INFO",
+            f"instance {instance.id} removed: {why}",
+            instance.id,
+        )
+        asyncio.get_running_loop().create_task(self._cleanup(instance))
+        self._wake()
+
+    async def _cleanup(self, instance: Instance) -> None:
+        instance.kill(instance.kill_reason or "cleanup")
+        for _ in range(50):
+            if instance.limits.remove():
+                break
+            await asyncio.sleep(0.02)
+        if instance.ledger_released is False:
+            instance.ledger_released = True
+            self.backend.ledger.release(self.runtime.memory_mb)
+        self.spawned.pop(instance.id, None)
+
+    # ---- calls ------------------------------------------------------------------------------
+
+    def _pick(self) -> Instance | None:
+        best: Instance | None = None
+        limit = self.runtime.max_concurrency
+        for instance in self.instances:
+            if instance.draining or instance.ended or not instance.ready.done() or instance.ready.exception():
+                continue
+            if instance.cancel_timers:  # a timed-out call has not stopped yet: the loop may be blocked
+                continue
+            n = instance.in_flight
+            if n < limit and (best is None or n < best.in_flight):
+                best = instance
+        return best
+
+    def _wake(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _acquire(self, deadline: float) -> Instance | Failed:
+        loop = asyncio.get_running_loop()
+        while not self.closed:
+            instance = self._pick()
+            if instance is not None:
+                return instance
+            live = len([i for i in self.instances if not i.ended]) + self.starting
+            if self.starting == 0 and live < self.runtime.max_instances:
+                self._scale_up()
+            waiter = loop.create_future()
+            self.waiters.append(waiter)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except asyncio.TimeoutError:
+                break
+            if not self.instances and self.starting == 0 and self.last_create_error is not None:
+                error = self.last_create_error
+                return Failed(Happened.NOT_CREATED, error.message, error.logs, error.traceback)
+        if self.closed:
+            return Failed(Happened.DIED, "the function was closed")
+        return Failed(Happened.DEADLINE, f"no instance was free within timeout_s={self.runtime.timeout_s:g}")
+
+    def _scale_up(self) -> None:
+        async def grow() -> None:
+            try:
+                await self.add_instance()
+                self.last_create_error = None
+            except DeployFailed as exc:
+                self.last_create_error = exc
+                self.runtime_log("ERROR", f"could not add an instance: {exc.message}")
+                self._wake_all()
+
+        asyncio.get_running_loop().create_task(grow())
+
+    def _wake_all(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def invoke(self, request: CallRequest) -> Returned | Failed:
+        ctx = request.context
+        message = [
+            p.CALL,
+            request.call_id,
+            p.encode_context(ctx, request.call_id, self.plugin, time.time() + request.timeout_s),
+            p.encode_args(self.spec.kind, request.args),
+            request.fault,
+        ]
+        trajectory_id = ctx.trajectory_id
+        started = time.perf_counter()
+        deadline = time.monotonic() + request.timeout_s
+        instance = self._pick()
+        if instance is None:
+            got = await self._acquire(deadline)
+            if isinstance(got, Failed):
+                return got
+            instance = got
+        pending = instance.start_call(request.call_id, trajectory_id, message)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(
+            max(0.0, deadline - time.monotonic()), self._expire, instance, request, started
+        )
+        try:
+            result = await pending.future
+        finally:
+            timer.cancel()
+            self._wake()
+        return result
+
+    def _expire(self, instance: Instance, request: CallRequest, started: float) -> None:
+        pending = instance.expire(request.call_id, request.timeout_s)
+        if pending is None or pending.future.done():
+            return
+        latency = (time.perf_counter() - started) * 1000
+        message = f"the call ran past timeout_s={request.timeout_s:g} on instance {instance.id}"
+        peak = instance.limits.peak_mb() or (instance.peak_rss_mb or None)
+        pending.future.set_result(
+            Failed(Happened.DEADLINE, message, pending.logs, "", instance.id, peak, latency)
+        )
+        if self.spec.is_async:
+            # The task is cancelled; if the loop is blocked and does not answer, recycle the instance.
+            handle = asyncio.get_running_loop().call_later(
+                ASYNC_CANCEL_GRACE_S, self._recycle, instance, "a timed-out call did not stop when cancelled"
+            )
+            instance.cancel_timers[request.call_id] = handle
+        else:
+            # A sync call's thread cannot be stopped: stop routing calls here, recycle once idle.
+            instance.draining = True
+            self.runtime_log(
+                "WARNING",
+                f"instance {instance.id} draining: a sync call is stuck past its deadline",
+                instance.id,
+            )
+            self._recycle_when_idle(instance)
+            self._wake()
+
+    def _recycle(self, instance: Instance, reason: str) -> None:
+        if not instance.ended:
+            self.runtime_log("WARNING", f"recycling instance {instance.id}: {reason}", instance.id)
+            instance.kill(reason)
+
+    def _recycle_when_idle(self, instance: Instance) -> None:
+        if instance.ended:
+            return
+        if instance.in_flight == 0:
+            self._recycle(instance, "a sync call was stuck past its deadline")
+        else:
+            asyncio.get_running_loop().call_later(0.05, self._recycle_when_idle, instance)
+
+    # ---- scaling, idle scale-down, the memory watchdog --------------------------------------
+
+    async def scale(self, instances: int) -> None:
+        """Set the number of live instances (between min and max instances)."""
+        target = max(self.runtime.min_instances, min(instances, self.runtime.max_instances))
+        live = [i for i in self.instances if not i.ended and not i.draining]
+        if len(live) < target:
+            await asyncio.gather(*(self.add_instance() for _ in range(target - len(live))))
+        for instance in sorted(live, key=lambda i: i.in_flight)[: max(0, len(live) - target)]:
+            self._retire(instance, "scaled down")
+
+    async def kill(self, instance_id: str | None = None) -> None:
+        for instance in list(self.instances):
+            if instance_id is None or instance.id == instance_id:
+                instance.kill("killed on request")
+
+    def _retire(self, instance: Instance, reason: str) -> None:
+        instance.draining = True
+        instance.kill_reason = reason
+        if instance.in_flight == 0:
+            instance.kill(reason)
+        else:
+            self._recycle_when_idle(instance)
+
+    async def _housekeeping(self) -> None:
+        watchdog = self.backend.limits.mechanism == "rlimit+watchdog"
+        period = self.backend.watchdog_period_s if watchdog else 0.25
+        last_idle_check = time.monotonic()
+        while not self.closed:
+            await asyncio.sleep(period)
+            if watchdog:
+                self._watch_memory()
+            now = time.monotonic()
+            if now - last_idle_check >= min(1.0, self.backend.idle_timeout_s / 4):
+                last_idle_check = now
+                self._scale_down_idle(now)
+                self._keep_minimum()
+
+    def _scale_down_idle(self, now: float) -> None:
+        live = [i for i in self.instances if not i.ended and not i.draining and i.ready.done()]
+        extra = len(live) - self.runtime.min_instances
+        for instance in live:
+            if extra <= 0:
+                break
+            if instance.in_flight == 0 and now - instance.last_used > self.backend.idle_timeout_s:
+                self._retire(instance, f"idle for more than {self.backend.idle_timeout_s:g} s")
+                extra -= 1
+
+    def _keep_minimum(self) -> None:
+        live = len([i for i in self.instances if not i.ended and not i.draining]) + self.starting
+        if live < self.runtime.min_instances and self.last_create_error is None:
+            self._scale_up()
+
+    def _watch_memory(self) -> None:
+        for instance in self.instances:
+            if not instance.pid or instance.ended:
+                continue
+            rss = _rss_mb(instance.pid)
+            instance.peak_rss_mb = max(instance.peak_rss_mb, rss)
+            if instance.limits.watchdog and rss > instance.limits.memory_mb and not instance.watchdog_oom:
+                instance.watchdog_oom = (
+                    f"the memory watchdog killed it at {rss:.0f} MiB resident (limits: rlimit+watchdog)"
+                )
+                instance.kill("over its memory limit")
+
+    # ---- observation ------------------------------------------------------------------------
+
+    def sample(self) -> dict[str, float]:
+        """Resource gauges now: CPU % of the quota, memory % of the limit, instances, outbound bytes."""
+        live = [i for i in self.instances if not i.ended and i.pid]
+        cpu_total = 0.0
+        mem_percent = 0.0
+        now = time.monotonic()
+        for instance in live:
+            instance.send([p.STATS])
+            used = instance.limits.usage_mb()
+            if used is None:
+                used = _rss_mb(instance.pid)
+            mem_percent = max(mem_percent, 100.0 * used / instance.limits.memory_mb)
+            cpu_s = _cpu_seconds(instance.pid)
+            before = self._cpu.get(instance.pid)
+            self._cpu[instance.pid] = (now, cpu_s)
+            if before is not None and now > before[0]:
+                cpu_total += (cpu_s - before[1]) / (now - before[0])
+        n = len(live)
+        in_flight = sum(i.in_flight for i in live)
+        return {
+            "instances": float(n),
+            "cpu_percent": 100.0 * cpu_total / (self.runtime.cpu * n) if n else 0.0,
+            "memory_percent": mem_percent,
+            "outbound_bytes": float(sum(i.outbound_bytes for i in self.instances)),
+            "concurrency_per_instance": in_flight / n if n else 0.0,
+        }
+
+    def logs(self) -> list[LogLine]:
+        return list(self.log_lines)
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        await asyncio.wait_for(proc.wait(), 2.0)
+    except asyncio.TimeoutError:
+        pass
+
+
+def _copy_exit(future: asyncio.Future[int | None], instance: Instance) -> None:
+    if not instance.exit_code.done() and not future.cancelled():
+        instance.exit_code.set_result(future.result())
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        return float(psutil.Process(pid).memory_info().rss) / (1 << 20)
+    except psutil.Error:
+        return 0.0
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        times = psutil.Process(pid).cpu_times()
+        return float(times.user + times.system + times.children_user + times.children_system)
+    except psutil.Error:
+        return 0.0

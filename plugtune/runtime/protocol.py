@@ -1,0 +1,168 @@
+"""The wire format between the supervisor and an instance: length-prefixed msgpack frames.
+
+Every frame is a 4-byte big-endian length followed by one msgpack array whose first item names
+the message. Calls are multiplexed on one connection by call id. This module is imported by the
+worker too, so it depends on the standard library, msgpack and ``plugtune.sdk`` only.
+
+supervisor -> instance: ``[CALL, call_id, ctx, args, fault]``, ``[CANCEL, call_id]``, ``[STATS]``,
+``[STOP]``.
+instance -> supervisor: ``[READY, pid, setup_ms]``, ``[FATAL, message, traceback]``,
+``[LOG, time, level, message, source, call_id, trajectory_id]``, ``[OK, call_id, value, metrics]``,
+``[ERR, call_id, kind, message, traceback, metrics]``, ``[STATS, outbound_bytes]``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import asdict
+from typing import Any
+
+import msgpack
+
+from plugtune.sdk import GraderResult, Kind, Policy, RolloutResult, Sample, Trajectory
+from plugtune.sdk.context import Context
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 512 << 20
+
+CALL, CANCEL, STATS, STOP = "call", "cancel", "stats", "stop"
+READY, FATAL, LOG, OK, ERR = "ready", "fatal", "log", "ok", "err"
+
+# ERR kinds: what the worker saw happen (the supervisor maps them onto the taxonomy).
+RAISED, MEMORY, CANCELLED, BAD_RETURN = "raised", "memory", "cancelled", "bad_return"
+
+TYPE_KEY = "$t"
+
+
+class ProtocolError(Exception):
+    """Raised when a peer sends bytes that are not a valid frame."""
+
+
+def pack(message: list[Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+class FrameReader:
+    """Turns a byte stream into messages; keeps a partial frame between feeds."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        buf = self._buf
+        buf += data
+        out: list[Any] = []
+        pos, size = 0, len(buf)
+        view = memoryview(buf)
+        try:
+            while size - pos >= 4:
+                length = int.from_bytes(view[pos : pos + 4], "big")
+                if length > MAX_FRAME:
+                    raise ProtocolError(f"frame of {length} bytes is larger than {MAX_FRAME}")
+                end = pos + 4 + length
+                if end > size:
+                    break
+                out.append(msgpack.unpackb(view[pos + 4 : end], raw=False, strict_map_key=False))
+                pos = end
+        finally:
+            view.release()
+        if pos:
+            del buf[:pos]
+        return out
+
+
+# ---- context and arguments -------------------------------------------------------------------
+
+CTX_FIELDS = ("job_id", "step", "phase", "sample_id", "rollout_index", "attempt", "trajectory_id")
+
+
+def encode_context(ctx: Context, call_id: str, plugin: str, deadline: float) -> list[Any]:
+    return [*(getattr(ctx, name) for name in CTX_FIELDS), call_id, plugin, deadline]
+
+
+def decode_context(raw: list[Any]) -> Context:
+    values = dict(zip(CTX_FIELDS, raw[: len(CTX_FIELDS)], strict=True))
+    call_id, plugin, deadline = raw[len(CTX_FIELDS) :]
+    return Context(**values, call_id=call_id, plugin=plugin, deadline=deadline)
+
+
+def encode_args(kind: Kind, args: tuple[Any, ...]) -> list[Any]:
+    """The call's arguments as plain data; raises TypeError when they do not fit ``kind``."""
+    if len(args) != 2:
+        raise TypeError(f"a {kind.value} is invoked with 2 arguments after ctx, got {len(args)}")
+    first, second = args
+    if kind is Kind.ROLLOUT:
+        _expect(first, Policy, "policy")
+        _expect(second, Sample, "sample")
+        return [asdict(first), second.to_dict()]
+    _expect(first, Sample, "sample")
+    if kind is Kind.GRADER:
+        _expect(second, Trajectory, "trajectory")
+        return [first.to_dict(), second.to_dict()]
+    if not isinstance(second, (list, tuple)):
+        raise TypeError(f"a group grader is invoked with a list of Trajectory, got {type(second).__name__}")
+    for item in second:
+        _expect(item, Trajectory, "trajectories[i]")
+    return [first.to_dict(), [t.to_dict() for t in second]]
+
+
+def _expect(value: Any, cls: type, name: str) -> None:
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+
+
+def decode_args(kind: Kind, raw: list[Any]) -> tuple[Any, Any]:
+    first, second = raw
+    if kind is Kind.ROLLOUT:
+        return Policy(**first), Sample.from_dict(second)
+    sample = Sample.from_dict(first)
+    if kind is Kind.GRADER:
+        return sample, Trajectory.from_dict(second)
+    return sample, [Trajectory.from_dict(t) for t in second]
+
+
+# ---- results ---------------------------------------------------------------------------------
+
+
+def encode_result(value: Any) -> Any:
+    """A plugin's return value as plain data, without judging it (the supervisor validates)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, GraderResult):
+        return {
+            TYPE_KEY: "grader_result",
+            "reward": encode_result(value.reward),
+            "status": str(getattr(value.status, "value", value.status)),
+            "reason": value.reason,
+        }
+    if isinstance(value, RolloutResult):
+        out = asdict(value)
+        out["status"] = str(getattr(value.status, "value", value.status))
+        return {TYPE_KEY: "rollout_result", **_plain(out)}
+    if isinstance(value, (list, tuple)):
+        return [encode_result(v) for v in value]
+    return _opaque(value)
+
+
+def encode_status(status: str, reason: str) -> dict[str, Any]:
+    """What ``Retry`` / ``Discard`` raised inside a plugin becomes on the wire."""
+    return {TYPE_KEY: "status", "status": status, "reason": reason}
+
+
+def _plain(value: Any) -> Any:
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        return _opaque(value)
+    return value
+
+
+def _opaque(value: Any) -> dict[str, Any]:
+    text = repr(value)
+    return {TYPE_KEY: "object", "type": type(value).__name__, "repr": text[:200]}
+
+
+def is_finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)

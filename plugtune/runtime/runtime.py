@@ -1,0 +1,184 @@
+"""``LocalRuntime`` and the deploy steps every runtime shares (entry, snapshot, quota, errors)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+from plugtune.errors import Cause, PluginCallError
+from plugtune.runtime.backend import Backend, DeployFailed, DeployRequest
+from plugtune.runtime.classify import call_error
+from plugtune.runtime.faults import FaultInjection
+from plugtune.runtime.function import RUNNING, Function
+from plugtune.runtime.limits import detect
+from plugtune.runtime.local import LocalBackend
+from plugtune.runtime.quota import Quota, QuotaLedger
+from plugtune.runtime.snapshot import SnapshotError, take
+from plugtune.sdk import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def parse_entry(entry: str) -> tuple[Path, str]:
+    """``"path/to/file.py:function"`` -> (path, function); raises a Create faas fault when malformed."""
+    if not isinstance(entry, str) or ":" not in entry:
+        raise create_fault(entry, f"entry {entry!r} must look like 'path/to/file.py:function'")
+    path, _, function = entry.rpartition(":")
+    if not path or not function.isidentifier():
+        raise create_fault(entry, f"entry {entry!r} must look like 'path/to/file.py:function'")
+    return Path(path), function
+
+
+def create_fault(
+    entry: Any, message: str, traceback: str = "", logs: list[Any] | None = None
+) -> PluginCallError:
+    return call_error(Cause.CREATE_FAULT, message, plugin=str(entry), traceback=traceback, logs=logs)
+
+
+class BaseRuntime:
+    """Deploys plugins onto a backend; use as ``async with``."""
+
+    def __init__(self, quota: Quota | None, state_dir: Path | None, metrics_period_s: float) -> None:
+        if quota is not None and not isinstance(quota, Quota):
+            raise TypeError(f"quota must be a plugtune.runtime.Quota, got {type(quota).__name__}")
+        if not 0 < metrics_period_s <= 10:
+            raise ValueError(f"metrics_period_s={metrics_period_s} must be in (0, 10]")
+        self.quota = quota or Quota()
+        self.ledger = QuotaLedger(self.quota)
+        self.metrics_period_s = metrics_period_s
+        self._own_state = state_dir is None
+        self.state_dir = (
+            Path(state_dir) if state_dir is not None else Path(tempfile.mkdtemp(prefix="plugtune-rt-"))
+        )
+        self.functions: list[Function] = []
+        self.backend: Backend | None = None
+
+    async def __aenter__(self) -> BaseRuntime:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def limits_mechanism(self) -> str:
+        return self.backend.limits_mechanism if self.backend is not None else ""
+
+    async def deploy(
+        self,
+        entry: str,
+        runtime: Runtime | None = None,
+        env: dict[str, str] | None = None,
+        inject: FaultInjection | None = None,
+    ) -> Function:
+        """Snapshot the entry's folder and start the function; raises ``PluginCallError`` (Create faas
+        fault) naming what is wrong when it cannot."""
+        if self.backend is None:
+            raise RuntimeError("use the runtime as `async with ...` (or await start()) before deploy()")
+        path, function = parse_entry(entry)
+        _check_options(runtime, env, inject)
+        live = [f for f in self.functions if f.status == RUNNING]
+        if len(live) >= self.quota.max_functions:
+            raise create_fault(
+                entry,
+                f"quota exceeded: {len(live)} functions are deployed "
+                f"(max_functions={self.quota.max_functions})",
+            )
+        if runtime is not None:
+            self._check_memory(entry, runtime)
+        try:
+            snapshot = take(path, self.state_dir)
+        except (SnapshotError, OSError) as exc:
+            raise create_fault(entry, str(exc)) from None
+        request = DeployRequest(entry, snapshot.root, snapshot.relpath, function, runtime, dict(env or {}))
+        try:
+            deployment = await self.backend.deploy(request)
+        except DeployFailed as exc:
+            raise create_fault(entry, exc.message, exc.traceback, exc.logs) from None
+        fn = Function(entry, deployment, snapshot, inject, self.metrics_period_s)
+        self.functions.append(fn)
+        log.info("deployed %s (code %s, limits %s)", entry, snapshot.code_hash[:12], self.limits_mechanism)
+        return fn
+
+    def _check_memory(self, entry: str, runtime: Runtime) -> None:
+        total = psutil.virtual_memory().total >> 20
+        if runtime.memory_mb > total:
+            raise create_fault(
+                entry, f"memory_mb={runtime.memory_mb} is more than this machine has ({total} MiB)"
+            )
+        if runtime.memory_mb > self.quota.total_memory_mb:
+            raise create_fault(
+                entry,
+                f"quota exceeded: memory_mb={runtime.memory_mb} is more than the runtime's "
+                f"total_memory_mb={self.quota.total_memory_mb}",
+            )
+
+    async def close(self) -> None:
+        for fn in self.functions:
+            await fn.close()
+        self.functions.clear()
+        if self.backend is not None:
+            await self.backend.close()
+        if self._own_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _check_options(runtime: Any, env: Any, inject: Any) -> None:
+    if runtime is not None and not isinstance(runtime, Runtime):
+        raise TypeError(f"runtime must be a plugtune.Runtime, got {type(runtime).__name__}")
+    if env is not None and (
+        not isinstance(env, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise TypeError("env must be a dict of str -> str")
+    if inject is not None and not isinstance(inject, FaultInjection):
+        raise TypeError(f"inject must be a FaultInjection, got {type(inject).__name__}")
+
+
+class LocalRuntime(BaseRuntime):
+    """The function runtime on this machine: each instance is a limited local process.
+
+    ``limits``: None (auto), "cgroup" or "rlimit" (forces RLIMIT_DATA + the RSS watchdog).
+    ``metrics_period_s``: how often metrics are sampled (<= 10 s).
+    ``idle_timeout_s``: an idle instance above ``min_instances`` is stopped after this long.
+    ``use_zygote``: fork instances from a pre-warmed zygote (False: fresh spawn each time).
+    """
+
+    def __init__(
+        self,
+        quota: Quota | None = None,
+        state_dir: Path | None = None,
+        *,
+        limits: str | None = None,
+        metrics_period_s: float = 5.0,
+        idle_timeout_s: float = 60.0,
+        use_zygote: bool = True,
+    ) -> None:
+        super().__init__(quota, state_dir, metrics_period_s)
+        if limits not in (None, "cgroup", "rlimit"):
+            raise ValueError(f"limits={limits!r}: use 'cgroup', 'rlimit' or None (auto)")
+        if not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s={idle_timeout_s} must be > 0")
+        self._limits_choice = limits
+        self.idle_timeout_s = idle_timeout_s
+        self.use_zygote = use_zygote
+
+    async def start(self) -> None:
+        if self.backend is None:
+            self.backend = LocalBackend(
+                detect(self._limits_choice),
+                self.ledger,
+                use_zygote=self.use_zygote,
+                idle_timeout_s=self.idle_timeout_s,
+            )

@@ -1,0 +1,139 @@
+"""Running one call inside an instance: decode, run (or inject a fault), encode the reply."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from plugtune.runtime.protocol import (
+    CANCELLED,
+    ERR,
+    MEMORY,
+    OK,
+    RAISED,
+    decode_args,
+    decode_context,
+    encode_result,
+    encode_status,
+)
+from plugtune.runtime.worker.channel import CURRENT_CALL, Channel
+from plugtune.runtime.worker.loader import Plugin, user_traceback
+from plugtune.sdk import Discard, Kind, Retry
+
+INJECTED_EXIT_CODE = 71
+
+
+class CallRunner:
+    """Runs calls of one plugin and sends each reply on the channel (from any thread)."""
+
+    def __init__(self, plugin: Plugin, channel: Channel, code_root: str, memory_mb: int) -> None:
+        self.plugin = plugin
+        self.kind = plugin.spec.kind
+        self.channel = channel
+        self.code_root = code_root
+        self.memory_mb = memory_mb
+        self.logger = logging.getLogger(f"plugtune.plugin.{plugin.spec.name}")
+
+    def run_sync(self, call_id: str, ctx_raw: list[Any], args_raw: list[Any], fault: str | None) -> None:
+        ctx = decode_context(ctx_raw)
+        ctx.logger = self.logger
+        token = CURRENT_CALL.set((call_id, ctx.trajectory_id))
+        try:
+            args = decode_args(self.kind, args_raw)
+            value = self._sync_fault(fault, ctx, args) if fault else self.plugin.function(ctx, *args)
+            reply = [OK, call_id, encode_result(value), ctx.metrics]
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, by kind
+            reply = self._failure(call_id, exc, ctx.metrics)
+        finally:
+            CURRENT_CALL.reset(token)
+        self.channel.send(reply)
+
+    async def run_async(
+        self, call_id: str, ctx_raw: list[Any], args_raw: list[Any], fault: str | None
+    ) -> None:
+        ctx = decode_context(ctx_raw)
+        ctx.logger = self.logger
+        CURRENT_CALL.set((call_id, ctx.trajectory_id))  # the task has its own context
+        try:
+            args = decode_args(self.kind, args_raw)
+            if fault:
+                value = await self._async_fault(fault, ctx, args)
+            else:
+                value = await self.plugin.function(ctx, *args)
+            reply = [OK, call_id, encode_result(value), ctx.metrics]
+        except BaseException as exc:  # noqa: BLE001
+            reply = self._failure(call_id, exc, ctx.metrics)
+        self.channel.send(reply)
+
+    def _failure(self, call_id: str, exc: BaseException, metrics: dict[str, float]) -> list[Any]:
+        if isinstance(exc, Retry):
+            return [OK, call_id, encode_status("retry", exc.reason), metrics]
+        if isinstance(exc, Discard):
+            return [OK, call_id, encode_status("discard", exc.reason), metrics]
+        if isinstance(exc, asyncio.CancelledError):
+            return [ERR, call_id, CANCELLED, "cancelled by the runtime", "", metrics]
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            self._exit_like(exc)
+        kind = MEMORY if isinstance(exc, MemoryError) else RAISED
+        message = f"{type(exc).__name__}: {exc}"
+        return [ERR, call_id, kind, message, user_traceback(exc, self.code_root), metrics]
+
+    def _exit_like(self, exc: BaseException) -> None:
+        """``sys.exit`` in plugin code ends the instance, as it would any Python process."""
+        code = exc.code if isinstance(exc, SystemExit) else 130
+        status = code if isinstance(code, int) else 1
+        self.channel.log("WARNING", f"plugin called sys.exit({code!r}); the instance exits", "runtime")
+        _flush_std()
+        os._exit(status)
+
+    def _sync_fault(self, fault: str, ctx: Any, args: tuple[Any, Any]) -> Any:
+        self.channel.log("WARNING", f"injecting fault {fault!r} (FaultInjection)", "runtime")
+        if fault == "timeout":
+            time.sleep(ctx.remaining_s + 1.0)
+        elif fault == "eof":
+            _flush_std()
+            os._exit(INJECTED_EXIT_CODE)
+        elif fault == "oom":
+            allocate_past(self.memory_mb)
+        elif fault == "500":
+            raise RuntimeError("injected fault: 500 (FaultInjection)")
+        elif fault == "nan":
+            return self._nan(args)
+        return self.plugin.function(ctx, *args)
+
+    async def _async_fault(self, fault: str, ctx: Any, args: tuple[Any, Any]) -> Any:
+        if fault == "timeout":
+            self.channel.log("WARNING", "injecting fault 'timeout' (FaultInjection)", "runtime")
+            await asyncio.sleep(ctx.remaining_s + 1.0)
+            return await self.plugin.function(ctx, *args)
+        if fault in ("eof", "oom", "500", "nan"):
+            return self._sync_fault(fault, ctx, args)
+        return await self.plugin.function(ctx, *args)
+
+    def _nan(self, args: tuple[Any, Any]) -> Any:
+        if self.kind is Kind.GROUP_GRADER:
+            return [float("nan")] * len(args[1])
+        if self.kind is Kind.GRADER:
+            return float("nan")
+        return None  # a rollout has no reward to poison
+
+
+def allocate_past(limit_mb: int) -> None:
+    """Really allocate (and touch) more than ``limit_mb``, the way a leaking plugin does."""
+    hold = []
+    for _ in range((limit_mb * 2 + 256) // 8 + 1):
+        hold.append(b"\x01" * (8 << 20))
+    time.sleep(2.0)  # a supervisor-side watchdog kills an instance that is over its limit
+    raise MemoryError(f"allocated {len(hold) * 8} MiB past memory_mb={limit_mb} without being stopped")
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - exiting anyway
+            pass

@@ -1,0 +1,103 @@
+"""Importing the user's module and finding the plugin function, with errors that say what is wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plugtune.sdk import PluginSpec, spec_of
+from plugtune.sdk.decorators import signature_problems
+
+
+class LoadError(Exception):
+    """The plugin could not be loaded; ``message`` names the file, the function and the problem."""
+
+    def __init__(self, message: str, tb: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.traceback = tb
+
+
+@dataclass
+class Plugin:
+    module: Any
+    function: Any
+    spec: PluginSpec
+    setup: Any  # the module's top-level ``setup()`` or None
+
+
+def user_traceback(exc: BaseException, code_root: str) -> str:
+    """The traceback limited to the user's frames (innermost first line), paths relative to the root."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if f.filename.startswith(code_root)]
+    shown = mine or list(frames)
+    lines = []
+    if mine:
+        last = mine[-1]
+        lines.append(f"{_rel(last.filename, code_root)}:{last.lineno} in {last.name}")
+    lines.append("Traceback (most recent call last):")
+    for f in shown:
+        lines.append(f'  File "{_rel(f.filename, code_root)}", line {f.lineno}, in {f.name}')
+        if f.line:
+            lines.append(f"    {f.line}")
+    detail = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+    lines.append(detail.replace(code_root.rstrip("/") + "/", ""))
+    return "\n".join(lines)
+
+
+def _rel(filename: str, code_root: str) -> str:
+    return filename[len(code_root) :].lstrip("/") if filename.startswith(code_root) else filename
+
+
+def load(code_root: str, relpath: str, function: str) -> Plugin:
+    path = Path(code_root) / relpath
+    name = Path(relpath).stem
+    if code_root not in sys.path:
+        sys.path.insert(0, code_root)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise LoadError(f"{relpath}: cannot be imported as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    except LoadError:
+        raise
+    except SyntaxError as exc:
+        where = f"{relpath}:{exc.lineno}" if exc.lineno else relpath
+        raise LoadError(
+            f"{where}: syntax error while importing the plugin ({exc.msg})", user_traceback(exc, code_root)
+        ) from None
+    except BaseException as exc:  # noqa: BLE001 - any import-time failure is the user's to fix
+        raise LoadError(
+            f"{relpath}: importing the plugin module failed with {type(exc).__name__}: {exc}",
+            user_traceback(exc, code_root),
+        ) from None
+    return _find(module, relpath, function)
+
+
+def _find(module: Any, relpath: str, function: str) -> Plugin:
+    fn = module.__dict__.get(function)
+    if fn is None:
+        names = sorted(n for n, v in module.__dict__.items() if spec_of(v) is not None)
+        found = f"; plugins in this file: {', '.join(names)}" if names else ""
+        raise LoadError(f"{relpath}: has no function named {function!r}{found}")
+    spec = spec_of(fn)
+    if spec is None:
+        raise LoadError(
+            f"{relpath}:{function}: is not a plugin; decorate it with @rollout, @grader or @group_grader"
+        )
+    problems = signature_problems(fn, spec.kind)
+    if problems:
+        raise LoadError(f"{relpath}:{function}: wrong signature: {problems[0]}")
+    setup = module.__dict__.get("setup")
+    if setup is not None and not (inspect.isfunction(setup) and setup.__module__ == module.__name__):
+        setup = None
+    if setup is not None and inspect.signature(setup).parameters:
+        raise LoadError(f"{relpath}: setup() must take no arguments")
+    return Plugin(module=module, function=fn, spec=spec, setup=setup)

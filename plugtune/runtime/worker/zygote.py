@@ -1,0 +1,171 @@
+"""The per-function zygote: imports the plugin once, then forks an instance per request.
+
+It stays single-threaded and never starts an event loop, so a fork copies a clean process. The
+supervisor sends ``[FORK, config]`` with two file descriptors attached (the instance's socket and
+the write end of its stdout/stderr pipe); the zygote answers ``[FORKED, instance_id, pid]`` and,
+when a child ends, ``[EXITED, pid, exit_code]`` (negative: killed by that signal).
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+from plugtune.runtime.protocol import FATAL, FrameReader
+from plugtune.runtime.worker.channel import Channel
+from plugtune.runtime.worker.loader import LoadError, Plugin, load
+from plugtune.runtime.worker.serve import enter_limits, reseed, serve
+from plugtune.runtime.worker.watch import install_net_counter
+
+LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"
+
+
+def load_or_report(config: dict[str, Any], channel: Channel) -> Plugin:
+    install_net_counter()
+    os.chdir(config["code_root"])
+    os.environ.update(config.get("env") or {})
+    try:
+        return load(config["code_root"], config["relpath"], config["function"])
+    except LoadError as exc:
+        channel.send([FATAL, exc.message, exc.traceback])
+        os._exit(2)
+
+
+def spec_message(plugin: Plugin) -> list[Any]:
+    spec = plugin.spec
+    return [
+        LOADED,
+        {
+            "kind": spec.kind.value,
+            "name": spec.name,
+            "weight": spec.weight,
+            "is_async": spec.is_async,
+            "runtime": spec.runtime.to_dict(),
+            "has_setup": plugin.setup is not None,
+        },
+    ]
+
+
+def zygote_main(config: dict[str, Any]) -> None:
+    control = socket.socket(fileno=int(config["control_fd"]))
+    channel = Channel(control)
+    plugin = load_or_report(config, channel)
+    channel.send(spec_message(plugin))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    reader = FrameReader()
+    fds: list[int] = []
+    while True:
+        try:
+            ready, _, _ = select.select([control.fileno(), wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap(channel)
+        if control.fileno() not in ready:
+            continue
+        data, new_fds = _recv_with_fds(control)
+        if not data:
+            os._exit(0)
+        fds.extend(new_fds)
+        for message in reader.feed(data):
+            if message[0] == FORK and len(fds) >= 2:
+                sock_fd, out_fd = fds.pop(0), fds.pop(0)
+                pid = os.fork()
+                if pid == 0:
+                    _child(plugin, message[1], sock_fd, out_fd, control, (wake_r, wake_w))
+                os.close(sock_fd)
+                os.close(out_fd)
+                channel.send([FORKED, message[1]["instance_id"], pid])
+            elif message[0] == "stop":
+                os._exit(0)
+
+
+def _recv_with_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
+    fds = array.array("i")
+    data, ancdata, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_LEN(16 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds)
+
+
+def _reap(channel: Channel) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        channel.send([EXITED, pid, os.waitstatus_to_exitcode(status)])
+
+
+def _child(
+    plugin: Plugin,
+    config: dict[str, Any],
+    sock_fd: int,
+    out_fd: int,
+    control: socket.socket,
+    close: tuple[int, ...],
+) -> None:
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        control.close()
+        for fd in close:
+            os.close(fd)
+        os.setsid()
+        enter_limits(config)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        _close_other_fds(keep={0, 1, 2, sock_fd})
+        reseed()
+        serve(plugin, socket.socket(fileno=sock_fd), config)
+    except BaseException as exc:  # noqa: BLE001 - the child must never return into the zygote loop
+        try:
+            os.write(2, f"plugtune instance failed to start: {type(exc).__name__}: {exc}\n".encode())
+        finally:
+            os._exit(4)
+
+
+def _close_other_fds(keep: set[int]) -> None:
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def spawn_main(config: dict[str, Any]) -> None:
+    """Fresh-spawn fallback: this process loads the plugin itself and becomes the instance."""
+    sock = socket.socket(fileno=int(config["sock_fd"]))
+    channel = Channel(sock)
+    enter_limits(config)
+    plugin = load_or_report(config, channel)
+    reseed()
+    serve(plugin, sock, config)
+
+
+def main(argv: list[str]) -> None:
+    import json
+
+    mode, raw = argv[1], argv[2]
+    config = json.loads(raw)
+    if mode == "zygote":
+        zygote_main(config)
+    elif mode == "spawn":
+        spawn_main(config)
+    else:
+        sys.exit(f"unknown worker mode {mode!r}")

@@ -1,0 +1,187 @@
+"""The supervisor's handle on a function's zygote, and the fresh-spawn fallback.
+
+``start()`` launches ``python -m plugtune.runtime.worker zygote`` which imports the plugin and
+answers with its spec (or the import error). ``fork()`` hands the zygote an instance's socket and
+output pipe and gets the child's pid back in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from plugtune.runtime import protocol as p
+from plugtune.runtime.backend import DeployFailed
+from plugtune.types import LogLine
+
+LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def worker_env(env: dict[str, str]) -> dict[str, str]:
+    out = dict(os.environ)
+    out.update(env)
+    out["PYTHONPATH"] = os.pathsep.join(x for x in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if x)
+    out["PYTHONUNBUFFERED"] = "1"
+    return out
+
+
+class Zygote:
+    def __init__(self, config: dict[str, Any], plugin: str) -> None:
+        self.config = config
+        self.plugin = plugin
+        self.loop = asyncio.get_running_loop()
+        self.spec: asyncio.Future[dict[str, Any]] = self.loop.create_future()
+        self.forks: dict[str, asyncio.Future[int]] = {}
+        self.exits: dict[int, asyncio.Future[int | None]] = {}
+        self.alive = False
+        self.output: list[str] = []
+        self.proc: asyncio.subprocess.Process | None = None
+        self.sock: socket.socket | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self, timeout_s: float) -> dict[str, Any]:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        config = {**self.config, "control_fd": child.fileno()}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "plugtune.runtime.worker",
+            "zygote",
+            json.dumps(config),
+            pass_fds=(child.fileno(),),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=worker_env(self.config.get("env") or {}),
+            start_new_session=True,
+        )
+        child.close()
+        self.sock = parent
+        self.alive = True
+        reader = p.FrameReader()
+        zygote = self
+
+        class Conn(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                for message in reader.feed(data):
+                    zygote.on_message(message)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                zygote.on_lost()
+
+        await self.loop.create_unix_connection(Conn, sock=parent)
+        self._reader = self.loop.create_task(self._read_output())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.spec), timeout_s)
+        except asyncio.TimeoutError:
+            self.stop()
+            raise DeployFailed(
+                f"{self.config['relpath']}: importing the plugin took longer than {timeout_s:g} s"
+            ) from None
+
+    async def _read_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            self.output.append(raw.decode(errors="replace").rstrip("\n"))
+            del self.output[:-200]
+
+    def output_logs(self) -> list[LogLine]:
+        import time
+
+        return [
+            LogLine(time.time(), "WARNING", self.plugin, t, "stderr", instance_id="zygote")
+            for t in self.output
+        ]
+
+    def on_message(self, message: list[Any]) -> None:
+        op = message[0]
+        if op == LOADED and not self.spec.done():
+            self.spec.set_result(message[1])
+        elif op == p.FATAL and not self.spec.done():
+            self.spec.set_exception(DeployFailed(message[1], message[2]))
+        elif op == FORKED:
+            future = self.forks.pop(message[1], None)
+            if future is not None and not future.done():
+                future.set_result(int(message[2]))
+        elif op == EXITED:
+            self.exit_future(int(message[1])).set_result(int(message[2]))
+
+    def exit_future(self, pid: int) -> asyncio.Future[int | None]:
+        future = self.exits.get(pid)
+        if future is None or future.done():
+            future = self.exits[pid] = self.loop.create_future()
+        return future
+
+    def on_lost(self) -> None:
+        self.alive = False
+        for future in self.forks.values():
+            if not future.done():
+                future.set_exception(ConnectionError("the zygote ended"))
+        if not self.spec.done():
+            self.loop.create_task(self._fail_start())
+
+    async def _fail_start(self) -> None:
+        if self.proc is not None:
+            await asyncio.wait([self.loop.create_task(self.proc.wait())], timeout=1.0)
+        await asyncio.sleep(0.05)
+        text = "\n".join(self.output[-30:])
+        if not self.spec.done():
+            self.spec.set_exception(
+                DeployFailed(f"the plugin's process ended while importing it:\n{text}", text)
+            )
+
+    async def fork(self, instance: dict[str, Any], sock_fd: int, out_fd: int, timeout_s: float = 10.0) -> int:
+        """Fork an instance; returns its pid."""
+        if not self.alive or self.sock is None:
+            raise ConnectionError("the zygote is not running")
+        future = self.forks[instance["instance_id"]] = self.loop.create_future()
+        fds = array.array("i", [sock_fd, out_fd])
+        self.sock.sendmsg([p.pack([FORK, instance])], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+        return await asyncio.wait_for(future, timeout_s)
+
+    async def aclose(self) -> None:
+        self.stop()
+        if self.proc is not None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), 2.0)
+            except asyncio.TimeoutError:
+                pass
+        if self._reader is not None:
+            self._reader.cancel()
+
+    def stop(self) -> None:
+        self.alive = False
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+
+
+async def spawn(config: dict[str, Any], sock_fd: int, out_fd: int) -> asyncio.subprocess.Process:
+    """Start an instance as a fresh interpreter (the fallback when the zygote is gone)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "plugtune.runtime.worker",
+        "spawn",
+        json.dumps({**config, "sock_fd": sock_fd}),
+        pass_fds=(sock_fd,),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=out_fd,
+        stderr=out_fd,
+        env=worker_env(config.get("env") or {}),
+        start_new_session=True,
+    )

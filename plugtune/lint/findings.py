@@ -47,6 +47,11 @@ RULES: dict[str, Rule] = {
             "never scored as 0",
         ),
         Rule(
+            "PT302",
+            "process-exit",
+            "raise an exception instead: exiting kills the instance and the call fails as EOF",
+        ),
+        Rule(
             "PT401", "missing-decorator", "decorate it: `from plugtune import rollout, grader, group_grader`"
         ),
         Rule("PT402", "bad-plugin-signature", "use the documented signature; the runtime rejects this one"),

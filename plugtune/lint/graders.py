@@ -200,6 +200,8 @@ def _negative(node: ast.AST) -> bool:
 
 
 def _non_number(value: ast.expr, kind: Kind, imports: dict[str, str]) -> str | None:
+    if isinstance(value, ast.IfExp):
+        return _non_number(value.body, kind, imports) or _non_number(value.orelse, kind, imports)
     if kind is Kind.GROUP_GRADER:
         if isinstance(value, ast.Constant) and value.value is not None:
             return f"`{ast.unparse(value)[:40]}`, not a list with one reward per trajectory"
@@ -208,6 +210,8 @@ def _non_number(value: ast.expr, kind: Kind, imports: dict[str, str]) -> str | N
         return None
     if isinstance(value, ast.Constant) and isinstance(value.value, (str, bytes)):
         return f"text `{ast.unparse(value)[:40]}`, not a number"
+    if isinstance(value, ast.Constant) and isinstance(value.value, bool):
+        return f"the bool `{value.value}`, not a number"
     if isinstance(value, (ast.JoinedStr, ast.Dict, ast.List, ast.Tuple, ast.Set)):
         what = "an f-string" if isinstance(value, ast.JoinedStr) else f"a {type(value).__name__.lower()}"
         return f"{what} `{ast.unparse(value)[:40]}`, not a number"

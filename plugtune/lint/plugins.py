@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugtune.lint.findings import Finding, finding
-from plugtune.lint.names import qualified
+from plugtune.lint.names import own_nodes, qualified
 from plugtune.sdk.decorators import PARAMETERS, Kind, signature_problems
 
 DECORATORS = {kind.value: kind for kind in Kind}
+EXITS = {"sys.exit", "os._exit", "exit", "quit", "os.abort", "os.kill"}
 NAME_HINT = re.compile(r"(^|_)(rollout|grader|group_grader)(_|$)")
 
 
@@ -66,6 +67,17 @@ def check_plugin(plugin: Plugin, expected: dict[str, Kind], file: str) -> list[F
             )
         )
     out.extend(_decorator_arguments(node, file))
+    return out
+
+
+def check_exits(plugin: Plugin, imports: dict[str, str], file: str) -> list[Finding]:
+    """Calls in a plugin's body that end its instance's process."""
+    out: list[Finding] = []
+    for node in own_nodes(plugin.node):
+        if isinstance(node, ast.Call) and qualified(node.func, imports) in EXITS:
+            name = qualified(node.func, imports)
+            message = f"{plugin.kind.value} `{plugin.node.name}` calls `{name}`, which ends its instance"
+            out.append(finding(file, node, "PT302", message))
     return out
 
 

@@ -17,7 +17,7 @@ from plugtune.lint.blocking import check_blocking
 from plugtune.lint.findings import Finding, finding
 from plugtune.lint.graders import check_excepts, check_grader
 from plugtune.lint.names import import_map
-from plugtune.lint.plugins import check_plugin, find_plugins
+from plugtune.lint.plugins import check_exits, check_plugin, find_plugins
 from plugtune.sdk.decorators import Kind
 
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "venv", "build", "dist"}
@@ -101,6 +101,7 @@ def lint_source(
     graders = {p.node.name for p in plugins if p.kind in (Kind.GRADER, Kind.GROUP_GRADER)}
     for plugin in plugins:
         out.extend(check_plugin(plugin, expected, file))
+        out.extend(check_exits(plugin, imports, file))
         if plugin.kind in (Kind.GRADER, Kind.GROUP_GRADER):
             out.extend(check_grader(plugin.node, plugin.kind, imports, file))
     out.extend(check_excepts(tree, graders, imports, file))

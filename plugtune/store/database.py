@@ -202,11 +202,17 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def upsert(db: Database, table: Table, keys: list[str], update_columns: list[str] | None) -> Insert:
-    """INSERT ... ON CONFLICT (keys) DO UPDATE SET the update columns (or DO NOTHING when None)."""
+def upsert(
+    db: Database, table: Table, keys: list[str], update_columns: list[str] | None, *, newer_than: str = ""
+) -> Insert:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE SET the update columns (or DO NOTHING when None).
+
+    ``newer_than``: update only when the new row's value of that column is >= the stored one.
+    """
     stmt = sqlite_insert(table) if db.is_sqlite else postgresql_insert(table)
     if update_columns is None:
         return stmt.on_conflict_do_nothing(index_elements=keys)
+    where = table.c[newer_than] <= stmt.excluded[newer_than] if newer_than else None
     return stmt.on_conflict_do_update(
-        index_elements=keys, set_={name: stmt.excluded[name] for name in update_columns}
+        index_elements=keys, set_={name: stmt.excluded[name] for name in update_columns}, where=where
     )

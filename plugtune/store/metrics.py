@@ -7,40 +7,49 @@ time buckets inside the database, so a 7-day chart costs the same to send as a 1
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Integer, cast, func, insert, select
 
 from plugtune.store.base import StoreBase
-from plugtune.store.records import SeriesPoint
-from plugtune.store.schema import metric_points
+from plugtune.store.database import Database, upsert
+from plugtune.store.records import LatestMetric, SeriesPoint
+from plugtune.store.schema import metric_points, metric_series
 from plugtune.types import MetricPoint
 
 TRAINING = ""  # the plugin name training metrics are stored under
+_SERIES_KEY = ["job_id", "plugin", "name"]
 
 
-def insert_metrics(conn: Connection, job_id: int, points: Sequence[MetricPoint]) -> None:
-    if points:
-        conn.execute(
-            insert(metric_points),
-            [
-                {
-                    "job_id": job_id,
-                    "plugin": p.plugin,
-                    "name": p.name,
-                    "time": p.time,
-                    "step": p.step,
-                    "value": p.value,
-                }
-                for p in points
-            ],
-        )
+def insert_metrics(conn: Connection, db: Database, job_id: int, points: Sequence[MetricPoint]) -> None:
+    if not points:
+        return
+    rows: list[dict[str, Any]] = [
+        {
+            "job_id": job_id,
+            "plugin": p.plugin,
+            "name": p.name,
+            "time": p.time,
+            "step": p.step,
+            "value": p.value,
+        }
+        for p in points
+    ]
+    conn.execute(insert(metric_points), rows)
+    newest: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["plugin"], row["name"])
+        if key not in newest or row["time"] >= newest[key]["time"]:
+            newest[key] = row
+    stmt = upsert(db, metric_series, _SERIES_KEY, ["time", "step", "value"], newer_than="time")
+    conn.execute(stmt, sorted(newest.values(), key=lambda r: (r["plugin"], r["name"])))
 
 
 class MetricsTable(StoreBase):
     def add_metrics(self, job_id: int, points: Sequence[MetricPoint]) -> None:
         """Insert points in one transaction (durable on return). Running jobs use StoreWriter."""
         with self._db.write("writing metric points") as conn:
-            insert_metrics(conn, job_id, points)
+            insert_metrics(conn, self._db, job_id, points)
 
     def metrics(
         self,
@@ -81,14 +90,26 @@ class MetricsTable(StoreBase):
         return out
 
     def metric_names(self, job_id: int, plugin: str = TRAINING) -> list[str]:
-        query = (
-            select(metric_points.c.name)
-            .where(metric_points.c.job_id == job_id, metric_points.c.plugin == plugin)
-            .distinct()
-            .order_by(metric_points.c.name)
-        )
+        c = metric_series.c
+        query = select(c.name).where(c.job_id == job_id, c.plugin == plugin).order_by(c.name)
         with self._db.read("listing metric names") as conn:
             return list(conn.execute(query).scalars())
+
+    def latest_metrics(self, job_ids: Sequence[int], plugin: str | None = None) -> list[LatestMetric]:
+        """The newest point of every series of these jobs (of one plugin if given); O(series)."""
+        if not job_ids:
+            return []
+        c = metric_series.c
+        query = select(metric_series).where(c.job_id.in_(list(job_ids))).order_by(c.job_id, c.plugin, c.name)
+        if plugin is not None:
+            query = query.where(c.plugin == plugin)
+        with self._db.read("reading the newest metric values") as conn:
+            return [
+                LatestMetric(
+                    job_id=r.job_id, plugin=r.plugin, name=r.name, time=r.time, value=r.value, step=r.step
+                )
+                for r in conn.execute(query)
+            ]
 
     def _raw(self, conn: Connection, where: list[ColumnElement[bool]], name: str) -> list[SeriesPoint]:
         query = (

@@ -10,7 +10,7 @@ from plugtune.store.base import StoreBase, dumps, loads
 from plugtune.store.database import upsert
 from plugtune.store.jobs import require_job
 from plugtune.store.records import NotFoundError, Plugin, PluginRole, PluginStatus
-from plugtune.store.schema import code_files, log_lines, metric_points, plugins
+from plugtune.store.schema import code_files, log_lines, metric_points, metric_series, plugins
 
 PURGE_CHUNK = 5000  # rows deleted per transaction, so a purge never holds the write lock for long
 _ENDED = (PluginStatus.COMPLETED.value, PluginStatus.FAILED.value)
@@ -119,6 +119,8 @@ class PluginsTable(StoreBase):
             for table in (metric_points, log_lines):
                 self._delete_in_chunks(table, job_id, name)
             with self._db.write("marking a plugin's monitoring as purged") as conn:
+                series = metric_series.c
+                conn.execute(delete(metric_series).where(series.job_id == job_id, series.plugin == name))
                 conn.execute(
                     update(plugins)
                     .where(plugins.c.job_id == job_id, plugins.c.name == name)

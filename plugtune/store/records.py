@@ -164,6 +164,18 @@ class SeriesPoint(_Record):
 
 
 @dataclass(frozen=True)
+class LatestMetric(_Record):
+    """The newest point of one series."""
+
+    job_id: int
+    plugin: str  # "" for training metrics
+    name: str
+    time: float
+    value: float
+    step: int | None
+
+
+@dataclass(frozen=True)
 class TrajectorySummary(_Record):
     id: int  # row id: stable across upserts; newest-first order and keyset cursor
     job_id: int

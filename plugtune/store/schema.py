@@ -144,6 +144,20 @@ Index(
     metric_points.c.time,
 )
 
+# One row per series with its newest point: series lists and "current value" reads (the jobs list,
+# /metrics) cost O(series), not O(points). Kept up to date by every metric insert.
+metric_series = Table(
+    "metric_series",
+    metadata,
+    _job_fk(),
+    Column("plugin", String(200), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("time", Time, nullable=False),
+    Column("step", Integer),
+    Column("value", Float(precision=53), nullable=False),
+    UniqueConstraint("job_id", "plugin", "name", name="uq_metric_series"),
+)
+
 log_lines = Table(
     "log_lines",
     metadata,

@@ -92,7 +92,7 @@ class Store(JobsTable, AttemptsTable, PluginsTable, LogsTable, MetricsTable, Tra
             return
         with self._db.write("writing a batch of monitoring data") as conn:
             insert_logs(conn, job_id, logs)
-            insert_metrics(conn, job_id, metrics)
+            insert_metrics(conn, self._db, job_id, metrics)
             upsert_trajectory_rows(conn, self._db, job_id, trajectories, self._clock())
 
     def drop_all(self) -> None:

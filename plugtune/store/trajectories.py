@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Select, func, select
 
 from plugtune.store.base import StoreBase, dumps, loads, page_size
 from plugtune.store.database import upsert
-from plugtune.store.records import TrajectorySummary
+from plugtune.store.records import NotFoundError, TrajectorySummary
 from plugtune.store.schema import trajectories as T
 from plugtune.types import ErrorRecord, TrajectoryRecord
 
@@ -99,6 +99,32 @@ class TrajectoriesTable(StoreBase):
         query = select(T.c.status, func.count()).where(T.c.job_id == job_id).group_by(T.c.status)
         with self._db.read("counting trajectories") as conn:
             return {status: int(n) for status, n in conn.execute(query)}
+
+    def trajectory_neighbors(
+        self,
+        job_id: int,
+        trajectory_id: str,
+        *,
+        status: str | None = None,
+        step: int | None = None,
+        plugin: str | None = None,
+        text: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+    ) -> tuple[str | None, str | None]:
+        """(newer, older): the trajectory ids just above and below this one in the filtered
+        newest-first list (full-screen up/down); None at either end. Two index lookups."""
+        filters = (status, step, plugin, text, min_reward, max_reward)
+        with self._db.read("finding neighbouring trajectories") as conn:
+            row_id = conn.execute(
+                select(T.c.id).where(T.c.job_id == job_id, T.c.trajectory_id == trajectory_id)
+            ).scalar()
+            if row_id is None:
+                raise NotFoundError(f"job {job_id} has no trajectory {trajectory_id!r}")
+            ids = _filtered(select(T.c.trajectory_id), job_id, *filters)
+            newer = conn.execute(ids.where(T.c.id > row_id).order_by(T.c.id.asc()).limit(1)).scalar()
+            older = conn.execute(ids.where(T.c.id < row_id).order_by(T.c.id.desc()).limit(1)).scalar()
+        return newer, older
 
     def get_trajectory(self, job_id: int, trajectory_id: str) -> TrajectoryRecord | None:
         query = select(T).where(T.c.job_id == job_id, T.c.trajectory_id == trajectory_id)

@@ -51,3 +51,22 @@ def test_training_metrics_carry_their_step(store: Store, job_id: int) -> None:
     assert len(coarse) == 4 and coarse[-1].step == 19
     with pytest.raises(ValueError):
         store.metrics(job_id, max_points=1)
+
+
+def test_latest_value_of_every_series(store: Store, job_id: int) -> None:
+    other = store.create_job("other", {})
+    store.add_metrics(job_id, _series("solve", "cpu_percent", 10))
+    store.add_metrics(
+        job_id, [MetricPoint(time=500.0, plugin="solve", name="cpu_percent", value=-1.0)]
+    )  # late, older
+    store.add_metrics(job_id, [MetricPoint(time=9.0, plugin="", name="loss", value=0.5, step=3)])
+    store.add_metrics(other, _series("solve", "instances", 3, value=7.0))
+    latest = store.latest_metrics([job_id, other])
+    assert [(m.job_id, m.plugin, m.name, m.time, m.value, m.step) for m in latest] == [
+        (job_id, "", "loss", 9.0, 0.5, 3),
+        (job_id, "solve", "cpu_percent", 1009.0, 9.0, None),
+        (other, "solve", "instances", 1002.0, 9.0, None),
+    ]
+    assert [m.name for m in store.latest_metrics([job_id], plugin="")] == ["loss"]
+    assert store.latest_metrics([]) == []
+    assert store.metric_names(job_id) == ["loss"]

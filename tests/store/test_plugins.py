@@ -101,7 +101,8 @@ def test_purge_expired_deletes_only_ended_plugins_past_retention(store: Store, j
 
     assert store.purge_expired(now=100.0 + 7 * DAY) == 1
     assert store.count_logs(job_id, plugin="solve") == 0
-    assert store.metrics(job_id, "solve") == {}
+    assert store.metrics(job_id, "solve") == {} and store.metric_names(job_id, "solve") == []
+    assert store.metric_names(job_id, "exact") == ["cpu_percent"]
     assert store.plugin_monitoring_expired(job_id, "solve")
     assert [p.monitoring_expired for p in store.list_plugins(job_id)] == [True, False]
     assert (

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from plugtune.store import Store
+from plugtune.store import NotFoundError, Store
 from plugtune.types import ErrorRecord, TrajectoryRecord
 
 STATUSES = ("success", "success", "failed", "discard")
@@ -163,3 +163,16 @@ def test_previous_and_next_for_full_screen_navigation(
         newer
     ]
     assert store.trajectories(job_id, order="oldest", after_id=newer.id, status="failed") == []
+
+
+def test_neighbors_follow_the_filtered_newest_first_list(
+    store: Store, job_id: int, records: list[TrajectoryRecord]
+) -> None:
+    failed = _ids(store.trajectories(job_id, status="failed", limit=100))
+    assert store.trajectory_neighbors(job_id, failed[3], status="failed") == (failed[2], failed[4])
+    assert store.trajectory_neighbors(job_id, failed[0], status="failed") == (None, failed[1])
+    assert store.trajectory_neighbors(job_id, failed[-1], status="failed") == (failed[-2], None)
+    everything = _ids(store.trajectories(job_id, limit=100))
+    assert store.trajectory_neighbors(job_id, everything[10]) == (everything[9], everything[11])
+    with pytest.raises(NotFoundError):
+        store.trajectory_neighbors(job_id, "nope")

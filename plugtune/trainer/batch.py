@@ -1,7 +1,10 @@
-"""Trajectory records to padded training tensors, and the policy's log-probs on them.
+"""Trajectory records to training tensors, and the policy's logits on their responses.
 
-Each row is ``prompt_ids + response_ids``, right-padded. Position ``t`` of the ``*_BT`` tensors
-scores token ``t + 1`` of the row, so a row's response tokens sit at ``[P - 1, P - 1 + R)``.
+The rollouts of a GRPO group start from the same prompt, so each distinct prompt is run through
+the model once and its key/value cache is shared by every response that continues it
+(gradients flow back through the shared cache). Responses are right-padded; position ``t`` of
+the ``*_BR`` tensors is response token ``t``. Prompts are right-padded too, so no attention row
+is ever fully masked.
 """
 
 from __future__ import annotations
@@ -11,27 +14,33 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from plugtune.types import TrajectoryRecord
+
+#: transformers renamed ``past_key_values`` to ``cache``; use whichever this version has.
+CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass(frozen=True)
 class TrainBatch:
-    input_ids_BL: torch.Tensor
-    attention_mask_BL: torch.Tensor
-    targets_BT: torch.Tensor  # input_ids shifted left by one (T = L - 1)
-    mask_BT: torch.Tensor  # 1 where the target is a policy-sampled response token
-    old_logps_BT: torch.Tensor  # the gateway's sampling log-probs at those positions
+    prompt_ids_GP: torch.Tensor  # distinct prompts, right-padded
+    prompt_attention_GP: torch.Tensor
+    prompt_index_B: torch.Tensor  # which prompt each response continues
+    response_ids_BR: torch.Tensor  # right-padded; also the targets
+    response_attention_BR: torch.Tensor
+    mask_BR: torch.Tensor  # 1 where the token was sampled by the policy
+    old_logps_BR: torch.Tensor  # the gateway's sampling log-probs
     advantages_B: torch.Tensor
     trajectory_ids: list[str]
 
     @property
     def num_tokens(self) -> int:
-        return int(self.mask_BT.sum().item())
+        return int(self.mask_BR.sum().item())
 
 
 def is_trainable(record: TrajectoryRecord) -> bool:
-    """A record contributes to the loss when it has an advantage and policy tokens."""
+    """A record contributes to the loss when it has an advantage, a prompt and policy tokens."""
     return record.advantage is not None and any(record.response_mask) and len(record.prompt_ids) > 0
 
 
@@ -40,30 +49,59 @@ def build_batch(records: Sequence[TrajectoryRecord], pad_id: int) -> TrainBatch:
     rows = [r for r in records if is_trainable(r)]
     if not rows:
         raise ValueError("no trainable trajectory in the batch")
-    length = max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
-    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), length), dtype=torch.long)
-    mask = torch.zeros((len(rows), length - 1))
-    old = torch.zeros((len(rows), length - 1))
-    for i, r in enumerate(rows):
-        p, n = len(r.prompt_ids), len(r.response_ids)
-        ids[i, : p + n] = torch.tensor(r.prompt_ids + r.response_ids, dtype=torch.long)
-        attention[i, : p + n] = 1
-        mask[i, p - 1 : p - 1 + n] = torch.tensor(r.response_mask, dtype=torch.float32)
-        old[i, p - 1 : p - 1 + n] = torch.tensor(r.response_logprobs, dtype=torch.float32)
-    advantages = torch.tensor([float(r.advantage or 0.0) for r in rows])
+    prompts: dict[tuple[int, ...], int] = {}
+    for r in rows:
+        prompts.setdefault(tuple(r.prompt_ids), len(prompts))
+    prompt_ids, prompt_attention = _right_pad([list(p) for p in prompts], pad_id)
+    response_ids, response_attention = _right_pad([r.response_ids for r in rows], pad_id)
+    width = response_ids.shape[1]
     return TrainBatch(
-        input_ids_BL=ids,
-        attention_mask_BL=attention,
-        targets_BT=ids[:, 1:],
-        mask_BT=mask,
-        old_logps_BT=old,
-        advantages_B=advantages,
+        prompt_ids_GP=prompt_ids,
+        prompt_attention_GP=prompt_attention,
+        prompt_index_B=torch.tensor([prompts[tuple(r.prompt_ids)] for r in rows], dtype=torch.long),
+        response_ids_BR=response_ids,
+        response_attention_BR=response_attention,
+        mask_BR=torch.tensor([_padded([float(m) for m in r.response_mask], width) for r in rows]),
+        old_logps_BR=torch.tensor([_padded(r.response_logprobs, width) for r in rows]),
+        advantages_B=torch.tensor([float(r.advantage or 0.0) for r in rows]),
         trajectory_ids=[r.trajectory_id for r in rows],
     )
 
 
-def forward_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float) -> torch.Tensor:
-    """Next-token logits ``[B, T, V]``, divided by the sampling temperature (as the gateway samples)."""
-    out = model(input_ids=batch.input_ids_BL, attention_mask=batch.attention_mask_BL, use_cache=False)
-    return out.logits[:, :-1, :].float() / temperature
+def response_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float) -> torch.Tensor:
+    """Logits ``[B, R, V]`` that predict each response token, divided by the sampling temperature."""
+    prompt_len_G = batch.prompt_attention_GP.sum(-1)
+    prompt_out = model(
+        input_ids=batch.prompt_ids_GP, attention_mask=batch.prompt_attention_GP, use_cache=True
+    )
+    cache = getattr(prompt_out, CACHE_KWARG)
+    num_prompts = batch.prompt_ids_GP.shape[0]
+    last_GV = prompt_out.logits[torch.arange(num_prompts), prompt_len_G - 1]
+    index_B = batch.prompt_index_B
+    cache.reorder_cache(index_B)  # one cache row per response, sharing the prompt's graph
+    width = batch.response_ids_BR.shape[1]
+    attention_BL = torch.cat([batch.prompt_attention_GP[index_B], batch.response_attention_BR], dim=1)
+    positions_BR = prompt_len_G[index_B].unsqueeze(-1) + torch.arange(width).unsqueeze(0)
+    out = model(
+        input_ids=batch.response_ids_BR,
+        attention_mask=attention_BL,
+        position_ids=positions_BR,
+        use_cache=True,
+        **{CACHE_KWARG: cache},
+    )
+    logits_BRV = torch.cat([last_GV[index_B].unsqueeze(1), out.logits[:, :-1]], dim=1)
+    return logits_BRV.float() / temperature
+
+
+def _right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+        attention[i, : len(s)] = 1
+    return ids, attention
+
+
+def _padded(values: Sequence[float], width: int) -> list[float]:
+    return [float(v) for v in values] + [0.0] * (width - len(values))

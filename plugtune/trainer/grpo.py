@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from plugtune.errors import LossNanError
 from plugtune.sdk import Sample, Sampling
 from plugtune.trainer import checkpoint
-from plugtune.trainer.batch import TrainBatch, build_batch, forward_logits, is_trainable
+from plugtune.trainer.batch import TrainBatch, build_batch, is_trainable, response_logits
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
@@ -74,6 +74,7 @@ class GRPOTrainer:
             [p for p in model.parameters() if p.requires_grad],
             lr=config.learning_rate,
             weight_decay=config.weight_decay,
+            fused=True,
         )
         self.reference = _frozen_copy(model) if config.kl_coef > 0 else None
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
@@ -134,23 +135,23 @@ class GRPOTrainer:
         return replace(Sample.from_dict(row), index=index, sampling=sampling)
 
     def _loss(self, batch: TrainBatch) -> _LossParts:
-        logits_BTV = forward_logits(self.model, batch, self.config.temperature)
-        logps_BT = token_logprobs(logits_BTV, batch.targets_BT)
+        temperature = self.config.temperature
+        logits_BRV = response_logits(self.model, batch, temperature)
+        logps_BR = token_logprobs(logits_BRV, batch.response_ids_BR)
         pg_loss, clip_fraction = clipped_pg_loss(
-            logps_BT, batch.old_logps_BT, batch.advantages_B, batch.mask_BT, self.config.clip_ratio
+            logps_BR, batch.old_logps_BR, batch.advantages_B, batch.mask_BR, self.config.clip_ratio
         )
         loss = pg_loss
         kl = torch.zeros(())
         if self.reference is not None:
             with torch.no_grad():
-                ref_logps_BT = token_logprobs(
-                    forward_logits(self.reference, batch, self.config.temperature), batch.targets_BT
-                )
-            kl = masked_mean(kl_k3(logps_BT, ref_logps_BT), batch.mask_BT)
+                ref_logits_BRV = response_logits(self.reference, batch, temperature)
+                ref_logps_BR = token_logprobs(ref_logits_BRV, batch.response_ids_BR)
+            kl = masked_mean(kl_k3(logps_BR, ref_logps_BR), batch.mask_BR)
             loss = loss + self.config.kl_coef * kl
         with torch.no_grad():
-            ent = masked_mean(entropy(logits_BTV), batch.mask_BT)
-            gap = masked_mean((logps_BT - batch.old_logps_BT).abs(), batch.mask_BT)
+            ent = masked_mean(entropy(logits_BRV), batch.mask_BR)
+            gap = masked_mean((logps_BR - batch.old_logps_BR).abs(), batch.mask_BR)
         return _LossParts(
             loss=loss,
             pg_loss=float(pg_loss.item()),

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import threading
 import time
 import traceback
 import zlib
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,9 @@ class InProcessFunction:
         self.fn = fn
         self._spec = spec
         self.calls = 0
+        # as many sync calls at once as the runtime would run: every instance at max_concurrency
+        workers = spec.runtime.max_concurrency * spec.runtime.max_instances
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"plugin-{spec.name}")
 
     @property
     def spec(self) -> PluginSpec:
@@ -62,7 +67,8 @@ class InProcessFunction:
             if inspect.iscoroutinefunction(self.fn):
                 value = await self.fn(ctx, *args)
             else:
-                value = await asyncio.to_thread(self.fn, ctx, *args)
+                call = functools.partial(self.fn, ctx, *args)
+                value = await asyncio.get_running_loop().run_in_executor(self._pool, call)
         except Retry as exc:
             return CallOutcome(status="retry", value=None, reason=exc.reason, metrics=ctx.metrics)
         except Discard as exc:

@@ -1,0 +1,260 @@
+"""plugtune's GRPO trainer against TRL's GRPOTrainer: same model, data, batch, group size and max tokens.
+
+Both run in this process, one after the other, on the demo model and task (exact-match arithmetic)
+with the same hyperparameters: ``batch`` prompts x ``group`` completions per step, up to
+``max-tokens`` new tokens, temperature 1, no KL, AdamW at the same learning rate, token-level loss.
+plugtune goes its real path: the demo rollout plugin asks the policy gateway over HTTP (the
+official request path of a job, in-process plugins instead of the function runtime), the gateway
+batches the concurrent requests, the demo grader scores, and the trainer steps. TRL generates with
+``model.generate`` on the whole batch and calls the same grading logic as a reward function.
+
+Prints seconds per step and sampled tokens per second of each (warm-up steps excluded) and the
+ratio. Needs the ``bench`` extra (trl). Run: ``.venv/bin/python benchmarks/trainer_vs_trl.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from plugtune.demo.plugins import grader as demo_grader  # noqa: E402
+from plugtune.demo.plugins import rollout as demo_rollout  # noqa: E402
+from plugtune.trainer.config import TrainerConfig  # noqa: E402
+from plugtune.trainer.groups import Plugins  # noqa: E402
+from plugtune.trainer.grpo import GRPOTrainer  # noqa: E402
+from plugtune.trainer.model import load_model  # noqa: E402
+from plugtune.trainer.testing import InProcessFunction, InProcessPolicyServer  # noqa: E402
+
+
+@dataclass
+class Run:
+    name: str
+    step_s: list[float]
+    tokens: list[int]
+    rewards: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Median over steps of sampled tokens / step time (robust to a noisy shared machine)."""
+        return statistics.median(n / t for n, t in zip(self.tokens, self.step_s, strict=True))
+
+    @property
+    def median_step_s(self) -> float:
+        return statistics.median(self.step_s)
+
+    def extend(self, other: Run) -> None:
+        self.step_s += other.step_s
+        self.tokens += other.tokens
+        self.rewards += other.rewards
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class PlugtuneBench:
+    """One plugtune trainer and policy server, stepped in rounds between the TRL rounds."""
+
+    def __init__(self, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+        self.args = args
+        lm = load_model(args.model)
+        config = TrainerConfig(
+            steps=1_000_000,
+            batch_size=args.batch,
+            group_size=args.group,
+            max_new_tokens=args.max_tokens,
+            learning_rate=args.lr,
+            seed=args.seed,
+        )
+        plugins = Plugins(
+            rollout=InProcessFunction(demo_rollout.answer),
+            graders=[InProcessFunction(demo_grader.exact_match)],
+        )
+        self.server, self.stop = make_policy_server(args.policy, lm)
+        self.trainer = GRPOTrainer(lm.model, lm.tokenizer, self.server, plugins, rows, config)
+        self.loop = asyncio.new_event_loop()
+        self.round(warmup_only=True)
+
+    def round(self, warmup_only: bool = False) -> Run:
+        run = Run(f"plugtune ({self.args.policy} policy)", [], [], [])
+        for _ in range(self.args.warmup if warmup_only else self.args.steps):
+            m = self.loop.run_until_complete(self.trainer.step()).metrics
+            if not warmup_only:
+                run.step_s.append(m["time/step_s"])
+                run.tokens.append(int(m["tokens/policy"]))
+                run.rewards.append(m["reward/mean"])
+        return run
+
+    def close(self) -> None:
+        self.stop()
+        self.loop.close()
+
+
+def make_policy_server(kind: str, lm: Any) -> tuple[Any, Any]:
+    if kind == "inprocess":
+        return InProcessPolicyServer(lm.model, lm.tokenizer), lambda: None
+    from plugtune.gateway.gateway import PolicyGateway
+
+    gateway = PolicyGateway(lm.model, lm.tokenizer)
+    gateway.start()
+    return gateway, gateway.stop
+
+
+def run_trl(args: argparse.Namespace, rows: list[dict[str, Any]], checkpointing: bool) -> Run:
+    """A fresh TRL trainer on a fresh copy of the model: ``warmup`` untimed steps, then ``steps``."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig
+    from trl import GRPOTrainer as TRLGRPOTrainer
+
+    lm = load_model(args.model)
+    dataset = Dataset.from_list([{"prompt": r["messages"], "answer": r["extra"]["answer"]} for r in rows])
+    name = (
+        "TRL GRPOTrainer (default: gradient checkpointing)"
+        if checkpointing
+        else "TRL GRPOTrainer, no checkpointing"
+    )
+    run = Run(name, [], [], [])
+    step_tokens: list[int] = []
+    step_rewards: list[float] = []
+
+    def exact_match(
+        completions: list[Any], completion_ids: list[list[int]], answer: list[str], **_: Any
+    ) -> list[float]:
+        step_tokens.append(sum(len(ids) for ids in completion_ids))
+        rewards = [
+            1.0 if c[0]["content"].strip() == a else 0.0 for c, a in zip(completions, answer, strict=True)
+        ]
+        step_rewards.append(statistics.mean(rewards))
+        return rewards
+
+    class Timer(TrainerCallback):  # type: ignore[misc]
+        started = 0.0
+
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_step_end(self, state_args: Any, state: Any, *a: Any, **k: Any) -> None:
+            if state.global_step > args.warmup:
+                run.step_s.append(time.perf_counter() - self.started)
+                run.tokens.append(step_tokens[-1])
+                run.rewards.append(step_rewards[-1])
+
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out,
+            per_device_train_batch_size=args.batch * args.group,
+            num_generations=args.group,
+            gradient_accumulation_steps=1,
+            max_completion_length=args.max_tokens,
+            learning_rate=args.lr,
+            max_steps=args.warmup + args.steps,
+            beta=0.0,
+            temperature=1.0,
+            top_p=1.0,
+            loss_type="dapo",
+            max_grad_norm=1.0,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            use_cpu=True,
+            bf16=False,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            seed=args.seed,
+            gradient_checkpointing=checkpointing,
+        )
+        trainer = TRLGRPOTrainer(
+            model=lm.model,
+            reward_funcs=[exact_match],
+            args=config,
+            train_dataset=dataset,
+            processing_class=lm.tokenizer,
+            callbacks=[Timer()],
+        )
+        trainer.train()
+    return run
+
+
+def table(runs: list[Run], args: argparse.Namespace) -> str:
+    lines = [
+        f"model {args.model.name}, batch {args.batch} prompts x group {args.group}, "
+        f"max {args.max_tokens} new tokens; {args.rounds} interleaved rounds of {args.steps} timed steps "
+        f"(after {args.warmup} warm-up); torch threads {torch.get_num_threads()}; medians",
+        "",
+        "| trainer | s/step | sampled tokens/step | tokens/s | reward mean | vs plugtune |",
+        "|---|---|---|---|---|---|",
+    ]
+    ours = runs[0]
+    for run in runs:
+        lines.append(
+            f"| {run.name} | {run.median_step_s:.3f} | {statistics.mean(run.tokens):.0f} | "
+            f"{run.tokens_per_s:.0f} | {statistics.mean(run.rewards):.3f} | "
+            f"{ours.tokens_per_s / run.tokens_per_s:.2f}x |"
+        )
+    best_trl = max(runs[1:], key=lambda r: r.tokens_per_s)
+    lines += [
+        "",
+        f"throughput ratio plugtune / best TRL: {ours.tokens_per_s / best_trl.tokens_per_s:.2f}x (tokens/s), "
+        f"{best_trl.median_step_s / ours.median_step_s:.2f}x (steps/s)",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "plugtune/demo/model")
+    parser.add_argument("--data", type=Path, default=ROOT / "plugtune/demo/data/train.jsonl")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per round")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policy", choices=["gateway", "inprocess"], default="gateway")
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.ERROR)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    rows = load_rows(args.data)
+    ours = PlugtuneBench(args, rows)
+    runs = [Run(ours.round().name, [], [], []), Run("", [], [], []), Run("", [], [], [])]
+    try:
+        for _ in range(args.rounds):
+            results = [
+                ours.round(),
+                run_trl(args, rows, checkpointing=True),
+                run_trl(args, rows, checkpointing=False),
+            ]
+            for total, result in zip(runs, results, strict=True):
+                total.name = result.name
+                total.extend(result)
+    finally:
+        ours.close()
+    print(table(runs, args))
+
+
+if __name__ == "__main__":
+    main()

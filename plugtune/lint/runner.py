@@ -62,7 +62,7 @@ def lint_paths(paths: Sequence[str | Path]) -> LintReport:
 
 def lint_file(path: Path, expected: dict[str, Kind] | None = None) -> list[Finding]:
     """Findings for one file; ``expected`` maps function names job.yaml gives a plugin kind."""
-    name = str(path)
+    name = _display(path)
     try:
         source = path.read_bytes()
     except OSError as exc:
@@ -127,6 +127,14 @@ def _is_silenced(f: Finding, silenced: dict[int, set[str] | None]) -> bool:
         return False
     rules = silenced[f.line]
     return rules is None or f.rule in rules
+
+
+def _display(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it (as editors expect), else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _walk(roots: Iterable[Path], match: Any) -> list[Path]:

@@ -47,7 +47,7 @@ def test_job_yaml_tells_which_functions_are_plugins() -> None:
     report = lint_paths([FIXTURES / "project"])
     main = FIXTURES / "project/plugins/main.py"
     assert {(f.line, f.rule) for f in report.findings} == expected(main)
-    assert all(f.file == str(main.resolve()) for f in report.findings)
+    assert all(Path(f.file).resolve() == main for f in report.findings)
     wrong = next(f for f in report.findings if f.rule == "PT403")
     assert "as a grader" in wrong.message and "@rollout" in wrong.message
 

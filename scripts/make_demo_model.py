@@ -127,7 +127,7 @@ def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        model_max_length=256,
+        model_max_length=1024,
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -252,7 +252,7 @@ def main() -> None:
         num_hidden_layers=3,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,

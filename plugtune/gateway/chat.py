@@ -1,0 +1,115 @@
+"""Rendering OpenAI messages with the model's own chat template, and comparing conversations."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class TemplateError(ValueError):
+    """The chat template could not render these messages (a bad request, not a crash)."""
+
+
+def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI message as chat templates expect it: text content, parsed tool-call arguments."""
+    role = "system" if message["role"] == "developer" else message["role"]
+    out: dict[str, Any] = {"role": role, "content": text_of(message.get("content"))}
+    if role == "assistant" and message.get("content") is None:
+        out["content"] = None
+    calls = message.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [
+            {
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": arguments_of(c["function"])},
+            }
+            for c in calls
+        ]
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None:
+            out[key] = message[key]
+    return out
+
+
+def text_of(content: Any) -> str:
+    """Content as one string: a string, ``None`` (empty) or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+
+
+def arguments_of(function: dict[str, Any]) -> Any:
+    """Tool-call arguments parsed from their JSON string (kept as given when they are not JSON)."""
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two messages the same turn of a conversation (ids and formatting aside)."""
+    calls = tuple(
+        (c["function"]["name"], json.dumps(c["function"]["arguments"], sort_keys=True))
+        for c in message.get("tool_calls") or []
+    )
+    return (message["role"], message.get("content") or "", calls)
+
+
+def is_extension(previous: list[dict[str, Any]], current: list[dict[str, Any]]) -> bool:
+    """Whether ``current`` is ``previous`` followed by at least one more message."""
+    if len(current) <= len(previous):
+        return False
+    return all(message_key(a) == message_key(b) for a, b in zip(previous, current, strict=False))
+
+
+@dataclass
+class ChatRenderer:
+    """The tokenizer's chat template and encoder, as the gateway uses them."""
+
+    tokenizer: Any
+
+    def __post_init__(self) -> None:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat_template; the policy gateway needs one")
+
+    @property
+    def eos_text(self) -> str:
+        return str(self.tokenizer.eos_token or "")
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        except Exception as exc:  # noqa: BLE001 - jinja raises many kinds; all mean "cannot render this"
+            raise TemplateError(f"the chat template cannot render these messages: {exc}") from exc
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def bridge(self, rendered_previous: str, ended_with_eos: bool) -> str:
+        """Template text that follows the last generated token before the next message.
+
+        The previous conversation rendered without a generation prompt ends with the template's
+        close of the assistant turn (ChatML: ``<|im_end|>\\n``). A reply that ended on the
+        end-of-sequence token already holds the close; one cut short by a budget or stop string
+        does not.
+        """
+        eos = self.eos_text
+        at = rendered_previous.rfind(eos) if eos else -1
+        if at < 0:
+            return ""
+        tail = rendered_previous[at + len(eos) :]
+        return tail if ended_with_eos else eos + tail

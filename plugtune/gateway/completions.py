@@ -1,0 +1,110 @@
+"""One chat completion: extend the trajectory's record, generate, parse tool calls, answer."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from plugtune.gateway.chat import ChatRenderer, normalize_message
+from plugtune.gateway.engine import Generation, GenerationEngine, SamplingParams
+from plugtune.gateway.protocol import ApiError, ChatCompletionRequest, chat_completion
+from plugtune.gateway.toolcalls import ParsedReply, parse_reply
+from plugtune.gateway.trace import TraceBuilder
+
+
+@dataclass
+class CompletionService:
+    """What a completion needs: the template, the engine, the context size and the version."""
+
+    renderer: ChatRenderer
+    engine: GenerationEngine
+    model_name: str
+    max_context: int
+
+    async def complete(
+        self, builder: TraceBuilder, request: ChatCompletionRequest, version: int
+    ) -> dict[str, Any]:
+        if request.model != self.model_name:
+            raise ApiError(
+                404,
+                f"The model `{request.model}` does not exist; this gateway serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+        messages = [normalize_message(m.model_dump(exclude_none=True)) for m in request.messages]
+        prompt_ids = self._prepare(builder, messages, request.tools, version)
+        generation = await asyncio.wrap_future(
+            self.engine.submit(prompt_ids, self._params(request, prompt_ids))
+        )
+        text = self._text(generation)
+        parsed = (
+            parse_reply(text)
+            if request.wants_tool_calls() and generation.finish_reason == "stop"
+            else ParsedReply(text, [])
+        )
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None}
+        finish_reason = generation.finish_reason
+        if parsed.tool_calls:
+            message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
+            finish_reason = "tool_calls"
+        with builder.lock:
+            builder.record_reply(generation, normalize_message(message))
+            builder.finish_reason = finish_reason
+        return chat_completion(
+            self.model_name,
+            message,
+            finish_reason,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(generation.token_ids),
+            logprobs=self._logprobs(generation) if request.logprobs else None,
+            policy_version=generation.policy_version,
+        )
+
+    def _prepare(
+        self,
+        builder: TraceBuilder,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        version: int,
+    ) -> list[int]:
+        """Plan the record's change, refuse prompts that leave no room to answer, apply it."""
+        try:
+            plan = builder.plan(self.renderer, messages, tools)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="messages") from exc
+        if plan.length >= self.max_context:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.max_context} tokens. However, your "
+                f"messages resulted in {plan.length} tokens. Please reduce the length of the messages.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        with builder.lock:
+            return builder.apply(plan, messages, tools, version)
+
+    def _params(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> SamplingParams:
+        room = self.max_context - len(prompt_ids)
+        wanted = request.max_completion_tokens or request.max_tokens or room
+        return SamplingParams(
+            max_tokens=min(wanted, room),
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            stop=request.stop_list(),
+            seed=request.seed,
+        )
+
+    def _text(self, generation: Generation) -> str:
+        ids = generation.token_ids[:-1] if generation.ended_with_eos else generation.token_ids
+        text = self.renderer.decode(ids)
+        return text[: generation.stop_text_at] if generation.stop_text_at is not None else text
+
+    def _logprobs(self, generation: Generation) -> list[dict[str, Any]]:
+        out = []
+        for token_id, logprob in zip(generation.token_ids, generation.logprobs, strict=True):
+            token = self.renderer.decode([token_id])
+            out.append(
+                {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+            )
+        return out

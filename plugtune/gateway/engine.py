@@ -1,0 +1,263 @@
+"""The generation engine: batches pending requests and decodes them together with a KV cache.
+
+One worker thread takes every pending request (up to ``max_batch_size``), left-pads their prompts
+and decodes them step by step from one shared ``past_key_values``; each row stops on its own at an
+end-of-sequence token, a stop string or its token budget. The whole batch runs under the weights
+lock, so it sees one version of the weights from start to end, and records that version.
+
+Sampling is per row: temperature (0 = greedy), top-p, and an optional seed. The log-prob recorded
+for each token is its log-probability under the distribution it was actually sampled from (after
+temperature and top-p); for greedy rows, under the model's unscaled distribution.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+logger = logging.getLogger(__name__)
+
+
+# transformers renamed ``past_key_values`` to ``cache`` during v5 (the old name warns).
+CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples; ``max_tokens`` is already clipped to the context left."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The tokens sampled for one request (stop and end-of-sequence tokens included)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # stop | length
+    ended_with_eos: bool
+    stop_text_at: int | None  # where a matched stop string starts in the decoded text
+    policy_version: int
+    batch_size: int
+
+
+@dataclass
+class _Pending:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: Future[Generation] = field(default_factory=Future)
+
+
+@dataclass
+class _Row:
+    """Decoding state of one request inside a batch."""
+
+    pending: _Pending
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+    ended_with_eos: bool = False
+    stop_text_at: int | None = None
+
+    @property
+    def is_done(self) -> bool:
+        return bool(self.finish_reason)
+
+
+def sample_token(
+    logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[int, float]:
+    """One token from ``logits_V`` and its log-prob under the distribution it was drawn from."""
+    logits_V = logits_V.float()
+    if params.temperature == 0.0:
+        token = int(logits_V.argmax())
+        return token, float(torch.log_softmax(logits_V, -1)[token])
+    logps_V = torch.log_softmax(logits_V / params.temperature, -1)
+    if params.top_p < 1.0:
+        logps_V = top_p_logps(logps_V, params.top_p)
+    token = int(torch.multinomial(logps_V.exp(), 1, generator=generator))
+    return token, float(logps_V[token])
+
+
+def top_p_logps(logps_V: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Log-probs restricted to the smallest set whose mass reaches ``top_p``, renormalised."""
+    sorted_V, order_V = torch.sort(logps_V, descending=True)
+    mass_before_V = torch.cumsum(sorted_V.exp(), -1) - sorted_V.exp()
+    keep_V = mass_before_V < top_p
+    keep_V[0] = True
+    kept_V = torch.full_like(logps_V, float("-inf"))
+    kept_V[order_V[keep_V]] = logps_V[order_V[keep_V]]
+    return torch.log_softmax(kept_V, -1)
+
+
+class GenerationEngine:
+    """Decodes requests in batches on ``model`` (the very object the trainer updates)."""
+
+    def __init__(
+        self,
+        model: Any,
+        eos_token_ids: set[int],
+        decode: Callable[[list[int]], str],
+        weights_lock: threading.Lock,
+        policy_version: Callable[[], int],
+        pad_token_id: int = 0,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.002,
+    ) -> None:
+        self._model = model
+        self._eos = set(eos_token_ids)
+        self._decode = decode
+        self._lock = weights_lock
+        self._version = policy_version
+        self._pad = pad_token_id
+        self.max_batch_size = max_batch_size
+        self._batch_wait_s = batch_wait_s
+        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.batches_run = 0
+        self.requests_served = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="plugtune-generation", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Generation]:
+        """Queue one request; the future resolves when its batch has finished it."""
+        if self._thread is None:
+            raise RuntimeError("the generation engine is not running (call start())")
+        pending = _Pending(list(prompt_ids), params)
+        self._queue.put(pending)
+        return pending.future
+
+    def _work(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self._batch_wait_s
+            stopping = False
+            while len(batch) < self.max_batch_size:
+                try:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+            self._run(batch)
+            if stopping:
+                return
+
+    def _run(self, batch: list[_Pending]) -> None:
+        try:
+            with self._lock:
+                version = self._version()
+                rows = self._decode_batch(batch)
+        except Exception as exc:  # noqa: BLE001 - every waiting caller must hear about it
+            logger.exception("generation failed for a batch of %d", len(batch))
+            for pending in batch:
+                pending.future.set_exception(exc)
+            return
+        self.batches_run += 1
+        self.requests_served += len(batch)
+        for row in rows:
+            row.pending.future.set_result(
+                Generation(
+                    token_ids=row.tokens,
+                    logprobs=row.logprobs,
+                    finish_reason=row.finish_reason,
+                    ended_with_eos=row.ended_with_eos,
+                    stop_text_at=row.stop_text_at,
+                    policy_version=version,
+                    batch_size=len(batch),
+                )
+            )
+
+    @torch.no_grad()
+    def _decode_batch(self, batch: list[_Pending]) -> list[_Row]:
+        rows = [_Row(p, _generator(p.params.seed)) for p in batch]
+        device = next(self._model.parameters()).device
+        width = max(len(p.prompt_ids) for p in batch)
+        ids_BT = torch.full((len(batch), width), self._pad, dtype=torch.long)
+        mask_BT = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, p in enumerate(batch):
+            ids_BT[b, width - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids)
+            mask_BT[b, width - len(p.prompt_ids) :] = 1
+        ids_BT, mask_BT = ids_BT.to(device), mask_BT.to(device)
+        positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+        out = self._model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, use_cache=True)
+        past = getattr(out, CACHE_KWARG)
+        logits_BV = out.logits[:, -1, :]
+        last_pos_B = positions_BT[:, -1]
+        for _ in range(max(p.params.max_tokens for p in batch)):
+            next_B = self._step(rows, logits_BV)
+            if all(row.is_done for row in rows):
+                break
+            mask_BT = torch.cat([mask_BT, torch.ones_like(mask_BT[:, :1])], dim=1)
+            last_pos_B = last_pos_B + 1
+            out = self._model(
+                input_ids=next_B[:, None].to(device),
+                attention_mask=mask_BT,
+                position_ids=last_pos_B[:, None],
+                use_cache=True,
+                **{CACHE_KWARG: past},
+            )
+            past = getattr(out, CACHE_KWARG)
+            logits_BV = out.logits[:, -1, :]
+        return rows
+
+    def _step(self, rows: list[_Row], logits_BV: torch.Tensor) -> torch.Tensor:
+        """Sample one token for every unfinished row; finished rows are fed padding."""
+        next_B = torch.full((len(rows),), self._pad, dtype=torch.long)
+        logits_BV = logits_BV.cpu()
+        for b, row in enumerate(rows):
+            if row.is_done:
+                continue
+            token, logp = sample_token(logits_BV[b], row.pending.params, row.generator)
+            next_B[b] = token
+            row.tokens.append(token)
+            row.logprobs.append(logp)
+            self._finish_if_done(row, token)
+        return next_B
+
+    def _finish_if_done(self, row: _Row, token: int) -> None:
+        if token in self._eos:
+            row.finish_reason, row.ended_with_eos = "stop", True
+            return
+        if row.pending.params.stop:
+            text = self._decode(row.tokens)
+            hits = [text.find(s) for s in row.pending.params.stop if s and s in text]
+            if hits:
+                row.finish_reason, row.stop_text_at = "stop", min(hits)
+                return
+        if len(row.tokens) >= row.pending.params.max_tokens:
+            row.finish_reason = "length"
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    return torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))

@@ -1,0 +1,163 @@
+"""``PolicyGateway``: the model being trained, served over HTTP to rollouts, in process."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from plugtune.errors import PlatformError
+from plugtune.gateway.app import build_app
+from plugtune.gateway.chat import ChatRenderer
+from plugtune.gateway.completions import CompletionService
+from plugtune.gateway.engine import GenerationEngine
+from plugtune.gateway.trace import TraceBuilder
+from plugtune.sdk import Policy
+from plugtune.types import TokenTrace
+
+logger = logging.getLogger(__name__)
+
+
+class PolicyGateway:
+    """An OpenAI-compatible server for ``model`` that records each trajectory's exact tokens.
+
+    The HTTP server runs on its own event loop in a background thread and generation in another,
+    so a trainer in the main thread keeps working. The engine decodes from the very ``model``
+    object the trainer updates; the trainer holds ``weights_lock`` while it changes the weights
+    and then calls ``set_policy_version``. Generation runs under ``torch.no_grad`` in whatever
+    train/eval mode the model is in (the gateway never switches it: that would race the trainer).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        model_name: str = "policy",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch_size: int = 64,
+        max_context: int | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.host, self.port = host, port
+        self.weights_lock = threading.Lock()
+        self._version = 0
+        self._renderer = ChatRenderer(tokenizer)
+        self.engine = GenerationEngine(
+            model,
+            eos_token_ids=_eos_ids(model, tokenizer),
+            decode=self._renderer.decode,
+            weights_lock=self.weights_lock,
+            policy_version=lambda: self._version,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+            max_batch_size=max_batch_size,
+        )
+        context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
+        self._service = CompletionService(self._renderer, self.engine, model_name, int(context))
+        self._keys: dict[str, str] = {}
+        self._traces: dict[str, TraceBuilder] = {}
+        self._registry = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def set_policy_version(self, version: int) -> None:
+        """Tag tokens generated from now on with ``version`` (call after updating the weights)."""
+        self._version = int(version)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start the engine and the HTTP server; returns once the server accepts connections."""
+        if self._server is not None:
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise PlatformError(
+                f"the policy gateway cannot listen on {self.host}:{self.port}: {exc}"
+            ) from exc
+        self.port = sock.getsockname()[1]
+        app = build_app(self._service, self._resolve, lambda: self._version)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self.engine.start()
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="plugtune-gateway", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise PlatformError(f"the policy gateway did not start within {timeout_s:.0f} s")
+            time.sleep(0.01)
+        logger.info("policy gateway serving %s at %s", self.model_name, self.base_url)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.engine.stop(timeout_s)
+        self._server, self._thread = None, None
+
+    def __enter__(self) -> PolicyGateway:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def open(self, trajectory_id: str) -> Policy:
+        """A fresh key (and empty record) for one trajectory; opening an id again starts it over."""
+        key = "pt-" + secrets.token_urlsafe(24)
+        with self._registry:
+            for old in [k for k, t in self._keys.items() if t == trajectory_id]:
+                del self._keys[old]
+            self._keys[key] = trajectory_id
+            self._traces[trajectory_id] = TraceBuilder(trajectory_id)
+        return Policy(base_url=self.base_url, api_key=key, model=self.model_name)
+
+    def take(self, trajectory_id: str) -> TokenTrace:
+        """The trajectory's token record; its key stops working. KeyError for an unknown id."""
+        with self._registry:
+            builder = self._traces.pop(trajectory_id)
+            for old in [k for k, t in self._keys.items() if t == trajectory_id]:
+                del self._keys[old]
+        with builder.lock:
+            return builder.snapshot()
+
+    def _resolve(self, key: str) -> TraceBuilder | None:
+        with self._registry:
+            trajectory_id = self._keys.get(key)
+            return self._traces.get(trajectory_id) if trajectory_id is not None else None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif isinstance(configured, (list, tuple)):
+        ids.update(int(i) for i in configured)
+    if not ids:
+        raise ValueError(
+            "the tokenizer has no eos_token and the model no eos_token_id: generation could not stop"
+        )
+    return ids

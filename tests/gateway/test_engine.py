@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import torch
+
+from plugtune.gateway import GenerationEngine, SamplingParams
+from plugtune.gateway.engine import sample_token, top_p_logps
+
+from .conftest import encode
+
+
+def make_engine(model: Any, tokenizer: Any, max_batch_size: int = 64) -> GenerationEngine:
+    engine = GenerationEngine(
+        model,
+        eos_token_ids={tokenizer.eos_token_id},
+        decode=lambda ids: tokenizer.decode(ids),
+        weights_lock=threading.Lock(),
+        policy_version=lambda: 7,
+        pad_token_id=tokenizer.pad_token_id,
+        max_batch_size=max_batch_size,
+    )
+    engine.start()
+    return engine
+
+
+def prompt(tokenizer: Any, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    return encode(tokenizer, text)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p_and_renormalises() -> None:
+    logps_V = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept_V = top_p_logps(logps_V, 0.75).exp()
+    assert torch.allclose(kept_V, torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))
+    assert top_p_logps(logps_V, 0.1).exp()[0] == 1.0  # the top token is always kept
+
+
+def test_sampling_logprob_is_under_the_tempered_distribution_and_seeded() -> None:
+    logits_V = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    params = SamplingParams(max_tokens=1, temperature=0.5, seed=3)
+    token, logp = sample_token(logits_V, params, torch.Generator().manual_seed(3))
+    assert math.isclose(logp, float(torch.log_softmax(logits_V / 0.5, -1)[token]), rel_tol=1e-6)
+    again = sample_token(logits_V, params, torch.Generator().manual_seed(3))
+    assert again == (token, logp)
+    greedy = sample_token(logits_V, SamplingParams(max_tokens=1, temperature=0.0), torch.Generator())
+    assert greedy[0] == 0
+
+
+def test_a_batch_decodes_like_single_requests(demo_model: Any, tokenizer: Any) -> None:
+    engine = make_engine(demo_model, tokenizer)
+    try:
+        prompts = [
+            prompt(tokenizer, q) for q in ["What is 3+4?", "Compute 41+38.", "1+1=?", "What is 12 + 9?"]
+        ]
+        greedy = SamplingParams(max_tokens=6, temperature=0.0)
+        alone = [engine.submit(p, greedy).result(timeout=60) for p in prompts]
+        before = engine.batches_run
+        futures = [engine.submit(p, greedy) for p in prompts]
+        together = [f.result(timeout=60) for f in futures]
+        assert engine.batches_run - before < len(prompts)
+        assert max(g.batch_size for g in together) > 1
+        for a, b in zip(alone, together, strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.policy_version == b.policy_version == 7
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    finally:
+        engine.stop()
+
+
+def test_each_row_stops_on_its_own(demo_model: Any, tokenizer: Any) -> None:
+    engine = make_engine(demo_model, tokenizer)
+    try:
+        p = prompt(tokenizer, "What is 3+4?")
+        short = engine.submit(p, SamplingParams(max_tokens=1, temperature=1.0, seed=1))
+        full = engine.submit(p, SamplingParams(max_tokens=20, temperature=0.0))
+        assert short.result(timeout=60).finish_reason == "length"
+        assert len(short.result().token_ids) == 1
+        done = full.result(timeout=60)
+        assert done.finish_reason == "stop" and done.ended_with_eos
+        assert done.token_ids[-1] == tokenizer.eos_token_id
+    finally:
+        engine.stop()
+
+
+def test_a_held_weights_lock_holds_generation_back(demo_model: Any, tokenizer: Any) -> None:
+    engine = make_engine(demo_model, tokenizer)
+    try:
+        with engine._lock:  # what the trainer does while it updates the weights
+            future = engine.submit(prompt(tokenizer, "1+1=?"), SamplingParams(max_tokens=4, temperature=0.0))
+            assert not future.done()
+            threading.Event().wait(0.2)
+            assert not future.done()
+        assert future.result(timeout=60).token_ids
+    finally:
+        engine.stop()

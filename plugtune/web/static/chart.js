@@ -16,11 +16,30 @@
     return node;
   }
 
-  function ticks(lo, hi, count) {
+  // Round tick values (1, 2, 2.5 or 5 times a power of ten) between lo and hi; whole numbers for steps.
+  function niceStep(raw) {
+    const power = Math.pow(10, Math.floor(Math.log10(raw)));
+    return [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw) || raw;
+  }
+
+  function ticks(lo, hi, count, whole) {
     if (hi === lo) return [lo];
-    const step = (hi - lo) / count;
+    let step = niceStep((hi - lo) / count);
+    if (whole) step = Math.max(1, Math.round(step));
     const out = [];
-    for (let i = 0; i <= count; i++) out.push(lo + step * i);
+    for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9 && out.length < 20; v += step) {
+      out.push(Math.round(v / step) * step);
+    }
+    return out;
+  }
+
+  // Time ticks on whole minutes, hours or days.
+  function timeTicks(lo, hi, count) {
+    const raw = (hi - lo) / count;
+    const steps = [60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800];
+    const step = steps.find((s) => s >= raw) || raw;
+    const out = [];
+    for (let v = Math.ceil(lo / step) * step; v <= hi && out.length < 20; v += step) out.push(v);
     return out;
   }
 
@@ -64,16 +83,22 @@
       return box;
     }
     const b = bounds(series, spec);
+    const yStep = niceStep((b.y1 - b.y0) / 4);
+    b.y1 = Math.ceil(b.y1 / yStep - 1e-9) * yStep;
+    if (b.y0 < 0) b.y0 = Math.floor(b.y0 / yStep + 1e-9) * yStep;
     const sx = (x) => PAD.left + ((x - b.x0) / (b.x1 - b.x0)) * (W - PAD.left - PAD.right);
     const sy = (y) => H - PAD.bottom - ((y - b.y0) / (b.y1 - b.y0)) * (H - PAD.top - PAD.bottom);
     const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img" });
     svg.append(svgEl("title", {}, `${spec.title || ""} ${spec.unit ? "(" + spec.unit + ")" : ""}`));
-    for (const y of ticks(b.y0, b.y1, 4)) {
+    for (const y of ticks(b.y0, b.y1, 4, false)) {
       svg.append(svgEl("line", { class: "gridline", x1: PAD.left, x2: W - PAD.right, y1: sy(y), y2: sy(y) }));
       svg.append(svgEl("text", { x: PAD.left - 4, y: sy(y) + 3, "text-anchor": "end" }, PT.fmtNumber(y)));
     }
-    for (const x of ticks(b.x0, b.x1, 4)) {
-      svg.append(svgEl("text", { x: sx(x), y: H - 8, "text-anchor": "middle" }, fmtX(x, spec.x, b.x1 - b.x0)));
+    const xs = spec.x === "time" ? timeTicks(b.x0, b.x1, 5) : ticks(b.x0, b.x1, 5, spec.x === "step");
+    for (const x of xs) {
+      const px = sx(x);
+      const anchor = px < PAD.left + 20 ? "start" : px > W - PAD.right - 20 ? "end" : "middle";
+      svg.append(svgEl("text", { x: px, y: H - 8, "text-anchor": anchor }, fmtX(x, spec.x, b.x1 - b.x0)));
     }
     svg.append(svgEl("line", { class: "axis", x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: H - PAD.bottom }));
     svg.append(svgEl("line", { class: "axis", x1: PAD.left, x2: W - PAD.right, y1: H - PAD.bottom, y2: H - PAD.bottom }));

@@ -1,0 +1,196 @@
+"""End to end in a real headless Chromium (Debian's), against uvicorn serving the console.
+
+The README's screenshots come from these tests: ``PLUGTUNE_SCREENSHOTS=docs/screenshots pytest
+tests/web/test_browser.py`` writes them there (otherwise they go to a temp folder).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from plugtune.store import Store
+from plugtune.types import LogLine
+from plugtune.web import create_app
+from tests.web.seed import GRADER_CODE, XSS_IMG, XSS_SCRIPT, Seeded, seed
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(os.environ.get("PLUGTUNE_SCREENSHOTS") or tempfile.mkdtemp(prefix="plugtune-shots-"))
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium"
+    ),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Store, Seeded]]:
+    folder = tmp_path_factory.mktemp("console")
+    store = Store.open(f"sqlite:///{folder / 'plugtune.db'}", retention_days=7)
+    seeded = seed(store)
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(store), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start within 15 s")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", store, seeded
+    server.should_exit = True
+    thread.join(timeout=10)
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    # Without the CSP, injected markup that escaped escaping would run: the dialog check below then
+    # tests the escaping itself (the CSP is asserted in test_pages). wait_for_function needs it too.
+    context = browser.new_context(
+        viewport={"width": 1400, "height": 900}, accept_downloads=True, bypass_csp=True
+    )
+    opened = context.new_page()
+    opened.set_default_timeout(10_000)
+    problems: list[str] = []
+    opened.on("dialog", lambda d: (problems.append(f"dialog fired: {d.message}"), d.dismiss()))
+    opened.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    opened.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
+    opened.problems = problems
+    yield opened
+    context.close()
+    assert problems == [], problems
+
+
+def _shot(page: Any, name: str, **options: Any) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / name), **options)
+
+
+def test_failed_job_banner_plugin_tab_range_download_and_logs(
+    served: tuple[str, Store, Seeded], page: Any
+) -> None:
+    base, _, seeded = served
+    job = seeded.failed_job
+    page.goto(f"{base}/jobs")
+    _shot(page, "jobs.png")
+    page.click(f'tr[data-job="{job}"] a')
+    banner = page.locator("#failure-banner")
+    banner.wait_for()
+    assert "Call plugin error" in banner.inner_text()
+    assert page.locator("#failure-owner").inner_text() == "plugin"
+    assert "The plugin raised an exception" in page.locator("#failure-hint").inner_text()
+    page.wait_for_selector("#curves .chart svg path.series")
+    _shot(page, "job-failed.png", full_page=True)
+
+    page.click("text=Plugins")
+    page.wait_for_selector("#plugin-charts .chart svg path.series")
+    assert page.locator("#plugin-name").inner_text() == "solve"
+    page.select_option("#plugin-select", "exact")
+    page.wait_for_url("**/plugins?plugin=exact**")
+    assert page.locator("#plugin-status").inner_text() == "failed"
+    assert "ZeroDivisionError" in page.locator("#failure-reason").inner_text()
+    assert page.locator("tr.failed-line td.ln").inner_text() == "8"
+    page.wait_for_selector("#plugin-charts .chart svg path.series")
+    one_hour = page.locator('[data-chart="exec_qps"] path.series').get_attribute("d")
+
+    page.click('#range-toolbar button[data-range="3h"]')
+    page.wait_for_function("document.getElementById('plugin-charts').dataset.loadedRange === '3h'")
+    assert "range=3h" in page.url
+    assert page.locator('[data-chart="exec_qps"] path.series').get_attribute("d") != one_hour
+    assert page.locator(".chart").count() == 8
+    _shot(page, "plugin-tab.png", full_page=True)
+
+    with page.expect_download() as download_info:
+        page.click("#download-code")
+    download = download_info.value
+    assert download.suggested_filename == "exact-h-grader-1.zip"
+    with zipfile.ZipFile(io.BytesIO(Path(download.path()).read_bytes())) as archive:
+        assert archive.read("exact-h-grader-1/plugins/grader.py") == GRADER_CODE
+
+    page.click("#view-logs")
+    page.wait_for_url(f"**/jobs/{job}/logs?plugin=exact")
+    assert page.locator("#log-plugin").input_value() == "exact"
+    plugins = page.locator("#log-table tbody tr td:nth-child(3)").all_inner_texts()
+    assert plugins and set(plugins) == {"exact"}
+    assert f"grader crashed {XSS_IMG}" in page.locator("#log-table").inner_text()
+    _shot(page, "logs.png", full_page=True)
+
+
+def test_failed_trajectory_logs_fullscreen_keys_and_escaping(
+    served: tuple[str, Store, Seeded], page: Any
+) -> None:
+    base, _, seeded = served
+    page.goto(f"{base}/jobs/{seeded.failed_job}/trajectories")
+    page.click('#trajectory-list tr[data-id="s2-g1-r2"] td:nth-child(2)')
+    page.wait_for_function("document.getElementById('detail-id')?.textContent === 's2-g1-r2'")
+    assert page.locator("#trajectory-logs").evaluate("d => d.open") is True
+    assert "grader crashed" in page.locator("#trajectory-logs").inner_text()
+    detail = page.locator("#detail").inner_text()
+    assert f"{XSS_SCRIPT} {XSS_IMG} The answer is 42." in detail  # shown as text, never run
+    assert page.locator("#detail script, #detail img").count() == 0
+    assert "→ calculator(" in detail and "ZeroDivisionError" in detail
+    _shot(page, "trajectory-failed.png", full_page=True)
+    page.select_option("#log-plugin-filter", "solve")
+    assert set(page.locator("#trajectory-logs tbody tr td:nth-child(3)").all_inner_texts()) == {"solve"}
+
+    page.click("#fullscreen-toggle")
+    page.wait_for_function("document.getElementById('detail').classList.contains('fullscreen')")
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("document.getElementById('detail-id').textContent === 's2-g1-r1'")
+    assert page.locator("#trajectory-logs").evaluate("d => d.open") is True  # discarded: expanded
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("document.getElementById('detail-id').textContent === 's2-g1-r0'")
+    assert page.locator("#trajectory-logs").evaluate("d => d.open") is False  # success: on demand
+    _shot(page, "trajectory-fullscreen.png")
+    page.click("#traj-prev")
+    page.wait_for_function("document.getElementById('detail-id').textContent === 's2-g1-r1'")
+    page.keyboard.press("ArrowUp")
+    page.wait_for_function("document.getElementById('detail-id').textContent === 's2-g1-r2'")
+    assert page.evaluate("document.getElementById('detail').classList.contains('fullscreen')")
+    assert page.evaluate("!document.fullscreenElement || document.fullscreenElement.id === 'detail'")
+    assert "t=s2-g1-r2" in page.url
+
+    page.goto(f"{base}/jobs/{seeded.failed_job}/groups/g1")
+    assert XSS_SCRIPT in page.locator("#group-view").inner_text()
+    _shot(page, "group.png", full_page=True)
+
+
+def test_live_tail_shows_new_lines_while_the_job_runs(served: tuple[str, Store, Seeded], page: Any) -> None:
+    base, store, seeded = served
+    page.goto(f"{base}/jobs/{seeded.running_job}/logs")
+    assert page.locator("#live-tail").is_checked()
+    store.add_logs(seeded.running_job, [LogLine(time.time(), "WARNING", "solve", f"tailed {XSS_SCRIPT}")])
+    page.wait_for_selector("#log-table tbody tr:first-child >> text=tailed", timeout=15_000)
+    assert f"tailed {XSS_SCRIPT}" in page.locator("#log-table tbody tr").first.inner_text()

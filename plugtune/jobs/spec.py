@@ -7,6 +7,7 @@ web page can print. Paths in the spec are relative to the folder that holds ``jo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -15,7 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from plugtune.errors import InvalidValueError
 from plugtune.sdk.runtime_spec import LIMITS, Runtime
+from plugtune.trainer.config import TrainerConfig
 
 #: The rollout used when ``plugins.rollout`` is absent: one chat call, the reply is the trajectory.
 BUILTIN_ROLLOUT = "plugtune.jobs.builtin_rollout:single_turn"
@@ -81,38 +84,6 @@ class RuntimeOverrides(BaseModel):
     def given(self) -> dict[str, Any]:
         """Only the settings written in job.yaml."""
         return self.model_dump(exclude_none=True)
-
-
-class Hyperparameters(BaseModel):
-    """GRPO training settings."""
-
-    model_config = _STRICT
-
-    steps: int = Field(default=30, ge=1, le=1_000_000, description="Optimizer steps to train.")
-    batch_size: int = Field(default=8, ge=1, le=100_000, description="Prompts (dataset rows) per step.")
-    group_size: int = Field(
-        default=4, ge=2, le=1_024, description="Rollouts per prompt; GRPO compares them, so at least 2."
-    )
-    learning_rate: float = Field(default=1e-5, gt=0, le=1.0, description="AdamW learning rate.")
-    max_new_tokens: int = Field(
-        default=64, ge=1, le=131_072, description="Most tokens the policy samples per reply."
-    )
-    temperature: float = Field(default=1.0, gt=0, le=10.0, description="Sampling temperature of the policy.")
-    top_p: float = Field(default=1.0, gt=0, le=1.0, description="Nucleus-sampling probability mass.")
-    kl_coef: float = Field(
-        default=0.0, ge=0, le=100.0, description="Weight of the KL penalty to the reference model (0 = off)."
-    )
-    clip_ratio: float = Field(default=0.2, gt=0, le=1.0, description="PPO-style ratio clip epsilon.")
-    grad_clip: float = Field(default=1.0, gt=0, le=1_000.0, description="Global gradient-norm clip.")
-    save_every_n_steps: int = Field(
-        default=5,
-        ge=1,
-        le=1_000_000,
-        description="Checkpoint every N steps; retries resume from the last one.",
-    )
-    seed: int = Field(
-        default=0, ge=0, le=2**32 - 1, description="Random seed for sampling, shuffling and init."
-    )
 
 
 class DataSpec(BaseModel):
@@ -229,9 +200,9 @@ class JobSpec(BaseModel):
         description="Local Hugging Face model folder (relative to job.yaml), or `builtin:tiny-chat`.",
     )
     algorithm: Literal["grpo"] = Field(default="grpo", description="Training algorithm.")
-    hyperparameters: Hyperparameters = Field(
-        default_factory=Hyperparameters,  # type: ignore[arg-type]
-        description="Training settings.",
+    hyperparameters: TrainerConfig = Field(
+        default_factory=TrainerConfig,
+        description="GRPO training settings; names, defaults, ranges and docs come from TrainerConfig.",
     )
     data: DataSpec = Field(..., description="Dataset files.")
     plugins: PluginsSpec = Field(..., description="Rollout and grader plugins.")
@@ -241,6 +212,16 @@ class JobSpec(BaseModel):
         default_factory=CircuitBreaker,  # type: ignore[arg-type]
         description="Early stop on plugin errors.",
     )
+
+    @field_validator("hyperparameters", mode="before")
+    @classmethod
+    def _trainer_config(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        try:
+            return TrainerConfig.from_dict(value)
+        except InvalidValueError as exc:
+            raise ValueError("; ".join(f"{p.field}: {p.message}" for p in exc.problems)) from None
 
     @field_validator("model")
     @classmethod
@@ -311,6 +292,10 @@ def spec_reference(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[F
     rows: list[FieldDoc] = []
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"
+        if info.annotation is TrainerConfig:
+            rows.append(FieldDoc(path, "mapping", "(section defaults)", info.description or ""))
+            rows.extend(_trainer_reference(path + "."))
+            continue
         nested = nested_model(info.annotation)
         default = "required" if info.is_required() else _default_text(info)
         rows.append(FieldDoc(path, _type_text(info.annotation), default, info.description or ""))
@@ -318,6 +303,14 @@ def spec_reference(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[F
             suffix = "[]." if _is_list(info.annotation) else "."
             rows.extend(spec_reference(nested, path + suffix))
     return rows
+
+
+def _trainer_reference(prefix: str) -> list[FieldDoc]:
+    docs = TrainerConfig.docs()
+    return [
+        FieldDoc(prefix + f.name, str(f.type), repr(f.default), docs[f.name])
+        for f in dataclasses.fields(TrainerConfig)
+    ]
 
 
 def nested_model(annotation: Any) -> type[BaseModel] | None:

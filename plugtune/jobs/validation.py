@@ -8,6 +8,7 @@ kinds exist the data error is raised, carrying all problems.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from plugtune.jobs.spec import (
 )
 from plugtune.jobs.validation_rows import Found, describe, parse_rows, read_dataset, read_text, validate_row
 from plugtune.sdk.decorators import Kind
+from plugtune.trainer.config import TrainerConfig
 
 SECTION_KINDS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
 
@@ -167,11 +169,39 @@ def _load(path: Path, found: Found) -> tuple[JobSpec | None, dict[str, Any] | No
         )
         return None, None, {}
     found.value.extend(_duplicates(text, name))
+    hyper_problems = _hyperparameter_problems(raw.get("hyperparameters"), lines, name)
+    found.value.extend(hyper_problems)
+    checked = {**raw, "hyperparameters": {}} if hyper_problems else raw
     try:
-        return JobSpec.model_validate(raw), raw, lines
+        spec = JobSpec.model_validate(checked)
     except ValidationError as exc:
         found.value.extend(_pydantic_problems(exc, lines, name))
         return None, raw, lines
+    return (None if hyper_problems else spec), raw, lines
+
+
+def _hyperparameter_problems(value: Any, lines: dict[Path_, int], name: str) -> list[Problem]:
+    """Per-field problems of ``hyperparameters``, checked by the trainer's own TrainerConfig."""
+    if not isinstance(value, dict):
+        return []  # a wrong shape is reported by the model check
+    try:
+        TrainerConfig.from_dict(value, file=name)
+    except InvalidValueError as exc:
+        out = []
+        for problem in exc.problems:
+            loc = tuple((problem.field or "hyperparameters").split("."))
+            doc = _trainer_doc(loc[-1])
+            message = problem.message + (f" ({doc})" if "range" in problem.message and doc else "")
+            out.append(Problem(name, message, _line_of(loc, lines), problem.field))
+        return out
+    return []
+
+
+def _trainer_doc(field_name: str) -> str:
+    for f in dataclasses.fields(TrainerConfig):
+        if f.name == field_name:
+            return str(f.metadata.get("doc", "")).rstrip(".")
+    return ""
 
 
 def _display(path: Path) -> str:
@@ -259,7 +289,7 @@ def _message(error: Any) -> str:
     if kind == "extra_forbidden":
         allowed = ", ".join(_allowed_keys(tuple(error["loc"][:-1])))
         return f"unknown key (check the spelling); allowed here: {allowed}"
-    if kind in ("model_type", "dict_type"):
+    if kind in ("model_type", "dict_type", "dataclass_exact_type", "dataclass_type"):
         return f"must be a mapping of keys, got {describe(value)}"
     if kind in ("int_type", "int_from_float"):
         return f"must be a whole number, got {value!r}"

@@ -15,6 +15,7 @@ from plugtune.jobs.spec import (
     spec_reference,
 )
 from plugtune.sdk import Runtime
+from plugtune.trainer.config import TrainerConfig
 
 MINIMAL = {
     "name": "arith",
@@ -39,12 +40,6 @@ def test_minimal_spec_gets_documented_defaults() -> None:
 @pytest.mark.parametrize(
     ("patch", "field"),
     [
-        ({"hyperparameters": {"batch_size": 0}}, ("hyperparameters", "batch_size")),
-        ({"hyperparameters": {"group_size": 1}}, ("hyperparameters", "group_size")),
-        ({"hyperparameters": {"learning_rate": 0.0}}, ("hyperparameters", "learning_rate")),
-        ({"hyperparameters": {"steps": True}}, ("hyperparameters", "steps")),
-        ({"hyperparameters": {"steps": "10"}}, ("hyperparameters", "steps")),
-        ({"hyperparameters": {"top_p": 1.5}}, ("hyperparameters", "top_p")),
         ({"algorithm": "ppo"}, ("algorithm",)),
         ({"surprise": 1}, ("surprise",)),
         ({"failure_policy": {"on_exhausted": "ignore"}}, ("failure_policy", "on_exhausted")),
@@ -57,6 +52,33 @@ def test_illegal_values_are_rejected_at_their_field(patch: dict, field: tuple) -
     with pytest.raises(ValidationError) as info:
         JobSpec.model_validate({**MINIMAL, **patch})
     assert field in [tuple(e["loc"]) for e in info.value.errors()]
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"batch_size": 0},
+        {"group_size": 1},
+        {"learning_rate": 0.0},
+        {"steps": True},
+        {"steps": "10"},
+        {"top_p": 1.5},
+    ],
+)
+def test_illegal_hyperparameters_are_rejected_by_the_trainer_config(patch: dict) -> None:
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate({**MINIMAL, "hyperparameters": patch})
+    (error,) = info.value.errors()
+    assert error["loc"] == ("hyperparameters",)
+    assert f"hyperparameters.{next(iter(patch))}" in error["msg"]
+
+
+def test_hyperparameters_are_the_trainers_config() -> None:
+    spec = JobSpec.model_validate({**MINIMAL, "hyperparameters": {"steps": 3, "weight_decay": 0.01}})
+    assert isinstance(spec.hyperparameters, TrainerConfig)
+    assert spec.hyperparameters.steps == 3 and spec.hyperparameters.weight_decay == 0.01
+    assert spec.hyperparameters.batch_size == TrainerConfig().batch_size
+    assert JobSpec.model_validate(MINIMAL).hyperparameters == TrainerConfig()
 
 
 def test_grader_weight_must_be_positive_and_some_grader_is_needed() -> None:
@@ -105,6 +127,7 @@ def test_every_field_is_documented() -> None:
     rows = spec_reference()
     paths = {r.path for r in rows}
     assert {"hyperparameters.kl_coef", "plugins.graders[].weight", "retry.platform_delay_s"} <= paths
+    assert {f"hyperparameters.{name}" for name in TrainerConfig.docs()} <= paths
     assert "plugins.rollout.runtime.timeout_s" in paths
     undocumented = [r.path for r in rows if not r.description]
     assert undocumented == []

@@ -93,7 +93,7 @@ def test_every_value_problem_is_reported_with_its_line(tmp_path: Path) -> None:
     problems = problems_of(info)
     assert find(problems, "hyperparameters.batch_size").line == 5
     assert find(problems, "hyperparameters.group_size").line == 5
-    assert "at least 2" in find(problems, "hyperparameters.group_size").message
+    assert "[2, 1024] (Rollouts per prompt" in find(problems, "hyperparameters.group_size").message
     assert find(problems, "learning_rate").line == 4
     assert "unknown key" in find(problems, "learning_rate").message
     assert find(problems, "plugins.graders[0].weight").line == 12

@@ -157,3 +157,14 @@ def test_cli_init(tmp_path: Path) -> None:
     assert "name: arith" in (tmp_path / "p/job.yaml").read_text()
     again = runner.invoke(app, ["init", str(tmp_path / "p")])
     assert again.exit_code == 1 and "not empty" in again.output
+
+
+def test_cli_lint_in_the_project_folder_is_quiet(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(project)
+    result = CliRunner().invoke(app, ["lint"])
+    assert result.exit_code == 0 and result.output == ""
+    (project / "plugins/grader.py").write_text(
+        (project / "plugins/grader.py").read_text().replace("return None", "return float('nan')")
+    )
+    result = CliRunner().invoke(app, ["lint"])
+    assert result.exit_code == 1 and "plugins/grader.py:" in result.output and "PT201" in result.output

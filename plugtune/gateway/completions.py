@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from plugtune.gateway.chat import ChatRenderer, normalize_message
+from plugtune.gateway.chat import ChatRenderer
 from plugtune.gateway.engine import Generation, GenerationEngine, SamplingParams
 from plugtune.gateway.protocol import ApiError, ChatCompletionRequest, chat_completion
 from plugtune.gateway.toolcalls import ParsedReply, parse_reply
@@ -32,7 +32,7 @@ class CompletionService:
                 param="model",
                 code="model_not_found",
             )
-        messages = [normalize_message(m.model_dump(exclude_none=True)) for m in request.messages]
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
         prompt_ids = self._prepare(builder, messages, request.tools, version)
         generation = await asyncio.wrap_future(
             self.engine.submit(prompt_ids, self._params(request, prompt_ids))
@@ -49,7 +49,7 @@ class CompletionService:
             message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
             finish_reason = "tool_calls"
         with builder.lock:
-            builder.record_reply(generation, normalize_message(message))
+            builder.record_reply(generation, {k: v for k, v in message.items() if v is not None})
             builder.finish_reason = finish_reason
         return chat_completion(
             self.model_name,

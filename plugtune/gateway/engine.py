@@ -68,7 +68,7 @@ class _Row:
     """Decoding state of one request inside a batch."""
 
     pending: _Pending
-    generator: torch.Generator
+    generator: torch.Generator | None  # its own when the request has a seed
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = ""
@@ -80,19 +80,33 @@ class _Row:
         return bool(self.finish_reason)
 
 
-def sample_token(
-    logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator
-) -> tuple[int, float]:
-    """One token from ``logits_V`` and its log-prob under the distribution it was drawn from."""
-    logits_V = logits_V.float()
-    if params.temperature == 0.0:
-        token = int(logits_V.argmax())
-        return token, float(torch.log_softmax(logits_V, -1)[token])
-    logps_V = torch.log_softmax(logits_V / params.temperature, -1)
-    if params.top_p < 1.0:
-        logps_V = top_p_logps(logps_V, params.top_p)
-    token = int(torch.multinomial(logps_V.exp(), 1, generator=generator))
-    return token, float(logps_V[token])
+def sample_batch(
+    logits_BV: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    shared: torch.Generator,
+) -> tuple[list[int], list[float]]:
+    """One token per row and its log-prob under the distribution it was drawn from.
+
+    Rows with a seed draw from their own generator (so a seed reproduces a reply whatever else
+    is in the batch); the others share one draw from ``shared``.
+    """
+    temps_B = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+    logps_BV = torch.log_softmax(logits_BV.float() / temps_B[:, None], -1)
+    tokens_B = logps_BV.argmax(-1)
+    for b, p in enumerate(params):
+        if p.temperature > 0 and p.top_p < 1.0:
+            logps_BV[b] = top_p_logps(logps_BV[b], p.top_p)
+    unseeded = [b for b, p in enumerate(params) if p.temperature > 0 and generators[b] is None]
+    if unseeded:
+        probs_UV = logps_BV[unseeded].exp()
+        tokens_B[unseeded] = torch.multinomial(probs_UV, 1, generator=shared)[:, 0]
+    for b, p in enumerate(params):
+        generator = generators[b]
+        if p.temperature > 0 and generator is not None:
+            tokens_B[b] = torch.multinomial(logps_BV[b].exp(), 1, generator=generator)[0]
+    logps_B = logps_BV.gather(-1, tokens_B[:, None])[:, 0]
+    return [int(t) for t in tokens_B], [float(x) for x in logps_B]
 
 
 def top_p_logps(logps_V: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -118,7 +132,8 @@ class GenerationEngine:
         policy_version: Callable[[], int],
         pad_token_id: int = 0,
         max_batch_size: int = 64,
-        batch_wait_s: float = 0.002,
+        batch_gap_s: float = 0.005,
+        batch_window_s: float = 0.05,
     ) -> None:
         self._model = model
         self._eos = set(eos_token_ids)
@@ -127,7 +142,9 @@ class GenerationEngine:
         self._version = policy_version
         self._pad = pad_token_id
         self.max_batch_size = max_batch_size
-        self._batch_wait_s = batch_wait_s
+        self._batch_gap_s = batch_gap_s
+        self._batch_window_s = batch_window_s
+        self._shared = torch.Generator().manual_seed(secrets.randbits(63))
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.batches_run = 0
@@ -158,11 +175,13 @@ class GenerationEngine:
             if first is None:
                 return
             batch = [first]
-            deadline = time.monotonic() + self._batch_wait_s
+            window_ends = time.monotonic() + self._batch_window_s
             stopping = False
+            # Requests of one training step arrive in a burst: gather until the burst pauses.
             while len(batch) < self.max_batch_size:
+                wait_s = min(self._batch_gap_s, window_ends - time.monotonic())
                 try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    item = self._queue.get(timeout=max(0.0, wait_s))
                 except queue.Empty:
                     break
                 if item is None:
@@ -234,15 +253,18 @@ class GenerationEngine:
     def _step(self, rows: list[_Row], logits_BV: torch.Tensor) -> torch.Tensor:
         """Sample one token for every unfinished row; finished rows are fed padding."""
         next_B = torch.full((len(rows),), self._pad, dtype=torch.long)
-        logits_BV = logits_BV.cpu()
-        for b, row in enumerate(rows):
-            if row.is_done:
-                continue
-            token, logp = sample_token(logits_BV[b], row.pending.params, row.generator)
+        active = [b for b, row in enumerate(rows) if not row.is_done]
+        tokens, logps = sample_batch(
+            logits_BV[active].cpu(),
+            [rows[b].pending.params for b in active],
+            [rows[b].generator for b in active],
+            self._shared,
+        )
+        for b, token, logp in zip(active, tokens, logps, strict=True):
             next_B[b] = token
-            row.tokens.append(token)
-            row.logprobs.append(logp)
-            self._finish_if_done(row, token)
+            rows[b].tokens.append(token)
+            rows[b].logprobs.append(logp)
+            self._finish_if_done(rows[b], token)
         return next_B
 
     def _finish_if_done(self, row: _Row, token: int) -> None:
@@ -259,5 +281,5 @@ class GenerationEngine:
             row.finish_reason = "length"
 
 
-def _generator(seed: int | None) -> torch.Generator:
-    return torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
+def _generator(seed: int | None) -> torch.Generator | None:
+    return torch.Generator().manual_seed(seed) if seed is not None else None

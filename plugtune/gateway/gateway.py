@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import secrets
 import socket
@@ -47,6 +48,8 @@ class PolicyGateway:
         self.host, self.port = host, port
         self.weights_lock = threading.Lock()
         self._version = 0
+        # A copy: the trainer may change its tokenizer's padding while the gateway encodes.
+        tokenizer = copy.deepcopy(tokenizer)
         self._renderer = ChatRenderer(tokenizer)
         self.engine = GenerationEngine(
             model,

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugtune.gateway.chat import ChatRenderer, is_extension
+from plugtune.gateway.chat import ChatRenderer, is_extension, normalize_message
 from plugtune.gateway.engine import Generation
 from plugtune.types import TokenSegment, TokenTrace
 
@@ -54,7 +54,7 @@ class TraceBuilder:
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
     segments: list[TokenSegment] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # OpenAI format, as sent and answered
     tools: list[dict[str, Any]] | None = None
     rewrites: int = 0
     finish_reason: str = ""
@@ -68,16 +68,20 @@ class TraceBuilder:
         self, renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> CallPlan:
         """What this call's messages do to the record (nothing is changed yet)."""
-        text = renderer.render(messages, tools, add_generation_prompt=True)
+        current = [normalize_message(m) for m in messages]
+        text = renderer.render(current, tools, add_generation_prompt=True)
         if not self.prompt_ids:
             return CallPlan(0, renderer.encode(text), [], is_rewrite=False)
-        if (tools or None) == (self.tools or None) and is_extension(self.messages, messages):
-            previous = renderer.render(self.messages, tools, add_generation_prompt=False)
+        recorded = [normalize_message(m) for m in self.messages]
+        if (tools or None) == (self.tools or None) and is_extension(recorded, current):
+            previous = renderer.render(recorded, tools, add_generation_prompt=False)
             if text.startswith(previous):
                 suffix = renderer.bridge(previous, self.ended_with_eos) + text[len(previous) :]
                 return CallPlan(len(self.full_ids()), None, renderer.encode(suffix), is_rewrite=False)
         fresh = renderer.encode(text)
         keep = common_prefix(fresh, self.full_ids())
+        if keep == len(self.full_ids()):  # the tokens still extend the record (e.g. a retried call)
+            return CallPlan(keep, None, fresh[keep:], is_rewrite=False)
         if keep < len(self.prompt_ids):
             return CallPlan(0, fresh, [], is_rewrite=True)
         return CallPlan(keep, None, fresh[keep:], is_rewrite=True)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from plugtune.gateway import GenerationEngine, SamplingParams
-from plugtune.gateway.engine import sample_token, top_p_logps
+from plugtune.gateway.engine import sample_batch, top_p_logps
 
 from .conftest import encode
 
@@ -40,15 +40,30 @@ def test_top_p_keeps_the_smallest_set_reaching_p_and_renormalises() -> None:
     assert top_p_logps(logps_V, 0.1).exp()[0] == 1.0  # the top token is always kept
 
 
-def test_sampling_logprob_is_under_the_tempered_distribution_and_seeded() -> None:
-    logits_V = torch.tensor([2.0, 1.0, 0.0, -1.0])
-    params = SamplingParams(max_tokens=1, temperature=0.5, seed=3)
-    token, logp = sample_token(logits_V, params, torch.Generator().manual_seed(3))
-    assert math.isclose(logp, float(torch.log_softmax(logits_V / 0.5, -1)[token]), rel_tol=1e-6)
-    again = sample_token(logits_V, params, torch.Generator().manual_seed(3))
-    assert again == (token, logp)
-    greedy = sample_token(logits_V, SamplingParams(max_tokens=1, temperature=0.0), torch.Generator())
-    assert greedy[0] == 0
+def test_sampled_logprobs_are_under_the_tempered_distribution_and_seeds_reproduce() -> None:
+    logits_BV = torch.tensor([[2.0, 1.0, 0.0, -1.0]] * 3)
+    params = [
+        SamplingParams(max_tokens=1, temperature=0.5, seed=3),
+        SamplingParams(max_tokens=1, temperature=0.0),
+        SamplingParams(max_tokens=1, temperature=1.0, top_p=0.5),
+    ]
+
+    def draw() -> tuple[list[int], list[float]]:
+        generators = [torch.Generator().manual_seed(3), None, None]
+        return sample_batch(logits_BV, params, generators, torch.Generator().manual_seed(0))
+
+    tokens, logps = draw()
+    assert math.isclose(logps[0], float(torch.log_softmax(logits_BV[0] / 0.5, -1)[tokens[0]]), rel_tol=1e-6)
+    assert tokens[1] == 0 and math.isclose(
+        logps[1], float(torch.log_softmax(logits_BV[1], -1)[0]), rel_tol=1e-6
+    )
+    assert tokens[2] == 0 and logps[2] == 0.0  # top_p 0.5 keeps only the top token (p = 0.64)
+    assert draw() == (tokens, logps)
+    many = [
+        sample_batch(logits_BV[:1], params[:1], [None], torch.Generator().manual_seed(i))[0][0]
+        for i in range(50)
+    ]
+    assert len(set(many)) > 1
 
 
 def test_a_batch_decodes_like_single_requests(demo_model: Any, tokenizer: Any) -> None:

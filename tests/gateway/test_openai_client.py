@@ -135,3 +135,19 @@ def test_bad_requests_through_the_client(gateway: PolicyGateway) -> None:
         client.chat.completions.create(model="policy", messages=long_question)
     assert too_long.value.code == "context_length_exceeded"
     gateway.take("bad-client")
+
+
+def test_a_failing_model_is_a_500_and_the_gateway_keeps_serving(
+    scripted: tuple[PolicyGateway, Any], tokenizer: Any
+) -> None:
+    gw, model = scripted
+    model.scripts.append("explode")  # not a token list: the forward pass raises
+    policy = gw.open("boom")
+    with pytest.raises(openai.InternalServerError) as err:
+        policy.openai().chat.completions.create(model="policy", messages=QUESTION, temperature=0.0)
+    assert err.value.status_code == 500 and "TypeError" in err.value.message
+    model.scripts.append(tokenizer("12", add_special_tokens=False)["input_ids"])
+    reply = policy.chat(QUESTION, temperature=0.0)
+    assert policy.content(reply) == "12"
+    trace = gw.take("boom")
+    assert trace.rewrites == 0 and [s.source for s in trace.segments] == ["policy"]

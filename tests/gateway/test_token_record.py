@@ -88,7 +88,8 @@ def test_a_tool_call_round_trip_records_policy_and_tool_tokens_apart(
     )
     assert tokenizer.decode(trace.prompt_ids + trace.response_ids) == rendered + "7<|im_end|>"
     assert trace.rewrites == 0 and trace.finish_reason == "stop"
-    assert trace.messages[1]["tool_calls"][0]["function"]["arguments"] == {"a": 3, "b": 4}
+    assert trace.messages[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 3, "b": 4}'}
+    assert trace.messages[2] == {"role": "tool", "tool_call_id": call.id, "content": "7"}
     assert trace.messages[-1] == {"role": "assistant", "content": "7"}
 
 

@@ -1,0 +1,51 @@
+"""The trainer through the real policy gateway (HTTP) and the demo model and plugins."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from plugtune.demo.plugins import grader as demo_grader
+from plugtune.demo.plugins import rollout as demo_rollout
+from plugtune.gateway.gateway import PolicyGateway
+from plugtune.trainer.config import TrainerConfig
+from plugtune.trainer.groups import Plugins
+from plugtune.trainer.grpo import GRPOTrainer
+from plugtune.trainer.model import load_model
+from plugtune.trainer.testing import InProcessFunction
+
+DEMO = Path(__file__).resolve().parents[2] / "plugtune" / "demo"
+
+
+@pytest.mark.skipif(not (DEMO / "model" / "config.json").is_file(), reason="the demo model is not built")
+async def test_grpo_step_through_the_gateway_with_the_demo_model() -> None:
+    lm = load_model(DEMO / "model")
+    rows = [json.loads(line) for line in (DEMO / "data" / "train.jsonl").read_text().splitlines()[:16]]
+    config = TrainerConfig(steps=2, batch_size=2, group_size=4, max_new_tokens=8, learning_rate=1e-3)
+    plugins = Plugins(
+        rollout=InProcessFunction(demo_rollout.answer), graders=[InProcessFunction(demo_grader.exact_match)]
+    )
+    before = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+    with PolicyGateway(lm.model, lm.tokenizer) as gateway:
+        trainer = GRPOTrainer(lm.model, lm.tokenizer, gateway, plugins, rows, config)
+        first = await trainer.step()
+        second = await trainer.step()
+        assert gateway.policy_version == 2
+    for result in (first, second):
+        assert result.metrics["trajectories/failed"] == 0, [r.errors for r in result.records]
+        assert result.metrics["tokens/policy"] > 0
+        # the gateway's recorded sampling log-probs match the trainer's recomputation
+        if "logprob_gap" in result.metrics:
+            assert result.metrics["logprob_gap"] < 1e-3
+    assert {r.policy_version for r in second.records} == {1}
+    rec = first.records[0]
+    assert rec.messages[-1]["role"] == "assistant" and rec.reward_components.keys() == {"exact_match"}
+    assert len(rec.response_ids) == len(rec.response_mask) == len(rec.response_logprobs)
+    after = lm.model.state_dict()
+    changed = any(not torch.equal(before[k], after[k]) for k in before)
+    # parameters move exactly when some group preferred one answer over another
+    preferred = any(r.advantage for res in (first, second) for r in res.records)
+    assert changed == preferred

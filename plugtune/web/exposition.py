@@ -7,7 +7,6 @@ from collections.abc import Iterable
 
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
-from plugtune.web.queries import last_values
 
 ACTIVE = (JobStatus.QUEUED.value, JobStatus.VALIDATING.value, JobStatus.RUNNING.value)
 MAX_ACTIVE_JOBS = 200  # per-job series are exported for at most this many queued/running jobs
@@ -35,7 +34,7 @@ def render(store: Store) -> str:
     for job in active:
         for status, count in sorted(store.trajectory_status_counts(job.id).items()):
             out.append(_sample("plugtune_trajectories", {"job": job.id, "status": status}, count))
-    values = last_values(store, [j.id for j in active])
+    values = [(m.job_id, m.plugin, m.name, m.value) for m in store.latest_metrics([j.id for j in active])]
     _family(out, "plugtune_plugin_metric", "gauge", "Newest value of each plugin resource metric.")
     out.extend(_metric_samples("plugtune_plugin_metric", ((j, p, n, v) for j, p, n, v in values if p)))
     _family(out, "plugtune_training_metric", "gauge", "Newest value of each training metric.")

@@ -3,20 +3,18 @@ open a trajectory with its log lines, and retry a job."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from plugtune.jobs.control import JobNotFoundError, retry_job
 from plugtune.store import Store
 from plugtune.store.records import IllegalTransitionError, Job, NotFoundError, Plugin
-from plugtune.store.schema import log_lines, trajectories
 from plugtune.web import queries
 from plugtune.web.models import LogOut, NeighborsOut, TrajectoryLogs, TrajectoryOut, TrajectorySummaryOut
 from plugtune.web.queries import LogFilter, TrajectoryFilter
 from plugtune.web.views import log_out, summary_out, trajectory_out
 
-log = logging.getLogger(__name__)
 Row = TypeVar("Row", LogOut, TrajectorySummaryOut)
 
 TRAJECTORY_LOG_LINES = 500  # shown with a trajectory; the Logs page pages through the rest
@@ -66,9 +64,7 @@ def log_page(store: Store, job_id: int, flt: LogFilter, *, before: int | None, l
     items = [log_out(r) for r in rows[:limit]]
     has_newer, newer_before = False, None
     if before is not None and items:
-        has_newer, newer_before = queries.newer_page_cursor(
-            store, log_lines, flt.ids(job_id), items[0].id, limit
-        )
+        has_newer, newer_before = queries.newer_logs_cursor(store, job_id, flt, items[0].id, limit)
     elif before is not None:
         has_newer = True
     return Page(items, items[-1].id if len(rows) > limit else None, has_newer, newer_before)
@@ -85,9 +81,7 @@ def trajectory_page(
     items = [summary_out(r) for r in rows[:limit]]
     has_newer, newer_before = False, None
     if before is not None and items:
-        has_newer, newer_before = queries.newer_page_cursor(
-            store, trajectories, flt.ids(job_id), items[0].row, limit
-        )
+        has_newer, newer_before = queries.newer_trajectories_cursor(store, job_id, flt, items[0].row, limit)
     elif before is not None:
         has_newer = True
     return Page(items, items[-1].row if len(rows) > limit else None, has_newer, newer_before)
@@ -105,13 +99,11 @@ def trajectory_detail(store: Store, job_id: int, trajectory_id: str) -> Trajecto
 
 
 def neighbors(store: Store, job_id: int, trajectory_id: str, flt: TrajectoryFilter) -> NeighborsOut:
-    row = queries.trajectory_row_id(store, job_id, trajectory_id)
-    if row is None:
-        raise Missing(f"job {job_id} has no trajectory {trajectory_id!r}")
-    return NeighborsOut(
-        prev=queries.neighbor_trajectory(store, job_id, row, flt, newer=True),
-        next=queries.neighbor_trajectory(store, job_id, row, flt, newer=False),
-    )
+    try:
+        newer, older = store.trajectory_neighbors(job_id, trajectory_id, **flt.store_kwargs())
+    except NotFoundError as e:
+        raise Missing(str(e)) from e
+    return NeighborsOut(prev=newer, next=older)
 
 
 def group(store: Store, job_id: int, group_id: str) -> list[TrajectoryOut]:
@@ -125,24 +117,9 @@ def retry(store: Store, job_id: int, on_retry: Callable[[str], None] | None) -> 
     if job.status not in ("failed", "cancelled"):
         raise Conflict(f"job {job_id} is {job.status}; only a failed or cancelled job can be retried")
     try:
-        from plugtune.jobs.control import retry_job  # the jobs layer owns what a retry means
-    except ImportError:
-        log.warning("plugtune.jobs.control.retry_job is not available; requeueing job %s directly", job_id)
-        _requeue(store, job_id)
-    else:
-        try:
-            retry_job(store, job_id)
-        except (IllegalTransitionError, NotFoundError) as e:
-            raise Conflict(str(e)) from e
+        retry_job(store, job_id)
+    except (IllegalTransitionError, NotFoundError, JobNotFoundError) as e:
+        raise Conflict(str(e)) from e
     if on_retry is not None:
         on_retry(str(job_id))
     return require_job(store, job_id)
-
-
-def _requeue(store: Store, job_id: int) -> None:
-    try:
-        store.transition(job_id, "queued", "manual retry from the console")
-    except IllegalTransitionError as e:
-        raise Conflict(str(e)) from e
-    store.clear_job_error(job_id)
-    store.update_job(job_id, next_retry_at=None)

@@ -7,7 +7,8 @@ console's typical reads on both: first page, filtered pages, deep pages, counts,
 group and a downsampled chart. Prints the fill rate and a table of median milliseconds with the
 large/small ratio (1.0x = the page costs the same however big the job is).
 
-Run: ``.venv/bin/python benchmarks/store_console_scale.py [--trajectories N --logs N]``.
+Run: ``.venv/bin/python benchmarks/store_console_scale.py [--trajectories N --logs N] [--url
+postgresql://postgres@127.0.0.1:5432/test]`` (PostgreSQL: in a throw-away schema, dropped after).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +130,7 @@ def queries(store: Store, job_id: int, size: Size) -> dict[str, Callable[[], Any
         "logs: text (rare)": lambda: store.logs(job_id, text="zebra-needle", limit=100),
         "logs: count all": lambda: store.count_logs(job_id),
         "logs: count plugin=judge": lambda: store.count_logs(job_id, plugin="judge"),
+        "logs: count, capped at 10,000": lambda: store.count_logs(job_id, cap=10_000),
         "traj: first page (50)": lambda: store.trajectories(job_id, limit=50),
         "traj: status=failed": lambda: store.trajectories(job_id, status="failed", limit=50),
         "traj: step=1": lambda: store.trajectories(job_id, step=1, limit=50),
@@ -140,8 +143,10 @@ def queries(store: Store, job_id: int, size: Size) -> dict[str, Callable[[], Any
         ),
         "traj: deep page (keyset, middle)": lambda: store.trajectories(job_id, before_id=mid_traj, limit=50),
         "traj: count all": lambda: store.count_trajectories(job_id),
+        "traj: count, capped at 10,000": lambda: store.count_trajectories(job_id, cap=10_000),
         "traj: count status=failed": lambda: store.count_trajectories(job_id, status="failed"),
         "traj: status counts": lambda: store.trajectory_status_counts(job_id),
+        "traj: neighbors (filtered)": lambda: store.trajectory_neighbors(job_id, "t7", status="success"),
         "traj: get one (full)": lambda: store.get_trajectory(job_id, f"t{trajectories // 2}"),
         "traj: group of 8": lambda: store.group(job_id, f"g{trajectories // 16}"),
         "metrics: chart, 500 points": lambda: store.metrics(
@@ -166,28 +171,43 @@ def main() -> None:
     parser.add_argument("--logs", type=int, default=1_000_000)
     parser.add_argument("--metric-points", type=int, default=7 * 86_400 // 5)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--url", help="a PostgreSQL URL (a throw-away schema is used); default: SQLite in a temp dir"
+    )
     args = parser.parse_args()
     small = Size("small", 100, 1_000, 720)
     large = Size("large", args.trajectories, args.logs, args.metric_points)
     with tempfile.TemporaryDirectory() as tmp:
-        db_path = Path(tmp) / "plugtune.db"
-        store = Store.open(f"sqlite:///{db_path}", retention_days=7)
-        small_id, _ = fill(store, small, seed=1)
-        large_id, fill_s = fill(store, large, seed=2)
-        size_mb = sum(p.stat().st_size for p in Path(tmp).iterdir()) / 2**20
-        print(
-            f"filled {large.trajectories:,} trajectories + {large.logs:,} log lines + "
-            f"{large.metric_points:,} metric points in {fill_s:.1f} s "
-            f"({large.logs / fill_s:,.0f} lines/s with {large.trajectories / fill_s:,.0f} trajectories/s); "
-            f"database {size_mb:,.0f} MiB"
-        )
-        small_q, large_q = queries(store, small_id, small), queries(store, large_id, large)
-        print(f"\n{'query':36} {'small ms':>9} {'large ms':>9} {'ratio':>7}")
-        for name, fn in small_q.items():
-            s_ms = median_ms(fn, args.repeats)
-            l_ms = median_ms(large_q[name], args.repeats)
-            print(f"{name:36} {s_ms:9.2f} {l_ms:9.2f} {l_ms / max(s_ms, 1e-6):6.1f}x")
-        store.close()
+        url = args.url or f"sqlite:///{Path(tmp) / 'plugtune.db'}"
+        schema = f"bench_{uuid.uuid4().hex[:10]}" if args.url else None
+        store = Store.open(url, schema=schema, retention_days=7)
+        try:
+            run(store, small, large, args.repeats, Path(tmp))
+        finally:
+            if schema:
+                store.drop_all()
+            store.close()
+
+
+def run(store: Store, small: Size, large: Size, repeats: int, tmp: Path) -> None:
+    small_id, _ = fill(store, small, seed=1)
+    large_id, fill_s = fill(store, large, seed=2)
+    size = (
+        f"; database {sum(p.stat().st_size for p in tmp.iterdir()) / 2**20:,.0f} MiB"
+        if store.is_sqlite
+        else ""
+    )
+    print(
+        f"{store.url}: filled {large.trajectories:,} trajectories + {large.logs:,} log lines + "
+        f"{large.metric_points:,} metric points in {fill_s:.1f} s "
+        f"({large.logs / fill_s:,.0f} lines/s with {large.trajectories / fill_s:,.0f} trajectories/s){size}"
+    )
+    small_q, large_q = queries(store, small_id, small), queries(store, large_id, large)
+    print(f"\n{'query':36} {'small ms':>9} {'large ms':>9} {'ratio':>7}")
+    for name, fn in small_q.items():
+        s_ms = median_ms(fn, repeats)
+        l_ms = median_ms(large_q[name], repeats)
+        print(f"{name:36} {s_ms:9.2f} {l_ms:9.2f} {l_ms / max(s_ms, 1e-6):6.1f}x")
 
 
 if __name__ == "__main__":

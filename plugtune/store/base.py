@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import Connection, Select, func, select
+
 from plugtune.store.database import Database
 
 
@@ -24,6 +26,15 @@ def page_size(limit: int) -> int:
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     return min(limit, MAX_PAGE)
+
+
+def count_rows(conn: Connection, ids: Select[Any], cap: int | None) -> int:
+    """Count the rows ``ids`` selects, stopping at ``cap`` when given."""
+    if cap is not None:
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        ids = ids.limit(cap)
+    return int(conn.execute(select(func.count()).select_from(ids.subquery())).scalar_one())
 
 
 def dumps(value: Any) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, func, insert, select
+from sqlalchemy import Connection, Select, insert, select
 
-from plugtune.store.base import StoreBase, page_size
+from plugtune.store.base import StoreBase, count_rows, page_size
 from plugtune.store.records import LogRow
 from plugtune.store.schema import log_lines
 from plugtune.types import LogLine
@@ -73,12 +73,13 @@ class LogsTable(StoreBase):
         level: str | None = None,
         trajectory_id: str | None = None,
         text: str | None = None,
+        cap: int | None = None,
     ) -> int:
-        query = _filtered(
-            select(func.count()).select_from(log_lines), job_id, plugin, level, trajectory_id, text
-        )
+        """How many lines match; with ``cap``, counting stops there (``min(count, cap)``, O(cap)),
+        for "10,000+" labels that stay cheap on a million-line job."""
+        ids = _filtered(select(log_lines.c.id), job_id, plugin, level, trajectory_id, text)
         with self._db.read("counting log lines") as conn:
-            return int(conn.execute(query).scalar_one())
+            return count_rows(conn, ids, cap)
 
 
 def _filtered(

@@ -20,6 +20,7 @@ from plugtune.store.jobs import JobsTable
 from plugtune.store.logs import LogsTable, insert_logs
 from plugtune.store.metrics import MetricsTable, insert_metrics
 from plugtune.store.plugins import PluginsTable
+from plugtune.store.resume import ResumeTable
 from plugtune.store.trajectories import TrajectoriesTable, upsert_trajectory_rows
 from plugtune.types import LogLine, MetricPoint, TrajectoryRecord
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 DAY_S = 86_400.0
 
 
-class Store(JobsTable, AttemptsTable, PluginsTable, LogsTable, MetricsTable, TrajectoriesTable):
+class Store(JobsTable, AttemptsTable, PluginsTable, LogsTable, MetricsTable, TrajectoriesTable, ResumeTable):
     """Jobs, attempts, plugins and code, logs, metrics, trajectories and checkpoints.
 
     Open with :meth:`open`; reads return frozen records (``plugtune.store.records``); database

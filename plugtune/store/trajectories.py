@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Select, func, select
 
-from plugtune.store.base import StoreBase, dumps, loads, page_size
+from plugtune.store.base import StoreBase, count_rows, dumps, loads, page_size
 from plugtune.store.database import upsert
 from plugtune.store.records import NotFoundError, TrajectorySummary
 from plugtune.store.schema import trajectories as T
@@ -89,11 +89,12 @@ class TrajectoriesTable(StoreBase):
         text: str | None = None,
         min_reward: float | None = None,
         max_reward: float | None = None,
+        cap: int | None = None,
     ) -> int:
-        base = select(func.count()).select_from(T)
-        query = _filtered(base, job_id, status, step, plugin, text, min_reward, max_reward)
+        """How many trajectories match; with ``cap``, ``min(count, cap)`` in O(cap)."""
+        ids = _filtered(select(T.c.id), job_id, status, step, plugin, text, min_reward, max_reward)
         with self._db.read("counting trajectories") as conn:
-            return int(conn.execute(query).scalar_one())
+            return count_rows(conn, ids, cap)
 
     def trajectory_status_counts(self, job_id: int) -> dict[str, int]:
         query = select(T.c.status, func.count()).where(T.c.job_id == job_id).group_by(T.c.status)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from plugtune.store import Store
@@ -31,7 +33,7 @@ def lines(store: Store, job_id: int) -> list[LogLine]:
     return written
 
 
-def _walk(store: Store, job_id: int, page: int, **filters: str) -> list[str]:
+def _walk(store: Store, job_id: int, page: int, **filters: Any) -> list[str]:
     seen: list[str] = []
     before = None
     for _ in range(1000):  # bounded: 200 lines / page >= 1
@@ -110,3 +112,11 @@ def test_page_size_is_validated_and_capped(store: Store, job_id: int, lines: lis
     with pytest.raises(ValueError, match="limit must be >= 1"):
         store.logs(job_id, limit=0)
     assert len(store.logs(job_id, limit=10_000)) == 200
+
+
+def test_capped_count_stops_at_the_cap(store: Store, job_id: int, lines: list[LogLine]) -> None:
+    assert store.count_logs(job_id, cap=50) == 50
+    assert store.count_logs(job_id, cap=500) == 200
+    assert store.count_logs(job_id, plugin="solve", cap=1000) == 100
+    with pytest.raises(ValueError, match="cap must be >= 1"):
+        store.count_logs(job_id, cap=0)

@@ -176,3 +176,8 @@ def test_neighbors_follow_the_filtered_newest_first_list(
     assert store.trajectory_neighbors(job_id, everything[10]) == (everything[9], everything[11])
     with pytest.raises(NotFoundError):
         store.trajectory_neighbors(job_id, "nope")
+
+
+def test_capped_count(store: Store, job_id: int, records: list[TrajectoryRecord]) -> None:
+    assert store.count_trajectories(job_id, cap=10) == 10
+    assert store.count_trajectories(job_id, status="failed", cap=100) == 16

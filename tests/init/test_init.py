@@ -102,11 +102,18 @@ async def test_rollout_handles_tool_use_and_a_model_that_skips_the_tool(project:
     module = load(project / "plugins/rollout.py")
     spec = spec_of(module.solve)
     assert spec is not None and spec.kind is Kind.ROLLOUT and spec.is_async
-    sample = Sample(messages=[{"role": "user", "content": "What is 3+4?"}], extra={"answer": "7"})
+    question = [{"role": "user", "content": "What is 3+4?"}]
+    plain = Sample(messages=question, extra={"answer": "7"})
+    sample = Sample(messages=question, tools=[module.CALCULATOR], extra={"answer": "7"})
 
     direct = ScriptedPolicy("http://unused", "k", script=[{"role": "assistant", "content": "7"}])
-    assert await module.solve(Context(), direct, sample) is None
-    assert len(direct.requests) == 1 and direct.requests[0]["tools"][0]["function"]["name"] == "calculator"
+    assert await module.solve(Context(), direct, plain) is None
+    assert len(direct.requests) == 1 and "tools" not in direct.requests[0]
+
+    skips_tool = ScriptedPolicy("http://unused", "k", script=[{"role": "assistant", "content": "7"}])
+    assert await module.solve(Context(), skips_tool, sample) is None
+    assert len(skips_tool.requests) == 1
+    assert skips_tool.requests[0]["tools"][0]["function"]["name"] == "calculator"
 
     with_tool = ScriptedPolicy(
         "http://unused",

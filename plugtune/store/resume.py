@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import and_, delete, select
+from sqlalchemy import Connection, and_, delete, select
 
 from plugtune.store.base import StoreBase
+from plugtune.store.database import Database, upsert
 from plugtune.store.schema import checkpoints, metric_points, metric_series, trajectories
 
 
@@ -13,7 +14,8 @@ class ResumeTable(StoreBase):
         """Delete the trajectories, training metric points and checkpoints of steps after ``step``.
 
         Called when an attempt resumes from the checkpoint of ``step``: those steps run again and
-        write their records anew. Returns how many trajectories were removed.
+        write their records anew. Plugin resource metrics and log lines are kept (they are
+        history, not results). Returns how many trajectories were removed.
         """
         training = and_(metric_points.c.job_id == job_id, metric_points.c.plugin == "")
         with self._db.write("forgetting steps after a checkpoint") as conn:
@@ -22,14 +24,26 @@ class ResumeTable(StoreBase):
             ).rowcount
             conn.execute(delete(metric_points).where(training, metric_points.c.step > step))
             conn.execute(delete(checkpoints).where(checkpoints.c.job_id == job_id, checkpoints.c.step > step))
-            stale = select(metric_series.c.name).where(
-                metric_series.c.job_id == job_id, metric_series.c.plugin == "", metric_series.c.step > step
-            )
-            conn.execute(
-                delete(metric_series).where(
-                    metric_series.c.job_id == job_id,
-                    metric_series.c.plugin == "",
-                    metric_series.c.name.in_(stale.scalar_subquery()),
-                )
-            )
+            _rewind_series(conn, self._db, job_id, step)
         return int(removed or 0)
+
+
+def _rewind_series(conn: Connection, db: Database, job_id: int, step: int) -> None:
+    """Point each training series whose newest point was deleted back at its newest remaining one."""
+    s, p = metric_series.c, metric_points.c
+    stale_names = conn.execute(
+        select(s.name).where(s.job_id == job_id, s.plugin == "", s.step > step)
+    ).scalars()
+    for name in list(stale_names):
+        conn.execute(delete(metric_series).where(s.job_id == job_id, s.plugin == "", s.name == name))
+        newest = conn.execute(
+            select(p.time, p.step, p.value)
+            .where(p.job_id == job_id, p.plugin == "", p.name == name)
+            .order_by(p.time.desc(), p.id.desc())
+            .limit(1)
+        ).first()
+        if newest is not None:
+            row = {"job_id": job_id, "plugin": "", "name": name, **newest._asdict()}
+            conn.execute(
+                upsert(db, metric_series, ["job_id", "plugin", "name"], ["time", "step", "value"]), row
+            )

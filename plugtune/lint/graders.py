@@ -28,7 +28,7 @@ def check_grader(
 ) -> list[Finding]:
     """NaN/inf, unguarded division, falling off the end and non-number returns in one grader."""
     nodes = own_nodes(fn)
-    tests = _guarded_names(nodes)
+    tests = _guarded_names(nodes) | _constant_names(nodes, imports)
     out: list[Finding] = []
     for node in nodes:
         what = _nan_source(node, imports, tests)
@@ -160,6 +160,19 @@ def _guarded_names(nodes: list[ast.AST]) -> set[str]:
                 if handler.type is not None and "ZeroDivisionError" in ast.unparse(handler.type):
                     tests.extend(node.body)
     return {n.id for test in tests for n in ast.walk(test) if isinstance(n, ast.Name)}
+
+
+def _constant_names(nodes: list[ast.AST], imports: dict[str, str]) -> set[str]:
+    """Local names only ever assigned a non-zero number (``total = 10``), so never a zero divisor."""
+    values: dict[str, list[ast.AST]] = {}
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    values.setdefault(target.id, []).append(node.value)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
+            values.setdefault(node.target.id, []).append(node.value or node.target)
+    return {name for name, assigned in values.items() if all(_never_zero(v, imports) for v in assigned)}
 
 
 def _unguarded_denominator(node: ast.AST, imports: dict[str, str], guarded: set[str]) -> str | None:

@@ -69,7 +69,8 @@ class Instance:
         self.peak_rss_mb = 0.0
         self.cancel_timers: dict[str, asyncio.TimerHandle] = {}
         self.transport: asyncio.Transport | None = None
-        self.fatal: DeployFailed | None = None
+        self.fatal: tuple[str, str] | None = None
+        self.startup_logs: list[LogLine] = []
         self.ledger_released = False
 
     # ---- wiring -----------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class Instance:
             if not self.ready.done():
                 self.ready.set_result(float(message[2]))
         elif op == p.FATAL:
-            self.fatal = DeployFailed(message[1], message[2], list(self.tail_lines()))
+            self.fatal = (str(message[1]), str(message[2]))
         elif op == p.STATS:
             self.outbound_bytes = int(message[1])
 
@@ -168,11 +169,14 @@ class Instance:
         pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency))
 
     def _settled(self, call_id: str) -> None:
+        self.last_used = time.monotonic()
         timer = self.cancel_timers.pop(call_id, None)
         if timer is not None:
             timer.cancel()
 
     def _log(self, line: LogLine) -> None:
+        if not self.ready.done():
+            self.startup_logs.append(line)
         pending = self.pending.get(line.call_id) if line.call_id else None
         if pending is not None:
             pending.logs.append(line)
@@ -189,15 +193,13 @@ class Instance:
             LogLine(time.time(), "WARNING", self.plugin, text, "stderr", call_id, trajectory_id, self.id)
         )
 
-    def tail_lines(self) -> list[LogLine]:
-        return [LogLine(time.time(), "WARNING", self.plugin, t, "stderr", "", "", self.id) for t in self.tail]
-
     # ---- the end ----------------------------------------------------------------------------
 
     def kill(self, reason: str) -> None:
         """Kill the instance's whole process tree (its session and everything in its cgroup)."""
         if not self.kill_reason:
             self.kill_reason = reason
+        self.draining = True
         if self.pid:
             try:
                 os.killpg(self.pid, signal.SIGKILL)
@@ -222,11 +224,13 @@ class Instance:
         message = self._death_message(oom, code, peak)
         tb = "\n".join(self.tail)
         if not self.ready.done():
-            fatal = self.fatal or DeployFailed(
-                f"the instance exited before it was ready ({_describe_exit(code)})", tb, self.tail_lines()
-            )
-            if oom:
-                fatal = DeployFailed(message, tb, self.tail_lines())
+            if self.fatal is not None and not oom:
+                fatal = DeployFailed(self.fatal[0], self.fatal[1], self.startup_logs)
+            elif oom:
+                fatal = DeployFailed(message, tb, self.startup_logs)
+            else:
+                text = f"the instance exited before it was ready ({_describe_exit(code)})"
+                fatal = DeployFailed(text, tb, self.startup_logs)
             self.ready.set_exception(fatal)
         happened = Happened.OOM_KILLED if oom else Happened.DIED
         for pending in list(self.pending.values()):

@@ -160,14 +160,15 @@ class LocalDeployment:
 
     # ---- instances --------------------------------------------------------------------------
 
-    async def add_instance(self) -> Instance:
+    async def add_instance(self, counted: bool = False) -> Instance:
         """Create one instance (zygote fork, else a fresh spawn); raises DeployFailed."""
-        self.starting += 1
+        if not counted:
+            self.starting += 1
         try:
             return await self._create()
         finally:
             self.starting -= 1
-            self._wake()
+            self._wake_all()  # every waiting call looks again: pick the new instance or grow further
 
     async def _create(self) -> Instance:
         runtime = self.runtime
@@ -298,8 +299,9 @@ class LocalDeployment:
             instance = self._pick()
             if instance is not None:
                 return instance
-            live = len([i for i in self.instances if not i.ended]) + self.starting
-            if self.starting == 0 and live < self.runtime.max_instances:
+            live = len([i for i in self.instances if not i.ended and i.ready.done()]) + self.starting
+            waiting = len(self.waiters) + 1
+            if live < self.runtime.max_instances and self.starting * self.runtime.max_concurrency < waiting:
                 self._scale_up()
             waiter = loop.create_future()
             self.waiters.append(waiter)
@@ -318,9 +320,11 @@ class LocalDeployment:
         return Failed(Happened.DEADLINE, f"no instance was free within timeout_s={self.runtime.timeout_s:g}")
 
     def _scale_up(self) -> None:
+        self.starting += 1  # counted now, so other waiters in this loop turn see it
+
         async def grow() -> None:
             try:
-                await self.add_instance()
+                await self.add_instance(counted=True)
                 self.last_create_error = None
             except DeployFailed as exc:
                 self.last_create_error = exc

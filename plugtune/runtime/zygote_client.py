@@ -45,6 +45,7 @@ class Zygote:
         self.proc: asyncio.subprocess.Process | None = None
         self.sock: socket.socket | None = None
         self._reader: asyncio.Task[None] | None = None
+        self.transport: asyncio.BaseTransport | None = None
 
     async def start(self, timeout_s: float) -> dict[str, Any]:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -76,7 +77,7 @@ class Zygote:
             def connection_lost(self, exc: Exception | None) -> None:
                 zygote.on_lost()
 
-        await self.loop.create_unix_connection(Conn, sock=parent)
+        self.transport, _ = await self.loop.create_unix_connection(Conn, sock=parent)
         self._reader = self.loop.create_task(self._read_output())
         try:
             return await asyncio.wait_for(asyncio.shield(self.spec), timeout_s)
@@ -158,11 +159,8 @@ class Zygote:
 
     def stop(self) -> None:
         self.alive = False
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            except OSError:
-                pass
+        if self.transport is not None:
+            self.transport.close()  # closes the socket too, and unregisters it from the loop
         if self.proc is not None and self.proc.returncode is None:
             try:
                 self.proc.kill()

@@ -14,6 +14,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +44,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Store, Seeded]]:
-    folder = tmp_path_factory.mktemp("console")
-    store = Store.open(f"sqlite:///{folder / 'plugtune.db'}", retention_days=7)
-    seeded = seed(store)
+@contextmanager
+def _serving(app: Any) -> Iterator[str]:
     port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(store), host="127.0.0.1", port=port, log_level="warning")
-    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
@@ -59,9 +55,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Stor
         if time.monotonic() > deadline or not thread.is_alive():
             pytest.fail("uvicorn did not start within 15 s")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", store, seeded
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Store, Seeded]]:
+    folder = tmp_path_factory.mktemp("console")
+    store = Store.open(f"sqlite:///{folder / 'plugtune.db'}", retention_days=7)
+    seeded = seed(store)
+    with _serving(create_app(store)) as base:
+        yield base, store, seeded
     store.close()
 
 
@@ -194,3 +201,19 @@ def test_live_tail_shows_new_lines_while_the_job_runs(served: tuple[str, Store, 
     store.add_logs(seeded.running_job, [LogLine(time.time(), "WARNING", "solve", f"tailed {XSS_SCRIPT}")])
     page.wait_for_selector("#log-table tbody tr:first-child >> text=tailed", timeout=15_000)
     assert f"tailed {XSS_SCRIPT}" in page.locator("#log-table tbody tr").first.inner_text()
+
+
+def test_token_protected_console_works_after_one_token_link(
+    served: tuple[str, Store, Seeded], browser: Any, page: Any
+) -> None:
+    _, store, seeded = served
+    with _serving(create_app(store, api_token="browser-token")) as base:
+        refused = page.goto(f"{base}/jobs/{seeded.failed_job}")
+        assert refused.status == 401 and page.locator("#token-input").count() == 1
+        page.problems.clear()  # the browser logs the expected 401
+        page.fill("#token-input", "browser-token")
+        page.click("button[type=submit]")
+        page.wait_for_selector("#failure-banner")
+        assert "token=" not in page.url
+        page.goto(f"{base}/jobs/{seeded.failed_job}/plugins")
+        page.wait_for_selector("#plugin-charts .chart svg path.series")  # the JSON API took the cookie

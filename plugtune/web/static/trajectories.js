@@ -102,6 +102,7 @@
           onclick: () => { (panel.classList.contains("fullscreen") ? exitFullscreen : enterFullscreen)(); render(state.data); },
         }),
         PT.el("a", { href: `/jobs/${encodeURIComponent(job)}/groups/${encodeURIComponent(t.group_id)}`, text: "Group view" }),
+        isFull ? PT.el("span", { class: "muted", text: "↑ / ↓ keys: previous / next trajectory · Esc: exit" }) : null,
       ]);
     }
 
@@ -149,7 +150,8 @@
 
     document.addEventListener("keydown", (event) => {
       const tag = (event.target && event.target.tagName) || "";
-      if (["INPUT", "SELECT", "TEXTAREA"].includes(tag) || !state.id) return;
+      // Outside full screen the arrow keys keep scrolling the page; the buttons still move.
+      if (["INPUT", "SELECT", "TEXTAREA"].includes(tag) || !state.id || !panel.classList.contains("fullscreen")) return;
       if (event.key === "ArrowUp") { event.preventDefault(); move(-1); }
       else if (event.key === "ArrowDown") { event.preventDefault(); move(1); }
       else if (event.key === "Escape" && panel.classList.contains("fullscreen")) { exitFullscreen(); render(state.data); }

@@ -49,3 +49,26 @@ async def test_grpo_step_through_the_gateway_with_the_demo_model() -> None:
     # parameters move exactly when some group preferred one answer over another
     preferred = any(r.advantage for res in (first, second) for r in res.records)
     assert changed == preferred
+
+
+@pytest.mark.skipif(not (DEMO / "model" / "config.json").is_file(), reason="the demo model is not built")
+async def test_grpo_step_through_the_function_runtime_and_the_gateway(tmp_path: Path) -> None:
+    """The whole path of a job: plugins in runtime processes, the policy over HTTP, one GRPO step."""
+    from plugtune.runtime import LocalRuntime
+
+    lm = load_model(DEMO / "model")
+    rows = [json.loads(line) for line in (DEMO / "data" / "train.jsonl").read_text().splitlines()[:8]]
+    config = TrainerConfig(steps=1, batch_size=2, group_size=4, max_new_tokens=8, learning_rate=1e-3)
+    async with LocalRuntime(state_dir=tmp_path) as rt:
+        plugins = Plugins(
+            rollout=await rt.deploy(f"{DEMO / 'plugins' / 'rollout.py'}:answer"),
+            graders=[await rt.deploy(f"{DEMO / 'plugins' / 'grader.py'}:exact_match")],
+        )
+        with PolicyGateway(lm.model, lm.tokenizer) as gateway:
+            trainer = GRPOTrainer(lm.model, lm.tokenizer, gateway, plugins, rows, config, job_id="job-e2e")
+            result = await trainer.step()
+    assert result.metrics["trajectories/failed"] == 0, [r.errors for r in result.records]
+    assert result.metrics["trajectories/total"] == 8 and result.metrics["tokens/policy"] > 0
+    for rec in result.records:
+        assert rec.reward in (0.0, 1.0) and rec.messages[-1]["role"] == "assistant"
+        assert rec.metrics.get("completion_tokens") == sum(rec.response_mask)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from plugtune.errors import ErrorType, Owner, PluginCallError
-from plugtune.sdk import Context, PluginSpec, Sample, Status, Trajectory
+from plugtune.sdk import Context, Kind, PluginSpec, Sample, Status, Trajectory
 from plugtune.trainer.protocols import Caller, PluginFunction, PolicyServer
 from plugtune.trainer.rewards import final_reward
 from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
@@ -34,6 +34,17 @@ class Plugins:
     rollout: PluginFunction
     graders: Sequence[PluginFunction] = ()
     group_graders: Sequence[PluginFunction] = ()
+
+    def __post_init__(self) -> None:
+        wanted = [(self.rollout, Kind.ROLLOUT)]
+        wanted += [(fn, Kind.GRADER) for fn in self.graders]
+        wanted += [(fn, Kind.GROUP_GRADER) for fn in self.group_graders]
+        for fn, kind in wanted:
+            if fn.spec.kind is not kind:
+                raise TypeError(f"{fn.spec.name} is a {fn.spec.kind.value}, used here as a {kind.value}")
+        names = [fn.spec.name for fn in (*self.graders, *self.group_graders)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"grader names must be unique (they name reward components): {names}")
 
     def weights(self) -> dict[str, float]:
         return {fn.spec.name: fn.spec.weight for fn in (*self.graders, *self.group_graders)}

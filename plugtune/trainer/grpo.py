@@ -105,7 +105,10 @@ class GRPOTrainer:
         self.server.set_policy_version(self.step_count)
 
         metrics = _metrics(records, parts, grad_norm, batch)
-        metrics.update({"time/plugins_s": plugins_s, "time/step_s": time.perf_counter() - started})
+        step_s = time.perf_counter() - started
+        metrics.update(
+            {"time/plugins_s": plugins_s, "time/train_s": step_s - plugins_s, "time/step_s": step_s}
+        )
         return StepResult(step=step, metrics=metrics, records=records)
 
     async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:

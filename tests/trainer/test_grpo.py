@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from plugtune.errors import LossNanError
+from plugtune.trainer.batch import build_batch
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.groups import Plugins
 from plugtune.trainer.grpo import GRPOTrainer
@@ -168,3 +169,26 @@ async def test_inf_reward_raises_loss_nan_and_applies_nothing(tiny_model_path: P
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert trainer.step_count == 0
     assert all(p.grad is None for p in trainer.model.parameters())
+
+
+async def test_non_finite_gradient_with_finite_loss_is_not_applied(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path)
+    result = await trainer.step()
+    before = params(trainer)
+    weight = next(trainer.model.parameters())
+    # sqrt at 0: the value is 0.0, its gradient is inf * 0 = nan
+    loss = torch.sqrt(weight.sum() * 0.0)
+    assert torch.isfinite(loss)
+    batch = build_batch(result.records, trainer.pad_id)
+    with pytest.raises(LossNanError, match="gradient norm is nan") as info:
+        trainer._guarded_update(loss, 2, result.records, batch)
+    assert info.value.trajectory_ids == batch.trajectory_ids
+    assert all(torch.equal(before[k], v) for k, v in params(trainer).items())
+    assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_plugins_check_kinds_and_unique_grader_names() -> None:
+    with pytest.raises(TypeError, match="digits is a grader, used here as a rollout"):
+        Plugins(rollout=InProcessFunction(p.digits))
+    with pytest.raises(ValueError, match="unique"):
+        Plugins(rollout=InProcessFunction(p.answer), graders=[InProcessFunction(p.digits)] * 2)

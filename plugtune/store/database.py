@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, exc, text
+from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, exc, insert, select, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, make_url
 
 from plugtune.errors import PlatformError
-from plugtune.store.schema import metadata
+from plugtune.store.schema import SCHEMA_VERSION, metadata, store_meta
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class Database:
                 # One transaction holding the write lock: processes opening a new file at once queue here.
                 with self.write("creating the tables") as conn:
                     metadata.create_all(conn)
+                    self._check_version(conn)
                 return
             with self.engine.begin() as conn:
                 # Two processes opening a fresh database at once must not race on CREATE SCHEMA/TABLE.
@@ -117,6 +118,19 @@ class Database:
                 if self.schema is not None:
                     conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
                 metadata.create_all(conn)
+                self._check_version(conn)
+
+    def _check_version(self, conn: Connection) -> None:
+        found = conn.execute(select(store_meta.c.value).where(store_meta.c.key == "schema_version")).scalar()
+        if found is None:
+            conn.execute(insert(store_meta), {"key": "schema_version", "value": str(SCHEMA_VERSION)})
+        elif found != str(SCHEMA_VERSION):
+            raise PlatformError(
+                f"the database at {_safe(self.url)} has plugtune schema version {found}; this plugtune "
+                f"reads version {SCHEMA_VERSION}",
+                hint="Use the plugtune version that wrote it, or point PLUGTUNE_DATABASE_URL / "
+                "PLUGTUNE_HOME at a new database.",
+            )
 
     def drop_schema(self) -> None:
         """Delete every table (PostgreSQL: the whole schema). For tests and `plugtune` resets."""

@@ -24,6 +24,8 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
+SCHEMA_VERSION = 1  # bump when a table changes; Store.open refuses a database of another version
+
 # BIGINT on PostgreSQL, but INTEGER on SQLite so the column is the rowid (autoincrement, no copy).
 RowId = BigInteger().with_variant(Integer(), "sqlite")
 Time = Float(precision=53)
@@ -32,6 +34,13 @@ Time = Float(precision=53)
 def _job_fk() -> Column[int]:
     return Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
 
+
+store_meta = Table(
+    "plugtune_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
 
 jobs = Table(
     "jobs",

@@ -73,3 +73,12 @@ def test_unreachable_postgresql_names_the_url_without_password() -> None:
 def test_schema_is_postgresql_only(tmp_path: Path) -> None:
     with pytest.raises(PlatformError, match="PostgreSQL-only"):
         Store.open(f"sqlite:///{tmp_path / 'a.db'}", schema="abc")
+
+
+def test_a_database_of_another_schema_version_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    Store.open(url).close()
+    with sqlite3.connect(tmp_path / "old.db") as conn:
+        conn.execute("UPDATE plugtune_meta SET value = '0' WHERE key = 'schema_version'")
+    with pytest.raises(PlatformError, match="has plugtune schema version 0; this plugtune reads version 1"):
+        Store.open(url)

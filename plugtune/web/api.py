@@ -65,7 +65,7 @@ def get_job(request: Request, job_id: int) -> JobDetail:
     job = service.require_job(store, job_id)
     errors = store.list_job_errors(job_id)
     return JobDetail(
-        job=job_out(job),
+        job=service.job_view(store, job),
         attempts=attempts_out(store.list_attempts(job_id), errors),
         errors=[e for e in (error_out(x) for x in errors) if e is not None],
     )

@@ -11,7 +11,7 @@ from plugtune.store.records import Plugin, SeriesPoint
 from plugtune.web.models import ChartOut, PluginMetricsOut, SeriesOut
 
 MAX_POINTS = 400  # per series and chart: a 7-day chart costs what a 1-hour one does
-MAX_EXTRA_CHARTS = 8
+MAX_EXTRA_CHARTS = 12
 
 RANGES: dict[str, float] = {
     "1h": 3600.0,
@@ -67,8 +67,14 @@ PLUGIN_CHARTS: list[PluginChart] = [
 
 # Training curves: (key, title, unit, which metric names, legend label).
 TRAINING_CHARTS: list[PluginChart] = [
-    PluginChart("reward", "Reward (mean and per grader)", "", _prefix("reward/"), _after("reward/")),
-    PluginChart("loss", "Loss", "", _exact("loss"), lambda n: n),
+    PluginChart(
+        "reward",
+        "Reward (mean and per grader)",
+        "",
+        lambda n: n.startswith("reward/") and n not in ("reward/std", "reward/scored"),
+        _after("reward/"),
+    ),
+    PluginChart("loss", "Loss", "", lambda n: n == "loss" or n.startswith("loss/"), lambda n: n),
     PluginChart("kl", "KL", "", lambda n: n == "kl" or n.startswith("kl/"), lambda n: n),
     PluginChart(
         "response_length",
@@ -83,6 +89,9 @@ TRAINING_CHARTS: list[PluginChart] = [
         "count",
         _prefix("plugin/errors/"),
         _after("plugin/errors/"),
+    ),
+    PluginChart(
+        "trajectories", "Trajectories per step", "count", _prefix("trajectories/"), _after("trajectories/")
     ),
 ]
 

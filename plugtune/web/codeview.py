@@ -45,7 +45,7 @@ def render_files(files: dict[str, bytes], failure_text: str = "") -> list[CodeFi
     out = []
     for path, data in files.items():
         text = data.decode("utf-8", errors="replace")
-        marked = {line for name, line in marks if path.endswith(name) or name.endswith(path)}
+        marked = {line for name, line in marks if path == name or path.endswith(f"/{name}")}
         out.append(CodeFile(path=path, text=text, lines=colour(path, text), marked=marked))
     return out
 

@@ -76,7 +76,8 @@ def _job_page(request: Request, job_id: int, *, message: str = "", status_code: 
     store = _store(request)
     job = service.require_job(store, job_id)
     attempts = attempts_out(store.list_attempts(job_id), store.list_job_errors(job_id))
-    return _render(request, "job.html", status_code, job=job_out(job), attempts=attempts, message=message)
+    job_view = service.job_view(store, job)
+    return _render(request, "job.html", status_code, job=job_view, attempts=attempts, message=message)
 
 
 @router.post("/jobs/{job_id}/retry")
@@ -98,10 +99,11 @@ def plugins_page(
     chosen = next((p for p in plugins if p.name == plugin), plugins[0] if plugins else None)
     if plugin and (chosen is None or chosen.name != plugin):
         raise service.Missing(f"job {job_id} has no plugin {plugin!r}")
-    files = []
+    files, traceback = [], ""
     if chosen is not None:
-        _, code = service.plugin_code(store, job_id, chosen.name)
-        failure = chosen.failure_reason if chosen.status == "failed" else ""
+        record, code = service.plugin_code(store, job_id, chosen.name)
+        traceback = service.failure_traceback(store, job, record) if chosen.status == "failed" else ""
+        failure = f"{chosen.failure_reason}\n{traceback}" if chosen.status == "failed" else ""
         files = render_files(code, failure)
     wanted = range if range in (*charts.RANGES, "custom") else "1h"
     return _render(
@@ -111,6 +113,7 @@ def plugins_page(
         plugins=plugins,
         plugin=chosen,
         code_files=files,
+        failure_traceback=traceback if traceback not in (chosen.failure_reason if chosen else "") else "",
         ranges=list(charts.RANGES),
         range=wanted,
     )

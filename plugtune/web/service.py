@@ -11,9 +11,16 @@ from plugtune.jobs.control import JobNotFoundError, retry_job
 from plugtune.store import Store
 from plugtune.store.records import IllegalTransitionError, Job, NotFoundError, Plugin
 from plugtune.web import queries
-from plugtune.web.models import LogOut, NeighborsOut, TrajectoryLogs, TrajectoryOut, TrajectorySummaryOut
+from plugtune.web.models import (
+    JobOut,
+    LogOut,
+    NeighborsOut,
+    TrajectoryLogs,
+    TrajectoryOut,
+    TrajectorySummaryOut,
+)
 from plugtune.web.queries import LogFilter, TrajectoryFilter
-from plugtune.web.views import log_out, summary_out, trajectory_out
+from plugtune.web.views import job_out, log_out, summary_out, trajectory_out
 
 Row = TypeVar("Row", LogOut, TrajectorySummaryOut)
 
@@ -43,6 +50,31 @@ def require_job(store: Store, job_id: int) -> Job:
     if job is None:
         raise Missing(f"job {job_id} does not exist")
     return job
+
+
+def job_view(store: Store, job: Job) -> JobOut:
+    """The job as the API shows it; an error's plugin reference (name or entry) becomes the plugin's name."""
+    out = job_out(job)
+    if out.error is not None and out.error.plugin:
+        name = plugin_name(store.list_plugins(job.id), out.error.plugin)
+        out = out.model_copy(update={"error": out.error.model_copy(update={"plugin": name})})
+    return out
+
+
+def plugin_name(plugins: list[Plugin], ref: str) -> str:
+    """The name of the plugin ``ref`` names (errors from the runtime name a plugin by its entry)."""
+    for p in plugins:
+        if ref in (p.name, p.entry):
+            return p.name
+    return ref
+
+
+def failure_traceback(store: Store, job: Job, plugin: Plugin) -> str:
+    """The traceback of the job's error when that error is this plugin's (shown on its code view)."""
+    error = job.error
+    if error is None or plugin_name([plugin], str(error.evidence.get("plugin") or "")) != plugin.name:
+        return ""
+    return str(error.evidence.get("traceback") or "")
 
 
 def require_plugin(store: Store, job_id: int, name: str) -> Plugin:

@@ -81,7 +81,9 @@ def _failed_job(store: Store, now: float) -> int:
     for name in ("solve", "exact"):
         store.set_plugin_status(job, name, "running", at=now - 3 * 3600)
     store.set_plugin_status(job, "solve", "completed", at=now - 300)
-    store.set_plugin_status(job, "exact", "failed", failure_reason=GRADER_TRACEBACK, at=now - 300)
+    # As the jobs layer records it: str(PluginCallError); the traceback is in the job error's evidence.
+    reason = "500 [plugins/grader.py:exact]: grader exact raised ZeroDivisionError: division by zero"
+    store.set_plugin_status(job, "exact", "failed", failure_reason=reason, at=now - 300)
     store.write_batch(job, metrics=_plugin_metrics(now) + _training_metrics(now), logs=_logs(now))
     store.upsert_trajectories(job, _trajectories())
     store.update_job(job, steps_done=3, steps_total=10)
@@ -91,7 +93,7 @@ def _failed_job(store: Store, now: float) -> int:
         "cause": Cause.ERROR_500.value,
         "message": "grader exact raised ZeroDivisionError: division by zero",
         "hint": HINTS[Cause.ERROR_500],
-        "plugin": "exact",
+        "plugin": "plugins/grader.py:exact",  # the runtime names a plugin by its entry
         "trajectory_id": "s2-g1-r2",
         "traceback": GRADER_TRACEBACK,
     }

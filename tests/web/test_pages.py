@@ -34,6 +34,7 @@ def test_failed_job_page_shows_banner_hint_and_retry(client: TestClient, seeded:
     assert "Call plugin error" in banner and 'id="failure-owner">plugin<' in banner
     assert "grader exact raised ZeroDivisionError" in banner
     assert HINTS[Cause.ERROR_500].split("`")[0] in banner
+    assert 'href="/jobs/1/plugins?plugin=exact"' in banner  # the entry in the error resolved to the plugin
     assert 'action="/jobs/1/retry"' in banner and 'id="retry-button"' in banner
     assert "retry-countdown" not in banner  # plugin errors are not retried automatically
     assert 'id="attempts"' in html and "first run" in html
@@ -49,7 +50,8 @@ def test_plugin_tab_shows_status_failure_reason_and_coloured_code(client: TestCl
     html = client.get(f"/jobs/{seeded.failed_job}/plugins", params={"plugin": "exact"}).text
     assert 'id="plugin-status">failed<' in html
     reason = html.split('id="failure-reason"')[1].split("</div>")[0]
-    assert "ZeroDivisionError: division by zero" in reason
+    assert "500 [plugins/grader.py:exact]: grader exact raised ZeroDivisionError" in reason
+    assert "plugins/grader.py&#34;, line 8, in exact" in reason  # the job error's traceback
     assert '<tr class="failed-line"><td class="ln">8</td>' in html  # the traceback's grader.py:8
     assert '<span class="k">def</span> <span class="nf">exact</span>' in html
     assert 'href="/jobs/1/logs?plugin=exact"' in html

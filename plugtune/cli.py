@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
 import typer
+
+if TYPE_CHECKING:
+    from plugtune.settings import Settings
+    from plugtune.store import Store
 
 app = typer.Typer(
     name="plugtune",
@@ -10,6 +21,51 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+jobs_app = typer.Typer(help="List, inspect, retry and cancel jobs.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document.")
+
+
+@contextmanager
+def _opened_store() -> Iterator[tuple[Settings, Store]]:
+    """The store named by the environment; a database problem is a clear message, not a traceback."""
+    from plugtune.errors import PlugtuneError
+    from plugtune.settings import Settings
+    from plugtune.store import Store
+
+    try:
+        settings = Settings.from_env()
+        store = Store.open(settings.database_url)
+    except (PlugtuneError, ValueError) as exc:
+        typer.echo(f"plugtune: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        yield settings, store
+    finally:
+        store.close()
+
+
+def _echo_json(document: Any) -> None:
+    typer.echo(json.dumps(document, indent=2, default=str))
+
+
+def _echo_error(error: dict[str, Any]) -> None:
+    typer.secho(f"{error.get('type')} ({error.get('owner')}): {error.get('cause')}", fg="red", err=True)
+    typer.echo(f"  {error.get('message')}", err=True)
+    typer.echo(f"  what to do: {error.get('hint')}", err=True)
+
+
+def _job_or_exit(store: Store, job_id: int) -> dict[str, Any]:
+    from plugtune.jobs.report import job_document
+
+    try:
+        return job_document(store, job_id)
+    except LookupError:
+        typer.echo(
+            f"plugtune: there is no job {job_id} in {store.url}; `plugtune jobs list` shows them", err=True
+        )
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -67,5 +123,268 @@ def init(
     typer.echo(f"\nNext: cd {directory} && plugtune lint && plugtune test && plugtune run job.yaml")
 
 
+@app.command()
+def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None:
+    """Validate and run a job in the foreground with a progress bar; Ctrl-C cancels it cleanly.
+
+    Exits 0 when the job succeeds, 1 when it fails (the classified error is printed)."""
+    from plugtune.jobs.control import create_job
+    from plugtune.jobs.progress import run_with_progress
+
+    with _opened_store() as (settings, store):
+        job_id, invalid = create_job(store, job_file)
+        if invalid is not None:
+            typer.echo(f"job {job_id} failed validation before any compute:", err=True)
+            _echo_error(_job_or_exit(store, job_id)["error"])
+            raise typer.Exit(1)
+        status = run_with_progress(store, settings, job_id)
+        doc = _job_or_exit(store, job_id)
+        typer.echo(f"job {job_id} {status} after {doc['steps_done']}/{doc['steps_total']} steps")
+        if status != "succeeded":
+            if doc["error"]:
+                _echo_error(doc["error"])
+            typer.echo(f"evidence: plugtune doctor {job_id}", err=True)
+            raise typer.Exit(1)
+
+
+@app.command()
+def submit(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None:
+    """Validate a job and queue it for the server started with `plugtune serve` (same store)."""
+    from plugtune.jobs.control import create_job
+
+    with _opened_store() as (_, store):
+        job_id, invalid = create_job(store, job_file)
+        if invalid is not None:
+            typer.echo(f"job {job_id} failed validation before any compute:", err=True)
+            _echo_error(_job_or_exit(store, job_id)["error"])
+            raise typer.Exit(1)
+        typer.echo(
+            f"job {job_id} queued; `plugtune serve` runs it (console: http://127.0.0.1:8321/jobs/{job_id})"
+        )
+
+
+@jobs_app.command("list")
+def jobs_list(
+    status: str = typer.Option(
+        "", help="Only jobs in this status (queued, running, succeeded, failed, ...)."
+    ),
+    limit: int = typer.Option(50, min=1, max=10_000, help="How many jobs, newest first."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List jobs, newest first."""
+    from plugtune.store import JobStatus
+
+    if status and status not in {s.value for s in JobStatus}:
+        typer.echo(
+            f"plugtune: unknown status {status!r}; one of {', '.join(s.value for s in JobStatus)}", err=True
+        )
+        raise typer.Exit(2)
+    with _opened_store() as (_, store):
+        jobs = store.list_jobs(status or None, limit=limit)
+        if as_json:
+            _echo_json({"jobs": [j.to_dict() for j in jobs]})
+            return
+        for job in jobs:
+            failure = f"  {job.error.type}: {job.error.cause}" if job.error else ""
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(job.updated_at))
+            steps = f"{job.steps_done:>4}/{job.steps_total:<4}"
+            typer.echo(f"{job.id:>5}  {job.status:<10} {steps} {when}  {job.name}{failure}")
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
+    """Show a job: status, progress, the classified error with its hint, attempts and plugins."""
+    with _opened_store() as (_, store):
+        doc = _job_or_exit(store, job_id)
+        if as_json:
+            _echo_json(doc)
+            return
+        typer.echo(
+            f"job {doc['id']} {doc['name']}: {doc['status']} ({doc['steps_done']}/{doc['steps_total']} steps)"
+        )
+        if doc["error"]:
+            _echo_error(doc["error"])
+        if doc["next_retry_at"]:
+            wait = max(0, doc["next_retry_at"] - time.time())
+            retry = f"automatic retry {doc['auto_retries']} in {wait:.0f} s"
+            typer.echo(f"{retry} (or now: plugtune jobs retry {job_id})")
+        for a in doc["attempts"]:
+            cause = f" — {a['error']['type']}: {a['error']['cause']}" if a.get("error") else ""
+            typer.echo(f"  attempt {a['number']}: {a['status']} (from step {a['resumed_from_step']}){cause}")
+        for p in doc["plugins"]:
+            reason = f" — {p['failure_reason']}" if p["failure_reason"] else ""
+            typer.echo(
+                f"  plugin {p['name']} ({p['role']}): {p['status']} code {p['code_hash'][:12]}{reason}"
+            )
+        if doc["metrics"]:
+            shown = {
+                k: v
+                for k, v in doc["metrics"].items()
+                if k in ("reward/mean", "loss", "kl", "response_length")
+            }
+            typer.echo("  latest: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+
+
+@jobs_app.command("retry")
+def jobs_retry(job_id: int = typer.Argument(..., help="Job id.")) -> None:
+    """Retry a failed or cancelled job now; it resumes from its last checkpoint.
+
+    `plugtune serve` runs the retried job (it reads the same store)."""
+    from plugtune.jobs.control import JobNotFoundError, retry_job
+    from plugtune.store import IllegalTransitionError
+
+    with _opened_store() as (_, store):
+        try:
+            retry_job(store, job_id)
+        except (JobNotFoundError, IllegalTransitionError) as exc:
+            typer.echo(f"plugtune: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"job {job_id} queued for retry; it resumes from its last checkpoint")
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: int = typer.Argument(..., help="Job id.")) -> None:
+    """Cancel a queued, running or retry-pending job."""
+    from plugtune.jobs.control import JobNotFoundError, request_cancel
+    from plugtune.store import IllegalTransitionError
+
+    with _opened_store() as (_, store):
+        try:
+            request_cancel(store, job_id)
+        except (JobNotFoundError, IllegalTransitionError) as exc:
+            typer.echo(f"plugtune: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"job {job_id} cancelled")
+
+
+@app.command()
+def logs(
+    job_id: int = typer.Argument(..., help="Job id."),
+    plugin: str = typer.Option("", help="Only this plugin's lines."),
+    trajectory: str = typer.Option("", help="Only this trajectory's lines."),
+    level: str = typer.Option("", help="Only this level (DEBUG, INFO, WARNING, ERROR)."),
+    text: str = typer.Option("", help="Only lines containing this text."),
+    limit: int = typer.Option(100, min=1, max=100_000, help="How many lines (the newest)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until Ctrl-C."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Print plugin log lines (oldest of the selection first)."""
+    with _opened_store() as (_, store):
+        _job_or_exit(store, job_id)
+        filters: dict[str, Any] = {
+            "plugin": plugin or None,
+            "trajectory_id": trajectory or None,
+            "level": level.upper() or None,
+            "text": text or None,
+        }
+        rows = list(reversed(store.logs(job_id, limit=limit, **filters)))
+        if as_json:
+            _echo_json({"logs": [r.to_dict() for r in rows]})
+            return
+        last = _print_logs(rows, 0)
+        while follow:
+            try:
+                time.sleep(1.0)
+                last = _print_logs(
+                    list(reversed(store.logs(job_id, after_id=last, limit=1000, **filters))), last
+                )
+            except KeyboardInterrupt:
+                break
+
+
+def _print_logs(rows: list[Any], last: int) -> int:
+    for r in rows:
+        stamp = time.strftime("%H:%M:%S", time.localtime(r.time))
+        typer.echo(f"{stamp} {r.level:<7} {r.plugin} [{r.trajectory_id or '-'}] {r.message}")
+        last = max(last, r.id)
+    return last
+
+
+@app.command()
+def trajectories(
+    job_id: int = typer.Argument(..., help="Job id."),
+    status: str = typer.Option("", help="Only success, failed or discard."),
+    step: int = typer.Option(-1, help="Only this step."),
+    limit: int = typer.Option(50, min=1, max=100_000, help="How many, newest first."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List a job's trajectories with status, reward and errors."""
+    with _opened_store() as (_, store):
+        _job_or_exit(store, job_id)
+        rows = store.trajectories(job_id, status=status or None, step=None if step < 0 else step, limit=limit)
+        if as_json:
+            _echo_json({"trajectories": [r.to_dict() for r in rows]})
+            return
+        for r in rows:
+            reward = "-" if r.reward is None else f"{r.reward:.3f}"
+            typer.echo(f"{r.trajectory_id:<20} step {r.step:>4}  {r.status:<8} reward {reward}")
+
+
+@app.command()
+def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
+    """Explain a failed job: the classified error, owner and hint, the failing plugin's traceback at
+    your line, the worst trajectories and the resource metrics around the failure."""
+    from plugtune.jobs.report import doctor_document
+
+    with _opened_store() as (_, store):
+        _job_or_exit(store, job_id)
+        doc = doctor_document(store, job_id)
+        if as_json:
+            _echo_json(doc)
+            return
+        job = doc["job"]
+        typer.echo(
+            f"job {job['id']} {job['name']}: {job['status']} ({job['steps_done']}/{job['steps_total']} steps)"
+        )
+        if not doc["error"]:
+            typer.echo("no error recorded")
+            return
+        _echo_error(doc["error"])
+        if doc["traceback"]:
+            typer.echo("\ntraceback (your code first):\n" + doc["traceback"])
+        if doc["plugin"]:
+            p = doc["plugin"]
+            typer.echo(f"plugin {p['name']}: {p['status']} — code {p['code_hash'][:12]} ({p['entry']})")
+        for name, points in doc["metrics_window"].items():
+            if points:
+                peak = max(pt["value"] for pt in points)
+                typer.echo(f"  {name}: last {points[-1]['value']:.4g}, peak {peak:.4g} (last 10 min)")
+        for t in doc["failed_trajectories"]:
+            typer.echo(f"  failed trajectory {t['trajectory_id']} (step {t['step']})")
+        for line in doc["recent_logs"][-10:]:
+            typer.echo(f"  log {line['level']} {line['plugin']}: {line['message']}")
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8321, min=1, max=65535, help="Port to listen on."),
+) -> None:
+    """Start the control plane: JSON API (/docs), web console, scheduler for submitted jobs."""
+    import uvicorn
+
+    from plugtune.jobs.control import Scheduler
+    from plugtune.web import create_app
+
+    with _opened_store() as (settings, store):
+        scheduler = Scheduler(store, settings)
+        app_ = create_app(store, api_token=settings.api_token, on_retry=None)
+        scheduler.start()
+        typer.echo(f"plugtune console: http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
+        try:
+            uvicorn.run(app_, host=host, port=port, log_level="warning")
+        finally:
+            scheduler.stop()
+
+
+@app.command()
+def demo() -> None:
+    """Train the example project end to end (tiny model, arithmetic data, rollout + grader plugins)."""
+    from plugtune.jobs.demo import run_demo
+
+    with _opened_store() as (settings, store):
+        raise typer.Exit(run_demo(store, settings, typer.echo))
+
+
 if __name__ == "__main__":
-    app()
+    sys.exit(app())

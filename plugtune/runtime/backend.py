@@ -67,6 +67,7 @@ class DeployFailed(Exception):
         self.message = message
         self.traceback = traceback
         self.logs = logs or []
+        self.intentional = False  # True when the runtime itself stopped the instance it was creating
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,14 @@ class DeployRequest:
     code_root: Path  # the snapshot folder
     relpath: str  # the module's path inside the code root
     function: str
-    runtime: Runtime | None  # the job's override; None = the decorator's
+    runtime: Runtime | dict[str, Any] | None  # a Runtime replaces the decorator's; a dict overrides fields
     env: dict[str, str]
+
+    def effective_runtime(self, decorator: Runtime) -> Runtime:
+        """The limits instances get: the decorator's, replaced or overridden by the job's."""
+        if isinstance(self.runtime, Runtime):
+            return self.runtime
+        return decorator.replace(**self.runtime) if self.runtime else decorator
 
 
 class Deployment(Protocol):

@@ -159,7 +159,9 @@ class InProcessBackend:
                 raise DeployFailed(
                     f"setup() failed: {type(exc).__name__}: {exc}", user_traceback(exc, root)
                 ) from None
-        return InProcessDeployment(plugin, request.runtime or plugin.spec.runtime, request.entry, root)
+        return InProcessDeployment(
+            plugin, request.effective_runtime(plugin.spec.runtime), request.entry, root
+        )
 
     async def close(self) -> None:
         return None

@@ -78,12 +78,15 @@ class BaseRuntime:
     async def deploy(
         self,
         entry: str,
-        runtime: Runtime | None = None,
+        runtime: Runtime | dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         inject: FaultInjection | None = None,
     ) -> Function:
         """Snapshot the entry's folder and start the function; raises ``PluginCallError`` (Create faas
-        fault) naming what is wrong when it cannot."""
+        fault) naming what is wrong when it cannot.
+
+        ``runtime``: a ``Runtime`` replaces the decorator's; a dict (job.yaml's settings) overrides
+        only the fields it names."""
         if self.backend is None:
             raise RuntimeError("use the runtime as `async with ...` (or await start()) before deploy()")
         path, function = parse_entry(entry)
@@ -95,7 +98,7 @@ class BaseRuntime:
                 f"quota exceeded: {len(live)} functions are deployed "
                 f"(max_functions={self.quota.max_functions})",
             )
-        if runtime is not None:
+        if isinstance(runtime, Runtime):
             self._check_memory(entry, runtime)
         try:
             snapshot = take(path, self.state_dir)
@@ -135,8 +138,15 @@ class BaseRuntime:
 
 
 def _check_options(runtime: Any, env: Any, inject: Any) -> None:
-    if runtime is not None and not isinstance(runtime, Runtime):
-        raise TypeError(f"runtime must be a plugtune.Runtime, got {type(runtime).__name__}")
+    if isinstance(runtime, dict):
+        try:
+            Runtime().replace(**runtime)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"runtime overrides {runtime!r}: {exc}") from None
+    elif runtime is not None and not isinstance(runtime, Runtime):
+        raise TypeError(
+            f"runtime must be a plugtune.Runtime or a dict of overrides, got {type(runtime).__name__}"
+        )
     if env is not None and (
         not isinstance(env, dict)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())

@@ -1,0 +1,187 @@
+"""One attempt of a job, in its own process: ``python -m plugtune.jobs.attempt JOB_ID``.
+
+It validates the job again, deploys the plugins, loads the model behind the policy gateway,
+resumes from the last checkpoint and trains, writing trajectories, metrics and plugin logs to
+the store as it goes. Whatever ends it is recorded on the attempt as exactly one classified
+error; the scheduler (another process) decides what happens next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from plugtune.errors import Cause, PluginCallError
+from plugtune.jobs.caller import JobStop, PolicyCaller
+from plugtune.jobs.classify import classify
+from plugtune.jobs.plugins import Drain, JobFunction, as_plugins, deploy_all, record_deployed
+from plugtune.jobs.retry_policy import breaker
+from plugtune.jobs.validation import ValidatedJob, validate_job
+from plugtune.jobs.validation_rows import read_dataset
+from plugtune.settings import Settings
+from plugtune.store import Store, StoreWriter
+from plugtune.types import MetricPoint
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 3
+
+
+class Cancelled(Exception):  # noqa: N818
+    """SIGTERM from the scheduler (the user cancelled the job)."""
+
+
+def job_dir(settings: Settings, job_id: int) -> Path:
+    return settings.home / "jobs" / str(job_id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m plugtune.jobs.attempt JOB_ID", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=os.environ.get("PLUGTUNE_LOG_LEVEL", "WARNING"))
+    job_id = int(args[0])
+    settings = Settings.from_env()
+    store = Store.open(settings.database_url)
+    job = store.get_job(job_id)
+    if job is None:
+        print(f"job {job_id} is not in the store at {store.url}", file=sys.stderr)
+        return 2
+    checkpoint = store.latest_checkpoint(job_id)
+    number = store.start_attempt(job_id, os.getpid(), checkpoint.step if checkpoint else 0)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        asyncio.run(run_attempt(store, settings, job_id, job.spec))
+    except Cancelled:
+        store.end_attempt(job_id, number, "cancelled")
+        return EXIT_CANCELLED
+    except BaseException as exc:  # every failure is classified once, here
+        store.end_attempt(job_id, number, "failed", _classified(exc))
+        return EXIT_FAILED
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    store.end_attempt(job_id, number, "succeeded")
+    return EXIT_OK
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Cancelled()
+
+
+def _classified(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, JobStop):
+        return classify(exc.error, evidence={"decision": exc.reason})
+    return classify(exc)
+
+
+async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
+    from plugtune.runtime import LocalRuntime, Quota
+
+    job = validate_job(spec["job_file"])
+    rows = read_dataset(job.train_path)
+    quota = Quota(
+        max_functions=settings.max_functions,
+        max_instances=settings.max_instances,
+        total_memory_mb=settings.total_memory_mb,
+    )
+    async with LocalRuntime(quota=quota, state_dir=settings.home / "runtime") as rt:
+        functions = await deploy_all(rt, job)
+        record_deployed(store, job_id, functions)
+        drain = Drain(functions)
+        try:
+            await _train(store, settings, job_id, job, rows, drain)
+        except JobStop as stop:
+            _mark_failed_plugin(store, job_id, functions, stop.error)
+            raise
+        finally:
+            logs, points = drain.take()
+            store.write_batch(job_id, logs=logs, metrics=points)
+        for jf in functions:
+            store.set_plugin_status(job_id, jf.spec.name, "completed")
+
+
+async def _train(
+    store: Store,
+    settings: Settings,
+    job_id: int,
+    job: ValidatedJob,
+    rows: list[dict[str, Any]],
+    drain: Drain,
+) -> None:
+    from plugtune.gateway import PolicyGateway
+    from plugtune.trainer.grpo import GRPOTrainer
+    from plugtune.trainer.model import load_model
+
+    spec = job.spec
+    config = spec.hyperparameters
+    loaded = load_model(job.model_dir)
+    caller = PolicyCaller(spec.failure_policy)
+    functions = drain.functions
+    out = job_dir(settings, job_id)
+    with PolicyGateway(loaded.model, loaded.tokenizer) as gateway:
+        trainer = GRPOTrainer(
+            loaded.model,
+            loaded.tokenizer,
+            gateway,
+            as_plugins(functions),
+            rows,
+            config,
+            caller=caller,
+            job_id=str(job_id),
+        )
+        checkpoint = store.latest_checkpoint(job_id)
+        if checkpoint is not None:
+            trainer.load_checkpoint(Path(checkpoint.path))
+            store.delete_after_step(job_id, checkpoint.step)
+        store.update_job(job_id, steps_total=config.steps, steps_done=trainer.step_count)
+        with StoreWriter(store, job_id) as writer:
+            while trainer.step_count < config.steps:
+                result = await trainer.step()
+                calls, errors, worst_plugin = caller.reset_counts()
+                logs, points = drain.take()
+                writer.add_trajectories(result.records)
+                writer.add_metrics(_training_points(result.step, result.metrics))
+                writer.add_metrics(points)
+                writer.add_logs(logs)
+                if result.step % config.save_every_n_steps == 0 or result.step == config.steps:
+                    path = trainer.save_checkpoint(out / "checkpoints" / f"step-{result.step:06d}")
+                    writer.flush()  # the checkpoint's trajectories are durable before it is recorded
+                    store.add_checkpoint(job_id, result.step, str(path))
+                writer.flush()
+                store.update_job(job_id, steps_done=result.step)
+                _check_breaker(calls, errors, worst_plugin, spec.circuit_breaker)
+        trainer.save_final(out / "final")
+
+
+def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
+    import time
+
+    now = time.time()
+    return [MetricPoint(time=now, plugin="", name=k, value=float(v), step=step) for k, v in metrics.items()]
+
+
+def _check_breaker(calls: int, errors: dict[str, int], plugin: str, config: Any) -> None:
+    decision = breaker(calls, errors, config)
+    if not decision.trip:
+        return
+    causes = {c.value: c for c in Cause}
+    cause = causes.get(decision.dominant_cause or "", Cause.ERROR_500)
+    raise JobStop(PluginCallError(cause, decision.message, plugin=plugin), "circuit breaker")
+
+
+def _mark_failed_plugin(
+    store: Store, job_id: int, functions: list[JobFunction], error: PluginCallError
+) -> None:
+    for jf in functions:
+        if error.plugin in (jf.fn.entry, jf.spec.name):
+            store.set_plugin_status(job_id, jf.spec.name, "failed", failure_reason=str(error))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""How a job calls its plugins: the retry policy applied to every call, and per-step counts.
+
+The trainer calls ``await caller(fn, ctx, *args)``. Retries follow ``retry_policy.decide``; a
+decision to fail the job raises :class:`JobStop`, which the trainer does not catch, so the
+attempt ends with that classified error. A dropped sample comes back to the trainer as the
+failed call (its trajectory is marked failed, left out of the loss and counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from typing import Any
+
+from plugtune.errors import Cause, PluginCallError
+from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, decide
+from plugtune.jobs.spec import FailurePolicy
+from plugtune.sdk import Context, Status
+from plugtune.trainer.protocols import PluginFunction
+from plugtune.types import CallOutcome
+
+log = logging.getLogger(__name__)
+
+_STATUS_KINDS = {
+    Status.FAILURE.value: FailureKind.STATUS_FAILURE,
+    Status.RETRY.value: FailureKind.STATUS_RETRY,
+}
+
+
+class JobStop(Exception):  # noqa: N818 - a control-flow signal, not an error of its own
+    """Raised when a failed plugin call must end the job; ``error`` is the classified cause."""
+
+    def __init__(self, error: PluginCallError, reason: str) -> None:
+        super().__init__(f"{error} ({reason})")
+        self.error = error
+        self.reason = reason
+
+
+class PolicyCaller:
+    """Calls plugins under the job's ``failure_policy`` and counts calls and errors per step."""
+
+    def __init__(self, failure: FailurePolicy) -> None:
+        self.failure = failure
+        self.calls = 0
+        self.errors: Counter[str] = Counter()
+        self.by_plugin: Counter[str] = Counter()
+        self.retries = 0
+
+    def reset_counts(self) -> tuple[int, dict[str, int], str]:
+        """This step's calls, errors by cause and most failing plugin; then start the next step."""
+        worst = self.by_plugin.most_common(1)[0][0] if self.by_plugin else ""
+        counts = (self.calls, dict(self.errors), worst)
+        self.calls, self.errors, self.by_plugin = 0, Counter(), Counter()
+        return counts
+
+    def _count_error(self, plugin: str, cause: str) -> None:
+        self.errors[cause] += 1
+        self.by_plugin[plugin] += 1
+
+    async def __call__(self, fn: PluginFunction, ctx: Context, *args: Any) -> CallOutcome:
+        attempt = 1
+        while True:
+            self.calls += 1
+            try:
+                outcome = await fn.invoke(dataclasses.replace(ctx, attempt=attempt), *args)
+            except PluginCallError as exc:
+                self._count_error(exc.plugin or fn.spec.name, exc.cause)
+                kind = (
+                    FailureKind.CREATE_FAULT
+                    if exc.cause_enum is Cause.CREATE_FAULT
+                    else FailureKind.PLUGIN_ERROR
+                )
+                decision = decide(kind, attempt, self.failure)
+                if isinstance(decision, RetryCall):
+                    log.info("retrying %s after %s (try %d)", fn.spec.name, exc.cause, decision.attempt)
+                    attempt, self.retries = decision.attempt, self.retries + 1
+                    continue
+                if isinstance(decision, FailJob):
+                    raise JobStop(exc, decision.reason) from exc
+                raise  # DropSample: the trainer marks the trajectory failed and counts it
+            kind_of_status = _STATUS_KINDS.get(outcome.status)
+            if kind_of_status is None:
+                return outcome
+            self._count_error(fn.spec.name, Cause.ERROR_500.value)
+            decision = decide(kind_of_status, attempt, self.failure)
+            if isinstance(decision, RetryCall):
+                attempt, self.retries = decision.attempt, self.retries + 1
+                continue
+            if isinstance(decision, FailJob):
+                error = PluginCallError(
+                    Cause.ERROR_500,
+                    f"{fn.spec.name} returned status failure {attempt} times: {outcome.reason or '-'}",
+                    plugin=fn.spec.name,
+                    call_id=outcome.call_id,
+                    instance_id=outcome.instance_id,
+                    trajectory_id=ctx.trajectory_id,
+                )
+                raise JobStop(error, decision.reason)
+            return outcome  # dropped: the trainer records the status on the trajectory

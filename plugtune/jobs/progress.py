@@ -1,0 +1,58 @@
+"""``plugtune run``'s foreground display: a progress bar with step, reward, loss and plugin errors."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from plugtune.jobs.scheduler import AttemptRunner, run_job
+from plugtune.settings import Settings
+from plugtune.store import Store
+
+
+def run_with_progress(store: Store, settings: Settings, job_id: int) -> str:
+    """Run the job here until it ends; Ctrl-C stops the attempt cleanly and cancels the job."""
+    runner = AttemptRunner(store, settings)
+    columns = (
+        TextColumn("[bold]job {task.fields[job]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[summary]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("train", total=None, job=job_id, summary="starting")
+
+        def progress(jid: int) -> None:
+            job = store.get_job(jid)
+            if job is None:
+                return
+            latest = {m.name: m.value for m in store.latest_metrics([jid], plugin="")}
+            bar.update(
+                task, completed=job.steps_done, total=job.steps_total or None, summary=_summary(latest)
+            )
+
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, lambda *_: runner.cancel())
+        try:
+            status = run_job(store, settings, job_id, runner=runner, progress=progress)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, previous)
+        progress(job_id)
+    return status
+
+
+def _summary(latest: dict[str, Any]) -> str:
+    parts = []
+    if "reward/mean" in latest:
+        parts.append(f"reward {latest['reward/mean']:.3f}")
+    if "loss" in latest:
+        parts.append(f"loss {latest['loss']:.4f}")
+    errors = sum(v for k, v in latest.items() if k.startswith("plugin/errors/"))
+    parts.append(f"plugin errors {errors:.0f}")
+    return "  ".join(parts)

@@ -1,0 +1,63 @@
+"""What ``jobs show`` and ``doctor`` print: a job's state and the evidence behind its failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plugtune.store import Store
+
+
+def job_document(store: Store, job_id: int) -> dict[str, Any]:
+    """Everything ``jobs show --json`` prints: the job, its error, attempts, plugins and progress."""
+    job = store.get_job(job_id)
+    if job is None:
+        raise LookupError(f"there is no job {job_id}")
+    latest = {m.name: m.value for m in store.latest_metrics([job_id], plugin="")}
+    return {
+        "id": job.id,
+        "name": job.name,
+        "status": job.status,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "steps_done": job.steps_done,
+        "steps_total": job.steps_total,
+        "error": job.error.to_dict() if job.error else None,
+        "next_retry_at": job.next_retry_at,
+        "auto_retries": job.auto_retries,
+        "attempts": [a.to_dict() for a in store.list_attempts(job_id)],
+        "errors": [e.to_dict() for e in store.list_job_errors(job_id)],
+        "plugins": [p.to_dict() for p in store.list_plugins(job_id)],
+        "trajectories": store.trajectory_status_counts(job_id),
+        "metrics": latest,
+        "checkpoint": (c.to_dict() if (c := store.latest_checkpoint(job_id)) else None),
+    }
+
+
+def doctor_document(store: Store, job_id: int) -> dict[str, Any]:
+    """The classified error, the failing plugin's traceback, worst trajectories, metrics around it."""
+    doc = job_document(store, job_id)
+    error = doc["error"] or {}
+    evidence = error.get("evidence") or {}
+    plugin_entry = str(evidence.get("plugin") or "")
+    plugin = next(
+        (p for p in doc["plugins"] if p["entry"] == plugin_entry or p["name"] == plugin_entry), None
+    )
+    failed = store.trajectories(job_id, status="failed", limit=5)
+    worst = store.trajectories(job_id, status="success", order="reward_asc", limit=5)
+    window: dict[str, list[dict[str, Any]]] = {}
+    if plugin is not None:
+        until = plugin.get("ended_at") or doc["updated_at"]
+        for name in ("exec_qps", "latency_ms_p99", "memory_percent", "cpu_percent", "instances"):
+            points = store.metrics(job_id, plugin["name"], [name], since=until - 600, until=until + 60)
+            window[name] = [p.to_dict() for p in points.get(name, [])][-20:]
+    logs = store.logs(job_id, plugin=plugin["name"] if plugin else None, limit=20)
+    return {
+        "job": {k: doc[k] for k in ("id", "name", "status", "steps_done", "steps_total")},
+        "error": error or None,
+        "traceback": evidence.get("traceback") or error.get("traceback") or "",
+        "plugin": plugin,
+        "failed_trajectories": [t.to_dict() for t in failed],
+        "lowest_reward_trajectories": [t.to_dict() for t in worst],
+        "metrics_window": window,
+        "recent_logs": [line.to_dict() for line in reversed(logs)],
+    }

@@ -1,0 +1,186 @@
+"""Run a job's attempts as child processes, classify how each ended, and retry when that helps.
+
+The scheduler survives its attempts: an attempt that dies (killed, crashed interpreter) becomes
+an ``internal error`` recorded here. Platform errors retry automatically after
+``retry.platform_delay_s`` from the last checkpoint; after the last automatic retry a support
+bundle is written and the job error says where.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plugtune.jobs.attempt import EXIT_CANCELLED
+from plugtune.jobs.classify import attempt_died
+from plugtune.jobs.retry_policy import FailureKind, RetryJobAfter, Stop, decide
+from plugtune.jobs.spec import RetryPolicy
+from plugtune.jobs.support_bundle import write_bundle
+from plugtune.settings import Settings
+from plugtune.store import Store
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+
+#: ``progress(job_id)`` is called about every POLL_S while an attempt runs.
+Progress = Callable[[int], None]
+
+_KINDS = {
+    "internal error": FailureKind.PLATFORM,
+    "unknown error": FailureKind.UNKNOWN,
+    "Call plugin error": FailureKind.PLUGIN_ERROR,
+    "Invalid data": FailureKind.DATA,
+    "Invalid value": FailureKind.DATA,
+    "Loss nan": FailureKind.LOSS_NAN,
+}
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    status: str  # succeeded | failed | cancelled
+    error: dict[str, Any] | None
+
+
+class AttemptRunner:
+    """Starts and watches attempt processes; ``cancel()`` stops the running one cleanly."""
+
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.cancel_requested = threading.Event()
+
+    def run(self, job_id: int, progress: Progress | None = None) -> AttemptEnd:
+        env = dict(
+            os.environ,
+            PLUGTUNE_DATABASE_URL=self.settings.database_url,
+            PLUGTUNE_HOME=str(self.settings.home),
+        )
+        before = len(self.store.list_attempts(job_id))
+        with tempfile.TemporaryFile() as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "plugtune.jobs.attempt", str(job_id)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
+            while self.proc.poll() is None:
+                if progress is not None:
+                    progress(job_id)
+                time.sleep(POLL_S)
+            rc = self.proc.returncode
+            stderr.seek(0)
+            tail = stderr.read()[-8000:].decode(errors="replace")
+        self.proc = None
+        return self._ended(job_id, before, rc, tail)
+
+    def _ended(self, job_id: int, before: int, rc: int, stderr_tail: str) -> AttemptEnd:
+        attempts = self.store.list_attempts(job_id)
+        mine = attempts[-1] if len(attempts) > before else None
+        if mine is not None and mine.status in ("succeeded", "failed", "cancelled"):
+            return AttemptEnd(mine.status, mine.error)
+        if rc == EXIT_CANCELLED or self.cancel_requested.is_set():
+            status, error = "cancelled", None
+        else:
+            status, error = "failed", attempt_died(rc, stderr_tail)
+        if mine is not None:
+            self.store.end_attempt(job_id, mine.number, status, error)
+        return AttemptEnd(status, error)
+
+    def cancel(self) -> None:
+        self.cancel_requested.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+
+def run_job(
+    store: Store,
+    settings: Settings,
+    job_id: int,
+    *,
+    runner: AttemptRunner | None = None,
+    progress: Progress | None = None,
+    wait_for_retries: bool = True,
+) -> str:
+    """Run attempts until the job succeeds, fails for good or is cancelled; return its status.
+
+    With ``wait_for_retries=False`` a platform failure only schedules the automatic retry
+    (``next_retry_at``) and returns; the server's scheduler loop starts it when it is due.
+    """
+    runner = runner or AttemptRunner(store, settings)
+    while True:
+        store.clear_job_error(job_id)
+        store.transition(job_id, "running", "attempt starting")
+        end = runner.run(job_id, progress)
+        if end.status == "succeeded":
+            store.transition(job_id, "succeeded", "all steps done")
+            return "succeeded"
+        if end.status == "cancelled":
+            store.transition(job_id, "cancelled", "cancelled by the user")
+            return "cancelled"
+        error = end.error or attempt_died(None)
+        number = len(store.list_attempts(job_id))
+        store.set_job_error(job_id, error, attempt=number)
+        store.transition(job_id, "failed", f"{error.get('type')}: {error.get('cause')}")
+        delay = schedule_retry(store, settings, job_id, error)
+        if delay is None or not wait_for_retries:
+            return "failed"
+        if runner.cancel_requested.wait(delay):
+            store.update_job(job_id, next_retry_at=None)
+            store.transition(job_id, "cancelled", "cancelled while waiting for an automatic retry")
+            return "cancelled"
+        job = store.get_job(job_id)
+        if job is None or job.status != "failed" or job.next_retry_at is None:
+            return job.status if job else "failed"  # retried or cancelled by hand meanwhile
+        store.transition(job_id, "queued", f"automatic retry {job.auto_retries}")
+
+
+def schedule_retry(store: Store, settings: Settings, job_id: int, error: dict[str, Any]) -> float | None:
+    """Apply the retry policy to a failed job: the delay before its automatic retry, or None."""
+    job = store.get_job(job_id)
+    if job is None:
+        return None
+    retry = RetryPolicy.model_validate(job.spec.get("retry") or {})
+    kind = _KINDS.get(str(error.get("type")), FailureKind.UNKNOWN)
+    decision = decide(kind, job.auto_retries + 1, retry=retry)
+    if isinstance(decision, RetryJobAfter):
+        store.update_job(
+            job_id, next_retry_at=time.time() + decision.delay_s, auto_retries=job.auto_retries + 1
+        )
+        return decision.delay_s
+    store.update_job(job_id, next_retry_at=None)
+    if isinstance(decision, Stop):
+        path = bundle(store, settings, job_id)
+        error = dict(
+            error,
+            message=f"{error.get('message')} — {decision.reason}; support bundle: {path}",
+            evidence={**(error.get("evidence") or {}), "support_bundle": str(path)},
+        )
+        store.set_job_error(job_id, error, attempt=len(store.list_attempts(job_id)))
+    return None
+
+
+def bundle(store: Store, settings: Settings, job_id: int) -> Path:
+    job = store.get_job(job_id)
+    assert job is not None
+    code = {p.code_hash: store.get_code(p.code_hash) for p in store.list_plugins(job_id) if p.code_hash}
+    logs = [row.to_dict() for row in store.logs(job_id, limit=500)]
+    return write_bundle(
+        settings.home / "support",
+        job=job.to_dict(),
+        attempts=[a.to_dict() for a in store.list_attempts(job_id)],
+        code=code,
+        logs=logs,
+    )

@@ -123,6 +123,42 @@ def init(
     typer.echo(f"\nNext: cd {directory} && plugtune lint && plugtune test && plugtune run job.yaml")
 
 
+@app.command("test")
+def test_plugins(
+    job_file: str = typer.Argument("job.yaml", help="The job's job.yaml."),
+    samples: int = typer.Option(4, min=1, max=100_000, help="Dataset rows to run (one rollout each)."),
+    faas: bool = typer.Option(
+        False, "--faas", help="Run in the function runtime with the real limits, at the job's concurrency."
+    ),
+    concurrency: int = typer.Option(
+        0, min=0, max=10_000, help="--faas: rollouts at once (default: batch_size × group_size)."
+    ),
+    inject: str = typer.Option("", help="Inject faults: a list of timeout,eof,oom,500,nan."),
+    inject_rate: float = typer.Option(0.2, help="Share of calls that get an injected fault (0..1]."),
+    seed: int = typer.Option(0, help="Seed of the fault draws."),
+    policy_url: str = typer.Option(
+        "", help="An OpenAI-compatible endpoint to use instead of the job's model (key: PLUGTUNE_POLICY_API_KEY)."
+    ),
+    policy_model: str = typer.Option("", help="The model name to ask --policy-url for."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run the job's rollout and graders on a few dataset rows and show trajectories, rewards, logs and
+    every error with its cause and hint; with --faas, load-test them in the function runtime (QPS,
+    latency, errors by cause, memory, instances, event-loop blocking, trainer demand).
+
+    Exits 0 when every call succeeded, 1 when one failed, 2 when the job itself is invalid."""
+    from plugtune.pretest.command import TestOptions, test_command
+    from plugtune.pretest.faas import Injection
+
+    try:
+        injection = Injection.parse(inject, inject_rate, seed) if inject else None
+    except ValueError as exc:
+        typer.echo(f"plugtune test: {exc}", err=True)
+        raise typer.Exit(2) from None
+    options = TestOptions(job_file, samples, policy_url, "", policy_model, concurrency, injection)
+    raise typer.Exit(test_command(options, faas=faas, as_json=as_json))
+
+
 @app.command()
 def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None:
     """Validate and run a job in the foreground with a progress bar; Ctrl-C cancels it cleanly.

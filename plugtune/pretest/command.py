@@ -1,0 +1,156 @@
+"""What ``plugtune test`` does, behind the thin CLI wrapper: validate, run, build the report document."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from plugtune.errors import DataError, PlatformError, PluginCallError
+from plugtune.jobs.validation import ValidatedJob, read_dataset, validate_job
+from plugtune.pretest.faas import Injection, default_concurrency, run_faas
+from plugtune.pretest.local import run_local
+from plugtune.pretest.policy import PolicyChoice
+from plugtune.pretest.progress import LiveProgress
+from plugtune.pretest.report import document, dumps, render_error, render_faas, render_local
+from plugtune.pretest.summary import demand
+from plugtune.pretest.trial import TrialResult
+
+
+WIDE = 150  # a report piped to a file is not cut at 80 columns
+
+
+@dataclass(frozen=True)
+class TestOptions:
+    """The options of ``plugtune test`` (see its ``--help``)."""
+
+    job_file: str = "job.yaml"
+    samples: int = 4
+    policy_url: str = ""
+    api_key: str = ""
+    model: str = ""
+    concurrency: int = 0  # 0: batch_size × group_size (``--faas`` only)
+    injection: Injection | None = None
+
+
+def load_job(job_file: str, *, check_model: bool = True) -> tuple[ValidatedJob, list[dict[str, Any]]]:
+    """The validated job and its training rows; raises ``DataError`` listing every problem.
+
+    ``check_model=False`` (with ``--policy-url``) skips the check that the model folder exists."""
+    job = validate_job(job_file, check_model=check_model)
+    return job, read_dataset(job.train_path)
+
+
+def policy_of(job: ValidatedJob, options: TestOptions) -> PolicyChoice:
+    return PolicyChoice(job.model_dir, options.policy_url, options.api_key, options.model)
+
+
+def header(job: ValidatedJob, policy: PolicyChoice) -> dict[str, Any]:
+    return {"job": {"name": job.spec.name, "file": str(job.job_file)}, "policy": policy.describe()}
+
+
+def deploy_failed(mode: str, head: dict[str, Any], error: PluginCallError) -> dict[str, Any]:
+    """The document when a plugin could not even be deployed (Create faas fault)."""
+    return {
+        **{"mode": mode, **head},
+        "calls": [],
+        "summary": {"ok": False, "calls": 0, "failed_calls": 0},
+        "error": error.to_dict(),
+    }
+
+
+def local_test(options: TestOptions) -> dict[str, Any]:
+    """Run ``plugtune test`` and return its JSON document (``summary.ok`` says whether it passed)."""
+    job, rows = load_job(options.job_file, check_model=not options.policy_url)
+    policy = policy_of(job, options)
+    head = header(job, policy)
+    try:
+        inject_for = options.injection.for_plugin if options.injection else None
+        result = asyncio.run(run_local(job, rows, options.samples, policy, inject_for))
+    except PluginCallError as exc:
+        return deploy_failed("local", head, exc)
+    extra = {
+        "samples": options.samples,
+        "injection": options.injection.to_dict() if options.injection else None,
+    }
+    return document("local", result, head, extra)
+
+
+def faas_test(options: TestOptions, progress: Any = None) -> dict[str, Any]:
+    """Run ``plugtune test --faas``; ``progress`` (a LiveProgress factory taking the total) shows calls."""
+    job, rows = load_job(options.job_file, check_model=not options.policy_url)
+    policy = policy_of(job, options)
+    head = header(job, policy)
+    concurrency = options.concurrency or default_concurrency(job)
+    live = progress(options.samples) if progress is not None else None
+    on_call = live.on_call if live is not None else None
+    try:
+        if live is not None:
+            with live:
+                result, limits = _run_faas(job, rows, options, concurrency, policy, on_call)
+        else:
+            result, limits = _run_faas(job, rows, options, concurrency, policy, on_call)
+    except PluginCallError as exc:
+        return deploy_failed("faas", head, exc)
+    config = job.spec.hyperparameters
+    driven = min(concurrency, options.samples)
+    extra = {
+        "samples": options.samples,
+        "concurrency": concurrency,
+        "limits": limits,
+        "injection": options.injection.to_dict() if options.injection else None,
+        "demand": demand(
+            config.batch_size, config.group_size, result.functions[0], result.calls, result.wall_s, driven
+        ),
+    }
+    return document("faas", result, head, extra)
+
+
+def _run_faas(
+    job: ValidatedJob,
+    rows: list[dict[str, Any]],
+    options: TestOptions,
+    concurrency: int,
+    policy: PolicyChoice,
+    on_call: Any,
+) -> tuple[TrialResult, str]:
+    return asyncio.run(run_faas(job, rows, options.samples, concurrency, policy, options.injection, on_call))
+
+
+def exit_code(doc: dict[str, Any]) -> int:
+    return 0 if doc["summary"].get("ok") else 1
+
+
+def test_command(options: TestOptions, *, faas: bool, as_json: bool) -> int:
+    """``plugtune test``: print the report (or one JSON document) and return the exit status.
+
+    0: every call succeeded; 1: a call failed (the report says why); 2: the job itself is invalid."""
+    out = Console(highlight=False, soft_wrap=True)
+    if not out.is_terminal:
+        out.width = WIDE
+    err = Console(stderr=True, highlight=False)
+    try:
+        if faas:
+            progress = None if as_json else (lambda total: LiveProgress(total, err))
+            doc = faas_test(options, progress)
+        else:
+            doc = local_test(options)
+    except DataError as exc:
+        err.print(Text(f"plugtune test: {exc.type}: {exc.message}"))
+        return 2
+    except PlatformError as exc:  # the policy could not be served
+        err.print(Text(f"plugtune test: {exc.message}"))
+        return 2
+    if as_json:
+        out.out(dumps(doc), highlight=False)
+    elif doc.get("error"):
+        out.print(Text(f"plugtune test: {doc['job']['name']} — a plugin could not be deployed", style="bold"))
+        render_error(out, doc["error"])
+    elif faas:
+        render_faas(out, doc)
+    else:
+        render_local(out, doc)
+    return exit_code(doc)

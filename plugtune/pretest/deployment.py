@@ -1,0 +1,27 @@
+"""Deploying a job's plugins for a test, with job.yaml's runtime settings over the decorator's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from plugtune.jobs.plugins import JobFunction, entry_of
+from plugtune.jobs.validation import PluginRef, ValidatedJob
+from plugtune.runtime import FaultInjection
+from plugtune.runtime.runtime import BaseRuntime
+
+
+def refs_of(job: ValidatedJob) -> list[PluginRef]:
+    """The rollout, then graders, then group graders (the order ``as_plugins`` expects)."""
+    return [job.rollout, *job.graders, *job.group_graders]
+
+
+async def deploy_job(
+    rt: BaseRuntime, job: ValidatedJob, inject_for: Callable[[int], FaultInjection | None] | None = None
+) -> list[JobFunction]:
+    """Deploy every plugin of ``job`` as a job would; ``inject_for(i)`` is the i-th one's fault injection."""
+    deployed = []
+    for i, ref in enumerate(refs_of(job)):
+        overrides = ref.runtime.given() if ref.runtime is not None else None
+        fn = await rt.deploy(entry_of(ref), runtime=overrides, inject=inject_for(i) if inject_for else None)
+        deployed.append(JobFunction(fn, ref.weight))
+    return deployed

@@ -1,0 +1,242 @@
+"""The report of ``plugtune test`` (local or ``--faas``): one JSON document, and its text rendering.
+
+Everything a plugin, a dataset or a model wrote is printed as plain text (no console markup).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from plugtune.pretest import summary as s
+from plugtune.pretest.calls import CallRecord
+from plugtune.pretest.trial import FunctionSnapshot, TrialResult
+from plugtune.types import LogLine, TrajectoryRecord
+
+MAX_CONTENT_CHARS = 2000
+
+
+def build_summary(result: TrialResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    calls = result.calls
+    failed = [c for c in calls if c.error is not None]
+    out: dict[str, Any] = {
+        "calls": len(calls),
+        "failed_calls": len(failed),
+        "trajectories": len(result.trajectories),
+        "failed_trajectories": sum(1 for t in result.trajectories if t.status == "failed"),
+        "ok": not failed and all(t.status != "failed" for t in result.trajectories),
+        "wall_s": round(result.wall_s, 3),
+        "qps": round(len(calls) / result.wall_s, 3) if result.wall_s > 0 else 0.0,
+        "latency": s.latency(calls),
+        "errors_by_cause": s.errors_by_cause(calls),
+        "plugins": [s.plugin_summary(fn, calls, result.wall_s) for fn in result.functions],
+    }
+    out.update(extra or {})
+    return out
+
+
+def trajectory_document(record: TrajectoryRecord, logs: Sequence[LogLine]) -> dict[str, Any]:
+    return {
+        "trajectory_id": record.trajectory_id,
+        "sample_index": record.sample_index,
+        "status": record.status,
+        "reward": record.reward,
+        "reward_components": record.reward_components,
+        "messages": record.messages,
+        "metrics": record.metrics,
+        "errors": [e.__dict__ for e in record.errors],
+        "logs": [line.to_dict() for line in logs],
+    }
+
+
+def logs_of(trajectory_id: str, functions: Sequence[FunctionSnapshot]) -> list[LogLine]:
+    """Every plugin's lines about one trajectory (a retried rollout's ``id.N`` ids included), by time."""
+    lines = [
+        line
+        for fn in functions
+        for line in fn.logs
+        if line.trajectory_id == trajectory_id or line.trajectory_id.startswith(trajectory_id + ".")
+    ]
+    return sorted(lines, key=lambda line: line.time)
+
+
+def document(
+    mode: str, result: TrialResult, header: dict[str, Any], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``--json`` document: ``{"mode", ..., "calls": [...], "summary": {...}}``."""
+    doc: dict[str, Any] = {"mode": mode, **header}
+    doc["calls"] = [c.to_dict() for c in sorted(result.calls, key=lambda c: c.started)]
+    if mode == "local":
+        doc["trajectories"] = [
+            trajectory_document(t, logs_of(t.trajectory_id, result.functions)) for t in result.trajectories
+        ]
+    doc["summary"] = build_summary(result, extra)
+    return doc
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, default=str, allow_nan=False)
+
+
+# --- text --------------------------------------------------------------------------------------
+
+
+def render_error(console: Console, error: dict[str, Any], indent: str = "  ") -> None:
+    """type (owner): cause — message, the hint, and the traceback when there is one."""
+    head = Text(indent)
+    what = f"{error.get('type')} ({error.get('owner', 'plugin')}): {error.get('cause')}"
+    head.append(what, style="bold red")
+    if error.get("plugin"):
+        head.append(f"  [{error['plugin']}]", style="dim")
+    console.print(head)
+    console.print(Text(f"{indent}  {error.get('message', '')}"))
+    if error.get("hint"):
+        console.print(Text(f"{indent}  what to do: {error['hint']}", style="yellow"))
+    if error.get("traceback"):
+        for line in str(error["traceback"]).splitlines():
+            console.print(Text(f"{indent}  | {line}", style="dim"))
+
+
+def render_message(console: Console, message: dict[str, Any]) -> None:
+    role = str(message.get("role", "?"))
+    style = {"user": "cyan", "assistant": "green", "tool": "magenta", "system": "blue"}.get(role, "")
+    line = Text("    ")
+    line.append(f"{role:>9}: ", style=f"bold {style}".strip())
+    content = message.get("content")
+    text = content if isinstance(content, str) else json.dumps(content) if content else ""
+    if role == "tool" and message.get("tool_call_id"):
+        line.append(f"[{message['tool_call_id']}] ", style="dim")
+    line.append(_clip(text))
+    console.print(line)
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        tool = Text("               → ")
+        tool.append(f"{function.get('name', '?')}({function.get('arguments', '')})", style="magenta")
+        if call.get("id"):
+            tool.append(f"  [{call['id']}]", style="dim")
+        console.print(tool)
+
+
+def render_trajectory(console: Console, t: dict[str, Any]) -> None:
+    ok = t["status"] == "success"
+    head = Text(f"● {t['trajectory_id']}  sample {t['sample_index']}  ", style="bold")
+    head.append(t["status"], style="green" if ok else "red")
+    reward = "-" if t["reward"] is None else f"{t['reward']:.4g}"
+    parts = ", ".join(
+        f"{name}={'None' if v is None else f'{v:.4g}'}" for name, v in t["reward_components"].items()
+    )
+    head.append(f"  reward {reward}" + (f" ({parts})" if parts else ""))
+    console.print(head)
+    for message in t["messages"]:
+        render_message(console, message)
+    for line in t["logs"]:
+        stamp = Text(f"    log {line['level']:<7} ", style="dim")
+        stamp.append(f"{_short(line['plugin'])}: ", style="dim")
+        stamp.append(_clip(line["message"]))
+        console.print(stamp)
+    for error in t["errors"]:
+        render_error(console, error, indent="    ")
+    console.print()
+
+
+def render_local(console: Console, doc: dict[str, Any]) -> None:
+    console.print(Text(f"plugtune test: {doc['job']['name']} — policy {doc['policy']}", style="bold"))
+    console.print()
+    for t in doc["trajectories"]:
+        render_trajectory(console, t)
+    summary = doc["summary"]
+    verdict = "all calls succeeded" if summary["ok"] else "FAILED"
+    console.print(
+        Text(
+            f"{summary['trajectories']} trajectories, {summary['calls']} calls, "
+            f"{summary['failed_calls']} failed, {summary['wall_s']:.2f} s — {verdict}",
+            style="bold green" if summary["ok"] else "bold red",
+        )
+    )
+
+
+def render_faas(console: Console, doc: dict[str, Any]) -> None:
+    summary = doc["summary"]
+    console.print(
+        Text(
+            f"plugtune test --faas: {doc['job']['name']} — {summary['calls']} calls in "
+            f"{summary['wall_s']:.2f} s "
+            f"at concurrency {summary['concurrency']} (limits: {summary['limits']})",
+            style="bold",
+        )
+    )
+    if summary.get("injection"):
+        inj = summary["injection"]
+        console.print(Text(f"injected faults: {', '.join(inj['faults'])} on {inj['rate']:.0%} of calls"))
+    console.print(_plugins_table(summary["plugins"]))
+    for plugin in summary["plugins"]:
+        blocking = plugin["event_loop_blocking"]
+        if blocking["count"]:
+            what = f"event-loop blocking: {plugin['name']} — {blocking['count']} warning(s)"
+            console.print(Text(what, style="yellow"))
+            for line in blocking["first"].splitlines():
+                console.print(Text(f"  | {line}", style="dim"))
+    for cause, first in summary["errors_by_cause"].items():
+        what = f"\n{cause}: {first['count']} call(s); first in {first['plugin']}"
+        console.print(Text(what, style="bold red"))
+        render_error(console, {**first, "cause": cause})
+    _render_demand(console, summary["demand"])
+    ok = summary["ok"]
+    verdict = "\nall calls succeeded" if ok else "\nFAILED"
+    console.print(Text(verdict, style="bold green" if ok else "bold red"))
+
+
+def _plugins_table(plugins: list[dict[str, Any]]) -> Table:
+    table = Table(title="plugins", title_justify="left")
+    columns = ("plugin", "calls", "failed", "QPS", "p50 ms", "p95 ms", "p99 ms", "peak mem / limit", "inst.")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "plugin" else "right")
+    for p in plugins:
+        lat, mem = p["latency"], p["memory"]
+        peak = "-" if mem["peak_mb"] is None else f"{mem['peak_mb']:.0f}"
+        table.add_row(
+            Text(f"{p['name']} ({p['kind']})"),
+            str(p["calls"]),
+            str(p["failed"]),
+            f"{p['qps']:.2f}",
+            f"{lat['p50_ms']:.0f}",
+            f"{lat['p95_ms']:.0f}",
+            f"{lat['p99_ms']:.0f}",
+            f"{peak} / {mem['limit_mb']:.0f} MiB",
+            str(p["instances_used"]),
+        )
+    return table
+
+
+def _render_demand(console: Console, d: dict[str, Any]) -> None:
+    verdict = "keeps up" if d["keeps_up"] else "does NOT keep up"
+    console.print(
+        Text(
+            f"\ntrainer demand: {d['rollouts_per_step']} rollouts per step; capacity {d['capacity']}; "
+            f"measured {d['measured_qps']:.2f} rollouts/s, needed {d['needed_qps']:.2f}/s "
+            f"(p95 in the function {d['service_time_p95_ms']:.0f} ms, "
+            f"p95 wait {d['queue_wait_p95_ms']:.0f} ms) — {verdict}",
+            style="green" if d["keeps_up"] else "yellow",
+        )
+    )
+    if d.get("suggestion"):
+        console.print(Text(f"  suggestion: {d['suggestion']}", style="yellow"))
+    if d.get("note"):
+        console.print(Text(f"  note: {d['note']}", style="dim"))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_CONTENT_CHARS else text[:MAX_CONTENT_CHARS] + f"… ({len(text)} chars)"
+
+
+def _short(entry: str) -> str:
+    path, _, function = entry.rpartition(":")
+    return f"{path.rsplit('/', 1)[-1]}:{function}" if path else entry
+
+
+__all__ = ["CallRecord", "build_summary", "document", "dumps", "render_faas", "render_local"]

@@ -1,0 +1,102 @@
+"""``run_trial``: a job's plugins on N dataset rows, the way a training step calls them.
+
+Each row is one prompt group of size 1: the rollout against the policy, then every grader and
+group grader on the trajectory (the trainer's own ``GroupRunner``), at most ``concurrency``
+trajectories at once. Every call is recorded; the deployed functions' metrics and logs are
+snapshotted before the runtime closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugtune.jobs.plugins import JobFunction
+from plugtune.jobs.validation import ValidatedJob
+from plugtune.pretest.calls import CallLog, CallRecord, RecordedFunction
+from plugtune.sdk import Kind, Runtime, Sample, Sampling
+from plugtune.trainer.groups import GroupRunner, Plugins
+from plugtune.trainer.protocols import PolicyServer, call_once
+from plugtune.types import LogLine, MetricPoint, TrajectoryRecord
+
+
+@dataclass(frozen=True)
+class FunctionSnapshot:
+    """What a deployed plugin looked like at the end of a test."""
+
+    entry: str
+    name: str
+    kind: str
+    runtime: Runtime
+    code_hash: str
+    metrics: list[MetricPoint] = field(default_factory=list)
+    logs: list[LogLine] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    trajectories: list[TrajectoryRecord]
+    calls: list[CallRecord]
+    functions: list[FunctionSnapshot]
+    wall_s: float
+
+
+def samples_of(job: ValidatedJob, rows: list[dict[str, Any]], n: int) -> list[tuple[int, Sample]]:
+    """``(round, sample)`` for the first ``n`` rows (cycling when the dataset has fewer)."""
+    config = job.spec.hyperparameters
+    sampling = Sampling(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_new_tokens)
+    out = []
+    for i in range(n):
+        index = i % len(rows)
+        sample = dataclasses.replace(Sample.from_dict(rows[index]), index=index, sampling=sampling)
+        out.append((i // len(rows), sample))
+    return out
+
+
+def snapshot(jf: JobFunction) -> FunctionSnapshot:
+    fn = jf.fn
+    fn.recorder.flush()  # the last partial window too
+    return FunctionSnapshot(
+        entry=fn.entry,
+        name=jf.spec.name,
+        kind=jf.spec.kind.value,
+        runtime=fn.runtime,
+        code_hash=fn.code_hash,
+        metrics=fn.metrics(),
+        logs=fn.logs(),
+    )
+
+
+async def run_trial(
+    functions: list[JobFunction],
+    server: PolicyServer,
+    samples: list[tuple[int, Sample]],
+    *,
+    concurrency: int,
+    job_id: str = "pretest",
+    on_call: Callable[[CallRecord], None] | None = None,
+) -> TrialResult:
+    """Run every sample's group (size 1) through ``functions`` (rollout first) on ``server``."""
+    log = CallLog(on_call)
+    recorded = [RecordedFunction(jf, log) for jf in functions]
+    plugins = Plugins(
+        rollout=recorded[0],
+        graders=[f for f in recorded if f.spec.kind is Kind.GRADER],
+        group_graders=[f for f in recorded if f.spec.kind is Kind.GROUP_GRADER],
+    )
+    runner = GroupRunner(server, plugins, call_once, job_id=job_id)
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(step: int, sample: Sample) -> list[TrajectoryRecord]:
+        async with gate:
+            return await runner.run(step, sample, 1, 0)
+
+    started = time.perf_counter()
+    groups = await asyncio.gather(*(one(step, sample) for step, sample in samples))
+    wall_s = time.perf_counter() - started
+    trajectories = [record for group in groups for record in group]
+    return TrialResult(trajectories, list(log.records), [snapshot(jf) for jf in functions], wall_s)

@@ -137,7 +137,7 @@ def test_plugins(
     inject_rate: float = typer.Option(0.2, help="Share of calls that get an injected fault (0..1]."),
     seed: int = typer.Option(0, help="Seed of the fault draws."),
     policy_url: str = typer.Option(
-        "", help="An OpenAI-compatible endpoint to use instead of the job's model (key: PLUGTUNE_POLICY_API_KEY)."
+        "", help="An OpenAI-compatible endpoint instead of the job's model (key: PLUGTUNE_POLICY_API_KEY)."
     ),
     policy_model: str = typer.Option("", help="The model name to ask --policy-url for."),
     as_json: bool = JSON_OPTION,

@@ -19,7 +19,6 @@ from plugtune.pretest.report import document, dumps, render_error, render_faas, 
 from plugtune.pretest.summary import demand
 from plugtune.pretest.trial import TrialResult
 
-
 WIDE = 150  # a report piped to a file is not cut at 80 columns
 
 

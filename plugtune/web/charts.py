@@ -93,13 +93,18 @@ TRAINING_CHARTS: list[PluginChart] = [
     PluginChart(
         "trajectories", "Trajectories per step", "count", _prefix("trajectories/"), _after("trajectories/")
     ),
+    PluginChart("time", "Step time", "s", _prefix("time/"), _after("time/")),
 ]
+TRAINING_EMPTY = {"plugin_errors": "No plugin error so far."}
 
 
 def training_charts(store: Store, job_id: int) -> list[ChartOut]:
     """The job page's curves by step; metrics no chart claims get one chart each (a few at most)."""
     series = store.metrics(job_id, "", max_points=MAX_POINTS)
-    charts = [_chart(spec, series, x="step") for spec in TRAINING_CHARTS]
+    charts = [
+        _chart(spec, series, x="step", empty=TRAINING_EMPTY.get(spec.key, "Not recorded yet."))
+        for spec in TRAINING_CHARTS
+    ]
     claimed = {n for spec in TRAINING_CHARTS for n in series if spec.matches(n)}
     extra = sorted(n for n in series if n not in claimed)[:MAX_EXTRA_CHARTS]
     for name in extra:
@@ -152,6 +157,7 @@ def _chart(
     x: str,
     x_min: float | None = None,
     x_max: float | None = None,
+    empty: str = "",
 ) -> ChartOut:
     names = sorted(n for n in series if spec.matches(n))
     # By step when every point has one (training metrics); otherwise the whole chart is by time.
@@ -167,5 +173,12 @@ def _chart(
     ]
     axis = "step" if by_step else "time"
     return ChartOut(
-        key=spec.key, title=spec.title, unit=spec.unit, x=axis, x_min=x_min, x_max=x_max, series=out
+        key=spec.key,
+        title=spec.title,
+        unit=spec.unit,
+        x=axis,
+        x_min=x_min,
+        x_max=x_max,
+        empty=empty,
+        series=out,
     )

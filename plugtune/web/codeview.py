@@ -39,15 +39,17 @@ class CodeFile:
     marked: set[int] = field(default_factory=set)  # 1-based lines a failure traceback points at
 
 
-def render_files(files: dict[str, bytes], failure_text: str = "") -> list[CodeFile]:
-    """Every stored file as coloured lines; lines named by ``failure_text``'s traceback are marked."""
+def render_files(files: dict[str, bytes], failure_text: str = "", entry: str = "") -> list[CodeFile]:
+    """Every stored file as coloured lines, the entry's file first; lines a traceback in
+    ``failure_text`` points at are marked."""
     marks = failure_lines(failure_text)
     out = []
     for path, data in files.items():
         text = data.decode("utf-8", errors="replace")
         marked = {line for name, line in marks if path == name or path.endswith(f"/{name}")}
         out.append(CodeFile(path=path, text=text, lines=colour(path, text), marked=marked))
-    return out
+    entry_file = entry.rpartition(":")[0].replace("\\", "/").rsplit("/", 1)[-1]
+    return sorted(out, key=lambda f: not (f.path == entry_file or f.path.endswith(f"/{entry_file}")))
 
 
 def failure_lines(text: str) -> list[tuple[str, int]]:

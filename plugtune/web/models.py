@@ -93,6 +93,7 @@ class ChartOut(BaseModel):
     x: str = Field(default="time", description="time (epoch seconds) or step")
     x_min: float | None = None
     x_max: float | None = None
+    empty: str = Field(default="", description="what the chart says when it has no point")
     series: list[SeriesOut]
 
 

@@ -104,7 +104,7 @@ def plugins_page(
         record, code = service.plugin_code(store, job_id, chosen.name)
         traceback = service.failure_traceback(store, job, record) if chosen.status == "failed" else ""
         failure = f"{chosen.failure_reason}\n{traceback}" if chosen.status == "failed" else ""
-        files = render_files(code, failure)
+        files = render_files(code, failure, record.entry)
     wanted = range if range in (*charts.RANGES, "custom") else "1h"
     return _render(
         request,

@@ -81,6 +81,15 @@ def test_training_curves_by_step(client: TestClient, seeded: Seeded) -> None:
     assert charts["plugin_errors"]["series"][0]["name"] == "500"
 
 
+def test_training_charts_say_why_they_are_empty(client: TestClient, seeded: Seeded) -> None:
+    charts = {c["key"]: c for c in client.get(f"/api/jobs/{seeded.done_job}/curves").json()["charts"]}
+    assert (
+        charts["plugin_errors"]["empty"] == "No plugin error so far."
+        and not charts["plugin_errors"]["series"]
+    )
+    assert charts["loss"]["empty"] == "Not recorded yet."
+
+
 def test_plugins_status_failure_reason_and_code(client: TestClient, seeded: Seeded) -> None:
     plugins = {p["name"]: p for p in client.get(f"/api/jobs/{seeded.failed_job}/plugins").json()}
     assert plugins["solve"]["status"] == "completed" and plugins["solve"]["kind"] == "rollout"

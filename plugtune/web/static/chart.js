@@ -133,7 +133,7 @@
     for (const spec of charts) {
       const cell = PT.el("div");
       grid.append(cell);
-      PT.lineChart(cell, Object.assign({ empty: emptyText }, spec));
+      PT.lineChart(cell, Object.assign({}, spec, { empty: spec.empty || emptyText }));
     }
   };
 })();

@@ -13,10 +13,29 @@
     }
   }
 
+  // While the job is active, reload the page when its status changes (e.g. the failure banner appears).
+  function watchStatus(job, shown) {
+    const timer = window.setInterval(async () => {
+      try {
+        const answer = await PT.api(`/api/jobs/${encodeURIComponent(job)}`);
+        if (answer.job.status !== shown) {
+          window.clearInterval(timer);
+          window.location.reload();
+        }
+      } catch (err) {
+        /* the server may be restarting: try again on the next tick */
+      }
+    }, 10000);
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
     const grid = document.getElementById("curves");
     if (!grid) return;
     drawCurves(grid);
-    if (grid.dataset.running === "true") window.setInterval(() => drawCurves(grid), 30000);
+    const status = document.getElementById("job-status").textContent.trim();
+    if (["queued", "validating", "running"].includes(status)) {
+      window.setInterval(() => drawCurves(grid), 30000);
+      watchStatus(grid.dataset.job, status);
+    }
   });
 })();

@@ -154,6 +154,7 @@ def queries(store: Store, job_id: int, size: Size) -> dict[str, Callable[[], Any
         "metrics: chart, 500 points": lambda: store.metrics(
             job_id, "solve", ["latency_ms_p99"], max_points=500
         ),
+        "metrics: latest values (jobs list)": lambda: store.latest_metrics([job_id]),
     }
 
 

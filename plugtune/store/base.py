@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -46,8 +47,9 @@ def loads(text: str | None) -> Any:
 
 
 def _fallback(value: Any) -> Any:
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
+    # JSON for what plugins put in metrics/evidence: records, sets and tuples, bytes; else its str().
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
     if isinstance(value, bytes):

@@ -17,10 +17,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, exc, insert, select, text
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Connection,
+    Engine,
+    Insert,
+    String,
+    Table,
+    create_engine,
+    event,
+    exc,
+    insert,
+    literal,
+    select,
+    text,
+)
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from plugtune.errors import PlatformError
 from plugtune.store.schema import SCHEMA_VERSION, metadata, store_meta
@@ -230,3 +247,31 @@ def upsert(
     return stmt.on_conflict_do_update(
         index_elements=keys, set_={name: stmt.excluded[name] for name in update_columns}, where=where
     )
+
+
+class contains_text(FunctionElement[bool]):
+    """``column`` contains ``needle``, case-insensitively, wildcards taken literally.
+
+    SQLite's LIKE already ignores ASCII case (as its lower() does), so it gets a plain LIKE, about
+    twice as fast as ``lower(x) LIKE lower(y)`` over a million rows; PostgreSQL gets ILIKE.
+    """
+
+    type = Boolean()
+    inherit_cache = True
+    name = "contains_text"
+
+    def __init__(self, column: ColumnElement[str], needle: str) -> None:
+        escaped = needle.replace("/", "//").replace("%", "/%").replace("_", "/_")
+        super().__init__(column, literal(f"%{escaped}%", String()))
+
+
+@compiles(contains_text)
+def _contains_text_ilike(element: contains_text, compiler: Any, **kw: Any) -> str:
+    column, pattern = list(element.clauses)
+    return f"{compiler.process(column, **kw)} ILIKE {compiler.process(pattern, **kw)} ESCAPE '/'"
+
+
+@compiles(contains_text, "sqlite")
+def _contains_text_sqlite(element: contains_text, compiler: Any, **kw: Any) -> str:
+    column, pattern = list(element.clauses)
+    return f"{compiler.process(column, **kw)} LIKE {compiler.process(pattern, **kw)} ESCAPE '/'"

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, insert, select
 
 from plugtune.store.base import StoreBase, count_rows, page_size
+from plugtune.store.database import contains_text
 from plugtune.store.records import LogRow
 from plugtune.store.schema import log_lines
 from plugtune.types import LogLine
@@ -98,7 +99,7 @@ def _filtered(
     if trajectory_id is not None:
         query = query.where(log_lines.c.trajectory_id == trajectory_id)
     if text:
-        query = query.where(log_lines.c.message.icontains(text, autoescape=True))
+        query = query.where(contains_text(log_lines.c.message, text))
     return query
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Select, func, select
 
 from plugtune.store.base import StoreBase, count_rows, dumps, loads, page_size
-from plugtune.store.database import upsert
+from plugtune.store.database import Database, contains_text, upsert
 from plugtune.store.records import NotFoundError, TrajectorySummary
 from plugtune.store.schema import trajectories as T
 from plugtune.types import ErrorRecord, TrajectoryRecord
@@ -32,7 +32,7 @@ _UPDATED = [c.name for c in T.columns if c.name not in _NOT_UPDATED]
 
 
 def upsert_trajectory_rows(
-    conn: Connection, db: Any, job_id: int, records: Sequence[TrajectoryRecord], now: float
+    conn: Connection, db: Database, job_id: int, records: Sequence[TrajectoryRecord], now: float
 ) -> None:
     # One statement may not touch a row twice (PostgreSQL refuses), so the last write per id wins here.
     latest = {r.trajectory_id: r for r in records}
@@ -172,7 +172,7 @@ def _filtered(
     if text:
         # Messages are stored as JSON: escape the needle the same way so quotes and newlines match.
         needle = dumps(text)[1:-1]
-        query = query.where(T.c.messages.icontains(needle, autoescape=True))
+        query = query.where(contains_text(T.c.messages, needle))
     if min_reward is not None:
         query = query.where(T.c.reward >= min_reward)
     if max_reward is not None:

@@ -162,3 +162,20 @@ def test_checkpoints_latest_is_highest_step(store: Store, job_id: int) -> None:
     latest = store.latest_checkpoint(job_id)
     assert latest is not None and (latest.step, latest.path) == (10, "/ckpt/10-again")
     assert [c.step for c in store.list_checkpoints(job_id)] == [5, 10, 10]
+
+
+def test_evidence_with_records_and_sets_is_stored_as_json(store: Store, job_id: int) -> None:
+    from plugtune.types import LogLine
+
+    line = LogLine(time=1.0, level="ERROR", plugin="solve", message="boom")
+    store.set_job_error(
+        job_id,
+        {
+            "type": "internal error",
+            "owner": "platform",
+            "evidence": {"logs": [line], "ids": {7}, "raw": b"x"},
+        },
+    )
+    job = store.get_job(job_id)
+    assert job is not None and job.error is not None
+    assert job.error.evidence == {"logs": [line.to_dict()], "ids": [7], "raw": "x"}

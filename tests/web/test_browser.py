@@ -168,7 +168,9 @@ def test_failed_trajectory_logs_fullscreen_keys_and_escaping(
     assert f"{XSS_SCRIPT} {XSS_IMG} The answer is 42." in detail  # shown as text, never run
     assert page.locator("#detail script, #detail img").count() == 0
     assert "→ calculator(" in detail and "ZeroDivisionError" in detail
-    _shot(page, "trajectory-failed.png", full_page=True)
+    page.set_viewport_size({"width": 1400, "height": 1300})  # the sticky detail panel is viewport-high
+    _shot(page, "trajectory-failed.png")
+    page.set_viewport_size({"width": 1400, "height": 900})
     page.select_option("#log-plugin-filter", "solve")
     assert set(page.locator("#trajectory-logs tbody tr td:nth-child(3)").all_inner_texts()) == {"solve"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from plugtune.errors import HINTS, Cause
+from plugtune.store import Store
 from tests.web.seed import XSS_IMG, XSS_SCRIPT, Seeded
 
 ESCAPED_SCRIPT = "&lt;script&gt;alert(1)&lt;/script&gt;"
@@ -93,3 +94,13 @@ def test_trajectories_page_lists_and_selects(client: TestClient, seeded: Seeded)
     assert (
         client.get(f"/jobs/{seeded.failed_job}/trajectories", params={"min_reward": "x"}).status_code == 400
     )
+
+
+def test_cancelled_job_offers_retry_and_stderr_lines_are_tagged(
+    client: TestClient, seeded: Seeded, store: Store
+) -> None:
+    store.transition(seeded.running_job, "cancelled", "by the user")
+    html = client.get(f"/jobs/{seeded.running_job}").text
+    assert 'id="retry-button"' in html and "This job was cancelled." in html
+    logs = client.get(f"/jobs/{seeded.failed_job}/logs", params={"level": "ERROR"}).text
+    assert '<span class="muted small-tag">stderr</span>' in logs

@@ -12,7 +12,10 @@
       : null;
     return PT.el("tr", { "data-id": line.id }, [
       PT.el("td", { class: "mono", text: PT.fmtTime(line.time) }),
-      PT.el("td", {}, [PT.badge("level", line.level)]),
+      PT.el("td", {}, [
+        PT.badge("level", line.level),
+        line.source && line.source !== "logger" ? PT.el("span", { class: "muted small-tag", text: ` ${line.source}` }) : null,
+      ]),
       PT.el("td", { class: "mono", text: line.plugin }),
       PT.el("td", { class: "mono" }, [trajectory]),
       PT.el("td", { class: "msg-text", text: line.message }),

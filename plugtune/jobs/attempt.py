@@ -9,16 +9,20 @@ error; the scheduler (another process) decides what happens next.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from plugtune.errors import Cause, PluginCallError
 from plugtune.jobs.caller import JobStop, PolicyCaller
 from plugtune.jobs.classify import classify
+from plugtune.jobs.evidence import failed_record
 from plugtune.jobs.plugins import Drain, JobFunction, as_plugins, deploy_all, record_deployed
 from plugtune.jobs.retry_policy import breaker
 from plugtune.jobs.validation import ValidatedJob, validate_job
@@ -123,6 +127,7 @@ async def _train(
     loaded = load_model(job.model_dir)
     caller = PolicyCaller(spec.failure_policy)
     functions = drain.functions
+    hashes = {jf.spec.name: jf.fn.code_hash for jf in functions}
     out = job_dir(settings, job_id)
     with PolicyGateway(loaded.model, loaded.tokenizer) as gateway:
         trainer = GRPOTrainer(
@@ -142,10 +147,16 @@ async def _train(
         store.update_job(job_id, steps_total=config.steps, steps_done=trainer.step_count)
         with StoreWriter(store, job_id) as writer:
             while trainer.step_count < config.steps:
-                result = await trainer.step()
+                try:
+                    result = await trainer.step()
+                except JobStop as stop:
+                    writer.add_trajectories(failed_record(stop, gateway, trainer.step_count + 1))
+                    writer.flush()
+                    raise
+                examples = dict(caller.examples)
                 calls, errors, worst_plugin = caller.reset_counts()
                 logs, points = drain.take()
-                writer.add_trajectories(result.records)
+                writer.add_trajectories([dataclasses.replace(r, code_hash=hashes) for r in result.records])
                 writer.add_metrics(_training_points(result.step, result.metrics))
                 writer.add_metrics(points)
                 writer.add_logs(logs)
@@ -155,31 +166,47 @@ async def _train(
                     store.add_checkpoint(job_id, result.step, str(path))
                 writer.flush()
                 store.update_job(job_id, steps_done=result.step)
-                _check_breaker(calls, errors, worst_plugin, spec.circuit_breaker)
+                _check_breaker(calls, errors, worst_plugin, examples, spec.circuit_breaker)
         trainer.save_final(out / "final")
 
 
 def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
-    import time
-
+    """The step's metrics as points; a NaN statistic (e.g. no reward scored at all) is left out."""
     now = time.time()
-    return [MetricPoint(time=now, plugin="", name=k, value=float(v), step=step) for k, v in metrics.items()]
+    return [
+        MetricPoint(time=now, plugin="", name=k, value=float(v), step=step)
+        for k, v in metrics.items()
+        if math.isfinite(v)
+    ]
 
 
-def _check_breaker(calls: int, errors: dict[str, int], plugin: str, config: Any) -> None:
+def _check_breaker(
+    calls: int, errors: dict[str, int], plugin: str, examples: dict[str, PluginCallError], config: Any
+) -> None:
     decision = breaker(calls, errors, config)
     if not decision.trip:
         return
     causes = {c.value: c for c in Cause}
     cause = causes.get(decision.dominant_cause or "", Cause.ERROR_500)
-    raise JobStop(PluginCallError(cause, decision.message, plugin=plugin), "circuit breaker")
+    example = examples.get(cause.value)
+    error = PluginCallError(
+        cause,
+        decision.message + (f" First one: {example.message}" if example else ""),
+        plugin=example.plugin if example else plugin,
+        call_id=example.call_id if example else "",
+        trajectory_id=example.trajectory_id if example else "",
+        traceback=example.traceback if example else "",
+        peak_memory_mb=example.peak_memory_mb if example else None,
+        code_hash=example.code_hash if example else "",
+    )
+    raise JobStop(error, "circuit breaker")
 
 
 def _mark_failed_plugin(
     store: Store, job_id: int, functions: list[JobFunction], error: PluginCallError
 ) -> None:
     for jf in functions:
-        if error.plugin in (jf.fn.entry, jf.spec.name):
+        if error.plugin == jf.spec.name:
             store.set_plugin_status(job_id, jf.spec.name, "failed", failure_reason=str(error))
 
 

@@ -31,10 +31,14 @@ _STATUS_KINDS = {
 class JobStop(Exception):  # noqa: N818 - a control-flow signal, not an error of its own
     """Raised when a failed plugin call must end the job; ``error`` is the classified cause."""
 
-    def __init__(self, error: PluginCallError, reason: str) -> None:
+    def __init__(
+        self, error: PluginCallError, reason: str, ctx: Context | None = None, args: tuple[Any, ...] = ()
+    ) -> None:
         super().__init__(f"{error} ({reason})")
         self.error = error
         self.reason = reason
+        self.ctx = ctx  # the failing call, so its trajectory can be kept as evidence
+        self.args = args
 
 
 class PolicyCaller:
@@ -45,18 +49,21 @@ class PolicyCaller:
         self.calls = 0
         self.errors: Counter[str] = Counter()
         self.by_plugin: Counter[str] = Counter()
+        self.examples: dict[str, PluginCallError] = {}  # the first error of each cause this step
         self.retries = 0
 
     def reset_counts(self) -> tuple[int, dict[str, int], str]:
         """This step's calls, errors by cause and most failing plugin; then start the next step."""
         worst = self.by_plugin.most_common(1)[0][0] if self.by_plugin else ""
         counts = (self.calls, dict(self.errors), worst)
-        self.calls, self.errors, self.by_plugin = 0, Counter(), Counter()
+        self.calls, self.errors, self.by_plugin, self.examples = 0, Counter(), Counter(), {}
         return counts
 
-    def _count_error(self, plugin: str, cause: str) -> None:
+    def _count_error(self, plugin: str, cause: str, error: PluginCallError | None = None) -> None:
         self.errors[cause] += 1
         self.by_plugin[plugin] += 1
+        if error is not None:
+            self.examples.setdefault(cause, error)
 
     async def __call__(self, fn: PluginFunction, ctx: Context, *args: Any) -> CallOutcome:
         attempt = 1
@@ -65,7 +72,7 @@ class PolicyCaller:
             try:
                 outcome = await fn.invoke(dataclasses.replace(ctx, attempt=attempt), *args)
             except PluginCallError as exc:
-                self._count_error(exc.plugin or fn.spec.name, exc.cause)
+                self._count_error(exc.plugin or fn.spec.name, exc.cause, exc)
                 kind = (
                     FailureKind.CREATE_FAULT
                     if exc.cause_enum is Cause.CREATE_FAULT
@@ -77,7 +84,7 @@ class PolicyCaller:
                     attempt, self.retries = decision.attempt, self.retries + 1
                     continue
                 if isinstance(decision, FailJob):
-                    raise JobStop(exc, decision.reason) from exc
+                    raise JobStop(exc, decision.reason, ctx, args) from exc
                 raise  # DropSample: the trainer marks the trajectory failed and counts it
             kind_of_status = _STATUS_KINDS.get(outcome.status)
             if kind_of_status is None:
@@ -96,5 +103,5 @@ class PolicyCaller:
                     instance_id=outcome.instance_id,
                     trajectory_id=ctx.trajectory_id,
                 )
-                raise JobStop(error, decision.reason)
+                raise JobStop(error, decision.reason, ctx, args)
             return outcome  # dropped: the trainer records the status on the trajectory

@@ -16,6 +16,14 @@ def classify(exc: BaseException, *, evidence: dict[str, Any] | None = None) -> d
     """
     if isinstance(exc, PlugtuneError):
         error = exc.to_dict()
+    elif not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: nothing in plugtune raises them
+        error = {
+            "type": ErrorType.UNKNOWN.value,
+            "owner": OWNERS[ErrorType.UNKNOWN].value,
+            "cause": type(exc).__name__,
+            "message": f"the attempt was stopped by {type(exc).__name__} from outside plugtune",
+            "hint": HINTS[ErrorType.UNKNOWN],
+        }
     else:
         error = {
             "type": ErrorType.INTERNAL.value,
@@ -31,6 +39,15 @@ def classify(exc: BaseException, *, evidence: dict[str, Any] | None = None) -> d
 
 def attempt_died(exitcode: int | None, stderr_tail: str = "") -> dict[str, Any]:
     """The job error when an attempt process ended without reporting one."""
+    if exitcode == 0:
+        return {
+            "type": ErrorType.UNKNOWN.value,
+            "owner": OWNERS[ErrorType.UNKNOWN].value,
+            "cause": "no result",
+            "message": "the attempt process exited normally but never reported a result",
+            "hint": HINTS[ErrorType.UNKNOWN],
+            "evidence": {"exitcode": exitcode, "stderr_tail": stderr_tail[-4000:]},
+        }
     how = "was killed by a signal" if exitcode is not None and exitcode < 0 else "exited"
     message = f"the job's attempt process {how} (exit code {exitcode}) before it reported a result"
     return {

@@ -91,8 +91,11 @@ def request_cancel(store: Store, job_id: int) -> None:
 class Scheduler:
     """The server's loop: runs queued jobs one at a time and starts automatic retries when due."""
 
+    PURGE_EVERY_S = 3600.0
+
     def __init__(self, store: Store, settings: Settings, poll_s: float = 1.0) -> None:
         self.store, self.settings, self.poll_s = store, settings, poll_s
+        self._purged_at = 0.0
         self.runners: dict[int, AttemptRunner] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="plugtune-scheduler", daemon=True)
@@ -119,6 +122,11 @@ class Scheduler:
 
     def _tick(self) -> None:
         now = time.time()
+        if now - self._purged_at >= self.PURGE_EVERY_S:
+            purged = self.store.purge_expired(now)
+            self._purged_at = now
+            if purged:
+                log.info("purged the monitoring data of %d ended plugins past their retention", purged)
         for job in self.store.list_jobs("failed", limit=200):
             if job.next_retry_at is not None and job.next_retry_at <= now:
                 self.store.transition(job.id, "queued", f"automatic retry {job.auto_retries}")

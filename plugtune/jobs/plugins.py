@@ -7,6 +7,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugtune.errors import PluginCallError
 from plugtune.jobs.validation import PluginRef, ValidatedJob
 from plugtune.runtime import Function
 from plugtune.runtime.runtime import BaseRuntime
@@ -30,7 +31,11 @@ class JobFunction:
         return self._spec
 
     async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
-        return await self.fn.invoke(ctx, *args)
+        try:
+            return await self.fn.invoke(ctx, *args)
+        except PluginCallError as exc:
+            exc.plugin = self.spec.name  # the store and console name plugins by function name
+            raise
 
 
 def entry_of(ref: PluginRef) -> str:

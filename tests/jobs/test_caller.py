@@ -1,0 +1,76 @@
+"""The failure policy applied to plugin calls, with in-process plugins (no processes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from plugtune.errors import Cause, PluginCallError
+from plugtune.jobs.caller import JobStop, PolicyCaller
+from plugtune.jobs.spec import FailurePolicy
+from plugtune.sdk import Context, Kind, PluginSpec, Runtime
+from plugtune.types import CallOutcome
+
+
+class Scripted:
+    """A plugin whose successive calls fail or answer as scripted."""
+
+    def __init__(self, *script: Any) -> None:
+        self.script = list(script)
+        self.attempts: list[int] = []
+        self.spec = PluginSpec(kind=Kind.GRADER, name="g", runtime=Runtime())
+
+    async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
+        self.attempts.append(ctx.attempt)
+        step = self.script.pop(0)
+        if isinstance(step, Cause):
+            raise PluginCallError(step, f"scripted {step.value}", plugin="g.py:g")
+        return CallOutcome(status=step, value=1.0 if step == "success" else None, reason="scripted")
+
+
+async def test_a_failing_call_is_retried_then_succeeds() -> None:
+    fn = Scripted(Cause.EOF, Cause.TIMEOUT, "success")
+    caller = PolicyCaller(FailurePolicy(max_attempts=3))
+    outcome = await caller(fn, Context())
+    assert outcome.status == "success"
+    assert fn.attempts == [1, 2, 3]
+    calls, errors, worst = caller.reset_counts()
+    assert (calls, errors, worst) == (3, {"EOF": 1, "Timeout": 1}, "g.py:g")
+
+
+async def test_exhausted_retries_fail_the_job_with_the_last_cause() -> None:
+    fn = Scripted(Cause.ERROR_500, Cause.ERROR_500)
+    with pytest.raises(JobStop) as stop:
+        await PolicyCaller(FailurePolicy(max_attempts=2))(fn, Context())
+    assert stop.value.error.cause == "500"
+
+
+async def test_drop_sample_hands_the_error_back_to_the_trainer() -> None:
+    fn = Scripted(Cause.OOM, Cause.OOM)
+    with pytest.raises(PluginCallError) as err:
+        await PolicyCaller(FailurePolicy(max_attempts=2, on_exhausted="drop_sample"))(fn, Context())
+    assert not isinstance(err.value, JobStop) and err.value.cause == "FaaS OOM"
+
+
+async def test_create_fault_is_never_retried() -> None:
+    fn = Scripted(Cause.CREATE_FAULT, "success")
+    with pytest.raises(JobStop):
+        await PolicyCaller(FailurePolicy(max_attempts=3))(fn, Context())
+    assert fn.attempts == [1]
+
+
+async def test_status_retry_is_retried_then_dropped_and_failure_fails_the_job() -> None:
+    retry = Scripted("retry", "retry")
+    outcome = await PolicyCaller(FailurePolicy(max_attempts=2))(retry, Context())
+    assert outcome.status == "retry" and retry.attempts == [1, 2]
+    failing = Scripted("failure", "failure")
+    with pytest.raises(JobStop) as stop:
+        await PolicyCaller(FailurePolicy(max_attempts=2))(failing, Context())
+    assert "returned status failure 2 times" in stop.value.error.message
+
+
+async def test_discard_comes_back_at_once() -> None:
+    fn = Scripted("discard")
+    assert (await PolicyCaller(FailurePolicy())(fn, Context())).status == "discard"
+    assert fn.attempts == [1]

@@ -1,0 +1,135 @@
+"""Automatic retries, the support bundle, the circuit breaker and the server's scheduler, for real."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from plugtune.jobs.control import Scheduler, create_job, retry_job
+from plugtune.jobs.scheduler import run_job
+from plugtune.settings import Settings
+from plugtune.store import Store
+from tests.jobs.jobkit import make_job
+
+pytestmark = pytest.mark.slow
+
+
+def _kill_running_attempt(store: Store, sig: int, after_steps: int = 1) -> object:
+    killed: set[int] = set()
+
+    def progress(jid: int) -> None:
+        job = store.get_job(jid)
+        attempts = store.list_attempts(jid)
+        if job is None or not attempts or attempts[-1].status != "running" or not attempts[-1].pid:
+            return
+        pid = attempts[-1].pid
+        if pid not in killed and job.steps_done >= after_steps:
+            killed.add(pid)
+            os.kill(pid, sig)
+
+    return progress
+
+
+def test_after_the_last_automatic_retry_a_support_bundle_is_written(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    job_id, _ = create_job(store, make_job(tmp_path / "b", hyper={"steps": 30}))
+    status = run_job(store, home, job_id, progress=_kill_running_attempt(store, signal.SIGKILL))  # type: ignore[arg-type]
+    assert status == "failed"
+    job = store.get_job(job_id)
+    assert job is not None and job.error is not None
+    assert job.error.type == "internal error" and job.auto_retries == 1
+    assert len(store.list_attempts(job_id)) == 2
+    bundle = Path(job.error.evidence["support_bundle"])
+    assert str(bundle) in job.error.message
+    names = zipfile.ZipFile(bundle).namelist()
+    assert {"job.json", "error.json", "attempts.json", "logs.jsonl", "environment.json"} <= set(names)
+    assert any(n.startswith("code/") and n.endswith("rollout.py") for n in names)
+
+
+def test_an_unexplained_interrupt_is_an_unknown_error_retried_automatically(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    job_id, _ = create_job(store, make_job(tmp_path / "u", hyper={"steps": 30}))
+    status = run_job(store, home, job_id, progress=_kill_running_attempt(store, signal.SIGINT))  # type: ignore[arg-type]
+    assert status == "failed"
+    first = store.list_attempts(job_id)[0].error
+    assert first is not None
+    assert (first["type"], first["owner"], first["cause"]) == ("unknown error", "platform", "KeyboardInterrupt")
+    assert store.get_job(job_id).auto_retries == 1  # type: ignore[union-attr]
+
+
+def test_the_circuit_breaker_stops_a_job_whose_plugins_mostly_fail(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    flaky = '''
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    raise RuntimeError("grader service unreachable")
+'''
+    job_file = make_job(
+        tmp_path / "cb",
+        grader=flaky,
+        hyper={"steps": 5},
+        extra={
+            "failure_policy": {"max_attempts": 1, "on_exhausted": "drop_sample"},
+            "circuit_breaker": {"max_error_share": 0.3, "min_calls": 2},
+        },
+    )
+    job_id, _ = create_job(store, job_file)
+    assert run_job(store, home, job_id) == "failed"
+    job = store.get_job(job_id)
+    assert job is not None and job.error is not None
+    assert (job.error.type, job.error.cause) == ("Call plugin error", "500")
+    assert "stopped early" in job.error.message
+    assert "grader.py" in job.error.evidence["traceback"], "the first failure's traceback is the evidence"
+    assert job.steps_done == 1
+    failed = store.trajectories(job_id, status="failed", limit=10)
+    assert failed, "the dropped samples are recorded as failed trajectories"
+
+
+def test_the_server_scheduler_runs_submitted_jobs_and_manual_retries(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    bad = '''
+import os
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    if os.path.exists(os.path.join(os.path.dirname(__file__), "broken")):
+        raise ValueError("broken on purpose")
+    return 1.0
+'''
+    job_file = make_job(tmp_path / "s", grader=bad)
+    (tmp_path / "s" / "plugins" / "broken").write_text("x")
+    job_id, _ = create_job(store, job_file)
+    scheduler = Scheduler(store, home, poll_s=0.2)
+    scheduler.start()
+    try:
+        _wait_for(store, job_id, "failed")
+        (tmp_path / "s" / "plugins" / "broken").unlink()
+        retry_job(store, job_id)
+        _wait_for(store, job_id, "succeeded")
+    finally:
+        scheduler.stop()
+    attempts = store.list_attempts(job_id)
+    assert [a.status for a in attempts] == ["failed", "succeeded"]
+    assert [e.cause for e in store.list_job_errors(job_id)] == ["500"]
+
+
+def _wait_for(store: Store, job_id: int, status: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = store.get_job(job_id)
+        if job is not None and job.status == status:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not become {status}: {store.get_job(job_id)}")

@@ -357,6 +357,37 @@ def trajectories(
 
 
 @app.command()
+def replay(
+    job_id: int = typer.Argument(..., help="Job id."),
+    trajectory_id: str = typer.Argument(..., help="Trajectory id (`plugtune trajectories JOB` lists them)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Re-run one trajectory's rollout and graders here, in this process (a debugger works), from the
+    exact code that ran in the job, with the policy's recorded answers played back (no model needed).
+
+    Exits 0 when the replay ends as the recorded trajectory did (same status, cause and plugin, or
+    same reward), 1 when it ends differently, 2 when the job, trajectory, code or data is missing."""
+    from plugtune.errors import DataError
+    from plugtune.pretest.replay import ReplayError
+    from plugtune.pretest.replay import replay as replay_trajectory
+    from plugtune.pretest.report import dumps, render_replay
+
+    with _opened_store() as (_, store):
+        try:
+            doc = replay_trajectory(store, job_id, trajectory_id)
+        except (ReplayError, DataError) as exc:
+            typer.echo(f"plugtune replay: {exc}", err=True)
+            raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(dumps(doc))
+    else:
+        from rich.console import Console
+
+        render_replay(Console(highlight=False, soft_wrap=True), doc)
+    raise typer.Exit(0 if doc["reproduced"] else 1)
+
+
+@app.command()
 def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
     """Explain a failed job: the classified error, owner and hint, the failing plugin's traceback at
     your line, the worst trajectories and the resource metrics around the failure."""

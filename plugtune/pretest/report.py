@@ -239,4 +239,34 @@ def _short(entry: str) -> str:
     return f"{path.rsplit('/', 1)[-1]}:{function}" if path else entry
 
 
-__all__ = ["CallRecord", "build_summary", "document", "dumps", "render_faas", "render_local"]
+__all__ = ["CallRecord", "build_summary", "document", "dumps", "render_faas", "render_local", "render_replay"]
+
+
+def render_replay(console: Console, doc: dict[str, Any]) -> None:
+    """The replayed trajectory, then the recorded and replayed outcomes side by side."""
+    turns = doc["policy_turns"]
+    console.print(
+        Text(
+            f"plugtune replay: job {doc['job_id']} trajectory {doc['trajectory_id']} — "
+            f"{turns['played']}/{turns['recorded']} recorded policy turns played back",
+            style="bold",
+        )
+    )
+    console.print()
+    render_trajectory(console, doc["trajectory"])
+    for name in ("recorded", "replayed"):
+        o = doc[name]
+        line = Text(f"{name:>9}: {o['status']}")
+        if o["error"]:
+            line.append(f" — {o['error']['type']}: {o['error']['cause']} in {_short(o['error']['plugin'])}")
+        else:
+            line.append(f" — reward {o['reward']}")
+        console.print(line)
+    for divergence in doc["divergences"]:
+        console.print(Text(f"  divergence: {divergence}", style="yellow"))
+    if doc["reproduced"]:
+        console.print(Text("reproduced: the replay ends as the job's trajectory did", style="bold green"))
+    else:
+        console.print(
+            Text("NOT reproduced: the replay ends differently from the recording", style="bold red")
+        )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,7 @@ def snapshot(jf: JobFunction) -> FunctionSnapshot:
 
 
 async def run_trial(
-    functions: list[JobFunction],
+    functions: Sequence[JobFunction],
     server: PolicyServer,
     samples: list[tuple[int, Sample]],
     *,

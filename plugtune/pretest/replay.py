@@ -1,0 +1,217 @@
+"""``plugtune replay JOB TRAJECTORY``: re-run one recorded trajectory on this machine, without the model.
+
+The rollout and graders run in this process (so a debugger works) from the exact code that ran
+in the job (the store's files for each plugin's code hash), and the policy's recorded assistant
+turns are played back, in order, by a local OpenAI-compatible server. The report says whether
+the replay reproduced the recorded outcome (same status, same failing plugin and cause, same reward).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from plugtune.errors import InvalidDataError, Problem
+from plugtune.jobs.plugins import JobFunction
+from plugtune.jobs.validation import read_dataset
+from plugtune.pretest.local import ExitsAsEof, exits_raise
+from plugtune.pretest.relay import PolicyRelay, RelayError, completion
+from plugtune.pretest.report import logs_of, trajectory_document
+from plugtune.pretest.trial import TrialResult, run_trial
+from plugtune.runtime import InProcessRuntime
+from plugtune.runtime.runtime import BaseRuntime
+from plugtune.sdk import Runtime, Sample, Sampling
+from plugtune.store import Plugin, Store
+from plugtune.types import TrajectoryRecord
+
+ROLE_ORDER = {"rollout": 0, "grader": 1, "group_grader": 2}
+
+
+class ReplayError(LookupError):
+    """The job, the trajectory or the code to replay is not in the store; the message says which."""
+
+
+class Playback:
+    """Answers chat requests with the recorded assistant turns, in order, and notes divergences."""
+
+    def __init__(self, recorded: list[dict[str, Any]], model: str) -> None:
+        self.recorded = recorded
+        self.turns = [i for i, m in enumerate(recorded) if m.get("role") == "assistant"]
+        self.model = model
+        self.served = 0
+        self.divergences: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, trajectory_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if self.served >= len(self.turns):
+                message = (
+                    f"the recording holds {len(self.turns)} assistant turn(s) and the rollout asked for "
+                    f"turn {self.served + 1}: it does not behave as it did in the job"
+                )
+                self.divergences.append(message)
+                raise RelayError(409, message)
+            at = self.turns[self.served]
+            self.served += 1
+        sent = [_comparable(m) for m in body.get("messages") or []]
+        if sent != [_comparable(m) for m in self.recorded[:at]]:
+            self.divergences.append(f"request {self.served} sent other messages than the recording")
+        turn = {k: v for k, v in self.recorded[at].items() if k in ("role", "content", "tool_calls")}
+        return completion(turn, self.model)
+
+
+def _comparable(message: dict[str, Any]) -> tuple[str, str]:
+    content = message.get("content")
+    return str(message.get("role")), content if isinstance(content, str) else json.dumps(content or "")
+
+
+def sample_of(spec: dict[str, Any], record: TrajectoryRecord) -> Sample:
+    """The dataset row the trajectory was rolled out from, with the job's sampling settings."""
+    job_file = Path(str(spec.get("job_file", "")))
+    train = (spec.get("data") or {}).get("train")
+    if not train:
+        raise InvalidDataError(
+            [Problem(str(job_file), "the job's spec names no training data", field="data")]
+        )
+    rows = read_dataset(job_file.parent / str(train))
+    if not 0 <= record.sample_index < len(rows):
+        message = (
+            f"row {record.sample_index} is not in the dataset ({len(rows)} rows): it changed since the job"
+        )
+        raise InvalidDataError([Problem(str(job_file.parent / str(train)), message, field="data.train")])
+    h = spec.get("hyperparameters") or {}
+    sampling = Sampling(
+        temperature=float(h.get("temperature", 1.0)),
+        top_p=float(h.get("top_p", 1.0)),
+        max_tokens=int(h.get("max_new_tokens", 64)),
+    )
+    return dataclasses.replace(
+        Sample.from_dict(rows[record.sample_index]), index=record.sample_index, sampling=sampling
+    )
+
+
+def materialize(store: Store, plugin: Plugin, root: Path) -> str:
+    """Write the plugin's stored code under ``root`` and return its entry there."""
+    files = store.get_code(plugin.code_hash) if plugin.code_hash else {}
+    if not files:
+        raise ReplayError(
+            f"the code of plugin {plugin.name} ({plugin.code_hash[:12] or 'no hash'}) is not stored"
+        )
+    target = root / plugin.code_hash
+    for rel, data in files.items():
+        path = target / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    file, _, function = plugin.entry.rpartition(":")
+    return f"{target / Path(file).name}:{function}"
+
+
+async def deploy_recorded(
+    rt: BaseRuntime, store: Store, plugins: list[Plugin], root: Path, weights: dict[str, float]
+) -> list[JobFunction]:
+    deployed: list[JobFunction] = []
+    for plugin in plugins:
+        runtime = Runtime(**plugin.runtime) if plugin.runtime else None
+        fn = await rt.deploy(materialize(store, plugin, root), runtime=runtime)
+        if fn.code_hash != plugin.code_hash:
+            raise ReplayError(
+                f"plugin {plugin.name}: the stored code does not hash to {plugin.code_hash[:12]}"
+            )
+        deployed.append(ExitsAsEof(JobFunction(fn, weights.get(plugin.name))))
+    return deployed
+
+
+def grader_weights(spec: dict[str, Any]) -> dict[str, float]:
+    """job.yaml's grader weights by function name (the decorator's weight applies to the rest)."""
+    plugins = spec.get("plugins") or {}
+    out: dict[str, float] = {}
+    for entry in [*(plugins.get("graders") or []), *(plugins.get("group_graders") or [])]:
+        if isinstance(entry, dict) and entry.get("weight") is not None:
+            out[str(entry.get("entry", "")).rpartition(":")[2]] = float(entry["weight"])
+    return out
+
+
+def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
+    """Replay one trajectory; returns the report document (``reproduced`` says whether it matched)."""
+    job = store.get_job(job_id)
+    if job is None:
+        raise ReplayError(f"there is no job {job_id} in {store.url}; `plugtune jobs list` shows them")
+    record = store.get_trajectory(job_id, trajectory_id)
+    if record is None:
+        raise ReplayError(
+            f"job {job_id} has no trajectory {trajectory_id!r}; `plugtune trajectories {job_id}`"
+        )
+    plugins = sorted(store.list_plugins(job_id), key=lambda p: ROLE_ORDER.get(p.role, 9))
+    if not plugins or plugins[0].role != "rollout":
+        raise ReplayError(f"job {job_id} has no recorded rollout plugin to replay")
+    sample = sample_of(job.spec, record)
+    playback = Playback(record.messages, "policy")
+    result = asyncio.run(_run(store, plugins, grader_weights(job.spec), record, sample, playback))
+    replayed = result.trajectories[0]
+    return {
+        "job_id": job_id,
+        "trajectory_id": trajectory_id,
+        "recorded": outcome_of(record),
+        "replayed": outcome_of(replayed),
+        "reproduced": same_outcome(record, replayed),
+        "policy_turns": {"recorded": len(playback.turns), "played": playback.served},
+        "divergences": playback.divergences,
+        "trajectory": trajectory_document(replayed, logs_of(replayed.trajectory_id, result.functions)),
+        "calls": [c.to_dict() for c in result.calls],
+    }
+
+
+async def _run(
+    store: Store,
+    plugins: list[Plugin],
+    weights: dict[str, float],
+    record: TrajectoryRecord,
+    sample: Sample,
+    playback: Playback,
+) -> TrialResult:
+    with tempfile.TemporaryDirectory(prefix="plugtune-replay-") as tmp:
+        async with InProcessRuntime() as rt:
+            functions = await deploy_recorded(rt, store, plugins, Path(tmp), weights)
+            with PolicyRelay(playback) as relay, exits_raise():
+                return await run_trial(functions, relay, [(record.step, sample)], concurrency=1)
+
+
+def outcome_of(record: TrajectoryRecord) -> dict[str, Any]:
+    first = record.errors[0] if record.errors else None
+    return {
+        "status": record.status,
+        "reward": record.reward,
+        "reward_components": record.reward_components,
+        "error": None
+        if first is None
+        else {"type": first.type, "cause": first.cause, "plugin": first.plugin, "message": first.message},
+    }
+
+
+def same_outcome(recorded: TrajectoryRecord, replayed: TrajectoryRecord) -> bool:
+    """Same status; for a failure the same cause in the same plugin; for a success the same reward."""
+    if recorded.status != replayed.status:
+        return False
+    if recorded.errors or replayed.errors:
+        if not recorded.errors or not replayed.errors:
+            return False
+        a, b = recorded.errors[0], replayed.errors[0]
+        return a.cause == b.cause and _plugin_name(a.plugin) == _plugin_name(b.plugin)
+    return _same_number(recorded.reward, replayed.reward)
+
+
+def _plugin_name(plugin: str) -> str:
+    """``.../graders.py:exact`` and ``exact`` name the same plugin."""
+    return plugin.rpartition(":")[2] if ":" in plugin else plugin
+
+
+def _same_number(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)

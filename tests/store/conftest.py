@@ -1,7 +1,8 @@
 """Every store test runs against SQLite in a temp dir and against the real PostgreSQL.
 
-PostgreSQL tests use a fresh schema per test (dropped afterwards), so parallel and previous runs
-never see each other's rows. Override the server with PLUGTUNE_TEST_POSTGRES_URL.
+PostgreSQL tests use one fresh schema per test run (dropped afterwards), emptied before each
+test, so parallel and previous runs never see each other's rows.
+Override the server with PLUGTUNE_TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from plugtune.store import Store
+from plugtune.store.schema import metadata, store_meta
 
 POSTGRES_URL = os.environ.get(
     "PLUGTUNE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -49,12 +51,50 @@ def postgres_skip_reason() -> str | None:
     return _postgres_unreachable()
 
 
+@pytest.fixture(scope="session")
+def postgres_session(postgres_skip_reason: str | None) -> Iterator[Store | None]:
+    """One schema for the whole run (creating tables per test is most of a test's time)."""
+    if postgres_skip_reason:
+        yield None
+        return
+    store = Store.open(POSTGRES_URL, schema=f"pt_test_{uuid.uuid4().hex[:12]}", retention_days=7)
+    yield store
+    store.drop_all()
+    store.close()
+
+
+def _empty(store: Store) -> None:
+    # DELETE, children first: much cheaper than TRUNCATE on a dozen small tables.
+    with store._db.engine.begin() as conn:
+        for table in reversed(metadata.sorted_tables):
+            if table is not store_meta:
+                conn.execute(table.delete())
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def target(
-    request: pytest.FixtureRequest, tmp_path: Path, postgres_skip_reason: str | None
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    postgres_skip_reason: str | None,
+    postgres_session: Store | None,
 ) -> Iterator[Target]:
+    """An empty store: a new SQLite file, or the run's PostgreSQL schema with every table emptied."""
     if request.param == "sqlite":
         yield Target(f"sqlite:///{tmp_path / 'state' / 'plugtune.db'}", None)
+        return
+    if postgres_session is None:
+        pytest.skip(postgres_skip_reason or "PostgreSQL is unreachable")
+    _empty(postgres_session)
+    yield Target(POSTGRES_URL, postgres_session._db.schema)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fresh_target(
+    request: pytest.FixtureRequest, tmp_path: Path, postgres_skip_reason: str | None
+) -> Iterator[Target]:
+    """A database (SQLite file / PostgreSQL schema) that does not exist yet."""
+    if request.param == "sqlite":
+        yield Target(f"sqlite:///{tmp_path / 'fresh' / 'plugtune.db'}", None)
         return
     if postgres_skip_reason:
         pytest.skip(postgres_skip_reason)

@@ -27,7 +27,8 @@ store.transition(job_id, "succeeded", "done")
 """
 
 
-def test_two_processes_create_and_write_one_database_at_once(target: Target) -> None:
+def test_two_processes_create_and_write_one_database_at_once(fresh_target: Target) -> None:
+    target = fresh_target
     children = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, target.url, target.schema or "", name],

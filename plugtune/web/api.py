@@ -66,7 +66,7 @@ def get_job(request: Request, job_id: int) -> JobDetail:
     errors = store.list_job_errors(job_id)
     return JobDetail(
         job=service.job_view(store, job),
-        attempts=attempts_out(store.list_attempts(job_id), errors),
+        attempts=attempts_out(store.list_attempts(job_id), errors, store.list_transitions(job_id)),
         errors=[e for e in (error_out(x) for x in errors) if e is not None],
     )
 

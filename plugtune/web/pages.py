@@ -75,7 +75,9 @@ def job_page(request: Request, job_id: int, retried: str | None = None) -> HTMLR
 def _job_page(request: Request, job_id: int, *, message: str = "", status_code: int = 200) -> HTMLResponse:
     store = _store(request)
     job = service.require_job(store, job_id)
-    attempts = attempts_out(store.list_attempts(job_id), store.list_job_errors(job_id))
+    attempts = attempts_out(
+        store.list_attempts(job_id), store.list_job_errors(job_id), store.list_transitions(job_id)
+    )
     job_view = service.job_view(store, job)
     return _render(request, "job.html", status_code, job=job_view, attempts=attempts, message=message)
 

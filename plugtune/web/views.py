@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from plugtune.store.records import Attempt, Job, JobError, LogRow, Plugin, TrajectorySummary
+from plugtune.store.records import Attempt, Job, JobError, LogRow, Plugin, TrajectorySummary, Transition
 from plugtune.types import ErrorRecord, TrajectoryRecord
 from plugtune.web.models import (
     AttemptOut,
@@ -56,16 +56,18 @@ def job_out(job: Job) -> JobOut:
     )
 
 
-def attempts_out(attempts: list[Attempt], errors: list[JobError]) -> list[AttemptOut]:
-    """Attempts, newest first, each with the trigger that started it and its error."""
+def attempts_out(
+    attempts: list[Attempt], errors: list[JobError], transitions: list[Transition]
+) -> list[AttemptOut]:
+    """Attempts, newest first, each with what started it (from the job's status history) and its error."""
     by_attempt = {e.attempt: e for e in errors if e.attempt is not None}
+    requeued = [t for t in transitions if t.to_status == "queued" and t.from_status is not None]
     out: list[AttemptOut] = []
-    previous: Attempt | None = None
-    for a in attempts:
+    for i, a in enumerate(attempts):
         out.append(
             AttemptOut(
                 number=a.number,
-                trigger=_trigger(a, previous),
+                trigger="first run" if i == 0 else _trigger(a, requeued),
                 status=a.status,
                 started_at=a.started_at,
                 ended_at=a.ended_at,
@@ -73,17 +75,20 @@ def attempts_out(attempts: list[Attempt], errors: list[JobError]) -> list[Attemp
                 error=error_out(a.error if a.error else by_attempt.get(a.number)),
             )
         )
-        previous = a
     return out[::-1]
 
 
-def _trigger(attempt: Attempt, previous: Attempt | None) -> str:
-    if previous is None:
-        return "first run"
-    error = previous.error or {}
-    if error.get("owner") == "platform":
-        return "retry (platform error)"
-    return "manual retry"
+def _trigger(attempt: Attempt, requeued: list[Transition]) -> str:
+    """The reason of the last re-queueing before the attempt started (manual or automatic retry)."""
+    before = [t for t in requeued if t.time <= attempt.started_at]
+    if not before:
+        return "retry"
+    reason = before[-1].reason
+    if reason.startswith("automatic"):
+        return "automatic retry"
+    if reason.startswith("manual"):
+        return "manual retry"
+    return reason or "retry"
 
 
 def plugin_out(plugin: Plugin) -> PluginOut:

@@ -268,3 +268,26 @@ def test_docs_and_openapi_work_offline(client: TestClient) -> None:
         "/api/jobs/{job_id}/trajectories" in docs
         and "http" not in docs.split("<main>")[1].split("</main>")[0]
     )
+
+
+def test_retry_history_says_what_started_each_attempt(
+    client: TestClient, seeded: Seeded, store: Store
+) -> None:
+    job = seeded.platform_job
+    store.transition(job, "queued", "automatic retry 1")  # as the scheduler does when next_retry_at is due
+    store.transition(job, "running", "attempt starting")
+    second = store.start_attempt(job, pid=2)
+    store.end_attempt(
+        job, second, "failed", {"type": "internal error", "owner": "platform", "message": "again"}
+    )
+    store.transition(job, "failed", "attempt died")
+    assert client.post(f"/api/jobs/{job}/retry").status_code == 200
+    store.transition(job, "running", "attempt starting")
+    store.start_attempt(job, pid=3, resumed_from_step=2)
+    attempts = client.get(f"/api/jobs/{job}").json()["attempts"]
+    assert [(a["number"], a["trigger"]) for a in attempts] == [
+        (3, "manual retry"),
+        (2, "automatic retry"),
+        (1, "first run"),
+    ]
+    assert attempts[0]["resumed_from_step"] == 2 and attempts[1]["error"]["message"] == "again"

@@ -1,0 +1,97 @@
+"""``plugtune test`` (in-process): the init project passes; each faulty plugin fails with its cause."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plugtune.cli import app
+from plugtune.init_project import create_project
+from plugtune.pretest.command import local_test
+from plugtune.pretest.relay import PolicyRelay, completion
+from tests.pretest.helpers import FAULTY, causes, injected, options
+
+
+def test_init_project_passes(tmp_path: Path) -> None:
+    create_project(tmp_path / "p")
+    doc = local_test(options(tmp_path / "p" / "job.yaml", samples=2))
+    assert doc["summary"]["ok"], doc["summary"]
+    assert [c["name"] for c in doc["calls"]].count("solve") == 2
+    for t in doc["trajectories"]:
+        assert t["status"] == "success"
+        assert [m["role"] for m in t["messages"]][-1] == "assistant"  # what the demo model answered
+        assert set(t["reward_components"]) == {"exact"} and t["reward"] in (0.0, 1.0)
+        assert any("answer after" in line["message"] for line in t["logs"])
+
+
+CASES = [
+    ("raising_grader", "raises", "500", "graders.py:17 in raises"),
+    ("nan_grader", "nan", "Invalid reward", "NaN"),
+    ("sleeping_rollout", "sleeps", "Timeout", "timeout_s=0.5"),
+    ("exiting_rollout", "exits", "EOF", "os._exit(3)"),
+]
+
+
+@pytest.mark.parametrize(("job", "plugin", "cause", "evidence"), CASES, ids=[c[0] for c in CASES])
+def test_faulty_plugin_fails_with_its_cause(job: str, plugin: str, cause: str, evidence: str) -> None:
+    doc = local_test(options(job, samples=2))
+    summary = doc["summary"]
+    assert not summary["ok"] and summary["failed_calls"] == 2
+    failed = [c for c in doc["calls"] if c["error"]]
+    assert {c["name"] for c in failed} == {plugin}
+    assert all(c["plugin"].endswith(f":{plugin}") for c in failed)
+    assert all(c["error"]["type"] == "Call plugin error" for c in failed)
+    assert set(summary["errors_by_cause"]) == {cause}
+    first = summary["errors_by_cause"][cause]
+    assert evidence in first["message"] + first["traceback"], first
+    for t in doc["trajectories"]:
+        assert t["status"] == "failed" and t["reward"] is None
+        assert t["errors"][0]["cause"] == cause and t["errors"][0]["hint"]
+
+
+def test_injected_fault_in_process() -> None:
+    doc = local_test(options("ok", samples=2, injection=injected("500")))
+    assert causes(doc) == ["500", "500"]
+    assert "injected fault" in doc["calls"][0]["error"]["message"]
+
+
+def test_policy_url_is_used_and_recorded() -> None:
+    """--policy-url: any OpenAI-compatible endpoint; the conversation is recorded without tokens."""
+    asked: list[list[dict[str, object]]] = []
+
+    def upstream(trajectory_id: str, body: dict[str, object]) -> dict[str, object]:
+        asked.append(list(body["messages"]))  # type: ignore[arg-type]
+        return completion({"role": "assistant", "content": "from upstream"}, "ext-model")
+
+    with PolicyRelay(upstream) as endpoint:
+        key = endpoint.open("external").api_key
+        doc = local_test(options("policy", samples=2, policy_url=endpoint.base_url, api_key=key))
+    assert doc["summary"]["ok"], doc["summary"]
+    assert len(asked) == 2 and asked[0][0]["role"] == "user"
+    for t in doc["trajectories"]:
+        assert t["messages"][-1] == {"role": "assistant", "content": "from upstream"}
+        assert any("from upstream" in line["message"] for line in t["logs"])
+
+
+def test_cli_text_and_json() -> None:
+    runner = CliRunner()
+    ok = runner.invoke(app, ["test", str(FAULTY / "ok.yaml"), "--samples", "1"])
+    assert ok.exit_code == 0, ok.output
+    assert "all calls succeeded" in ok.output and "assistant:" in ok.output
+    bad = runner.invoke(app, ["test", str(FAULTY / "raising_grader.yaml"), "--samples", "1", "--json"])
+    assert bad.exit_code == 1
+    doc = json.loads(bad.stdout)
+    assert causes(doc) == [None, "500"]
+    assert set(doc["calls"][1]) >= {"plugin", "sample_index", "ok", "latency_ms", "error"}
+    assert set(doc["calls"][1]["error"]) >= {"type", "cause", "message", "traceback"}
+
+
+def test_cli_invalid_job_is_exit_2(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: x\nmodel: builtin:tiny-chat\n")
+    result = CliRunner().invoke(app, ["test", str(job)])
+    assert result.exit_code == 2
+    assert "Invalid" in result.output

@@ -69,8 +69,8 @@ class PluginsTable(StoreBase):
                 )
 
     def list_plugins(self, job_id: int) -> list[Plugin]:
-        """The job's plugins: rollout first, then graders, in the order they were declared."""
-        query = select(plugins).where(plugins.c.job_id == job_id)
+        """The job's plugins: rollout first, then graders, then group graders; by name within a role."""
+        query = select(plugins).where(plugins.c.job_id == job_id).order_by(plugins.c.name)
         with self._db.read("listing plugins") as conn:
             rows = [_plugin(r) for r in conn.execute(query)]
         order = [r.value for r in PluginRole]

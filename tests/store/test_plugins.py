@@ -122,3 +122,14 @@ def test_retention_days_comes_from_open(target: object, job_id: int, store: Stor
     short.set_plugin_status(job_id, "solve", "completed", at=0.0)
     assert short.purge_expired(now=0.5 * DAY) == 1
     short.close()
+
+
+def test_list_order_is_role_then_name(store: Store, job_id: int) -> None:
+    for name, role in [
+        ("zeta", "grader"),
+        ("rank", "group_grader"),
+        ("alpha", "grader"),
+        ("solve", "rollout"),
+    ]:
+        store.upsert_plugin(job_id, name, role, f"p.py:{name}")
+    assert [p.name for p in store.list_plugins(job_id)] == ["solve", "alpha", "zeta", "rank"]

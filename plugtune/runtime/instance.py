@@ -69,9 +69,11 @@ class Instance:
         self.peak_rss_mb = 0.0
         self.cancel_timers: dict[str, asyncio.TimerHandle] = {}
         self.transport: asyncio.Transport | None = None
+        self._outbox: list[bytes] = []
         self.fatal: tuple[str, str] | None = None
         self.startup_logs: list[LogLine] = []
         self.ledger_released = False
+        self.end_task: asyncio.Task[None] | None = None
 
     # ---- wiring -----------------------------------------------------------------------------
 
@@ -85,7 +87,7 @@ class Instance:
                     instance.on_message(message)
 
             def connection_lost(self, exc: Exception | None) -> None:
-                instance.loop.create_task(instance.on_connection_lost())
+                instance.end_task = instance.loop.create_task(instance.on_connection_lost())
 
         class Output(asyncio.Protocol):
             partial = b""
@@ -120,8 +122,15 @@ class Instance:
         return pending
 
     def send(self, message: list[Any]) -> None:
+        """Queue a frame; frames queued in one loop turn go out in one write (one wake-up)."""
+        self._outbox.append(p.pack(message))
+        if len(self._outbox) == 1:
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        data, self._outbox = b"".join(self._outbox), []
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(p.pack(message))
+            self.transport.write(data)
 
     def expire(self, call_id: str, timeout_s: float) -> Pending | None:
         """The caller's deadline passed: stop waiting, ask the instance to cancel the call."""

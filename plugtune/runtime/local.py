@@ -51,6 +51,7 @@ class LocalBackend:
         use_zygote: bool = True,
         idle_timeout_s: float = 60.0,
         watchdog_period_s: float = 0.05,
+        spares: bool = True,
     ) -> None:
         self.limits = limits
         self.limits_mechanism = limits.mechanism
@@ -59,6 +60,8 @@ class LocalBackend:
         self.idle_timeout_s = idle_timeout_s
         self.watchdog_period_s = watchdog_period_s
         self.ids = itertools.count(1)
+        self.spares = spares
+        self.deployments: list[LocalDeployment] = []
 
     async def deploy(self, request: DeployRequest) -> LocalDeployment:
         config = {
@@ -75,7 +78,8 @@ class LocalBackend:
             await zygote.aclose()
             raise
         spec = spec_from(raw)
-        runtime = request.runtime or spec.runtime
+        runtime = request.effective_runtime(spec.runtime)
+        self.deployments = [d for d in self.deployments if not d.closed]
         deployment = LocalDeployment(
             self, request, spec, runtime, zygote if self.use_zygote else None, config
         )
@@ -86,7 +90,17 @@ class LocalBackend:
         except BaseException:
             await deployment.close()
             raise
+        self.deployments.append(deployment)
         return deployment
+
+    def reserve(self, memory_mb: int) -> None:
+        """Reserve quota for an instance; spare instances give theirs up first."""
+        try:
+            self.ledger.reserve(memory_mb)
+        except QuotaExceeded:
+            for deployment in self.deployments:
+                deployment.drop_spare("its quota is needed by a serving instance")
+            self.ledger.reserve(memory_mb)
 
     def next_instance_id(self) -> str:
         return f"i{next(self.ids)}"
@@ -121,6 +135,12 @@ class LocalDeployment:
         self.cold_starts_ms: list[float] = []
         self.spawned: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.spare: Instance | None = None  # ready, idle, not routed to: handed out on the next scale-up
+        self._refilling = False
+        self._told_zygote_gone = False
+        self.creating: set[Instance] = set()
+        self.background: set[asyncio.Task[None]] = set()
+        self.last_scale_up = time.monotonic()
         self._cpu: dict[int, tuple[float, float]] = {}
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -134,18 +154,28 @@ class LocalDeployment:
                 raise result
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._housekeeping()))
+        self._refill_spare()
 
     async def close(self) -> None:
         self.closed = True
         for task in self._tasks:
             task.cancel()
+        spare = self.spare
+        self.drop_spare("the function was closed")
+        if spare is not None:
+            self.instances.append(spare)  # so its end is awaited below
+        self.instances.extend(i for i in self.creating if i not in self.instances)
         for instance in list(self.instances):
             instance.kill("the function was closed")
         for waiter in self.waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        ending = list(self.instances)
         await asyncio.sleep(0)
-        for instance in list(self.instances):
+        tasks = [i.end_task for i in ending if i.end_task is not None] + list(self.background)
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
+        for instance in ending:
             await self._cleanup(instance)
         if self.zygote is not None:
             await self.zygote.aclose()
@@ -170,11 +200,11 @@ class LocalDeployment:
             self.starting -= 1
             self._wake_all()  # every waiting call looks again: pick the new instance or grow further
 
-    async def _create(self) -> Instance:
+    async def _create(self, serving: bool = True) -> Instance:
         runtime = self.runtime
         instance_id = self.backend.next_instance_id()
         try:
-            self.backend.ledger.reserve(runtime.memory_mb)
+            self.backend.reserve(runtime.memory_mb)
         except QuotaExceeded as exc:
             raise DeployFailed(str(exc)) from None
         started = time.perf_counter()
@@ -196,7 +226,26 @@ class LocalDeployment:
             "memory_mb": runtime.memory_mb,
             "max_concurrency": runtime.max_concurrency,
         }
-        self.instances.append(instance)
+        if serving:
+            self.instances.append(instance)
+        self.creating.add(instance)
+        try:
+            return await self._start(instance, config, parent, child, out_r, out_w, started)
+        finally:
+            self.creating.discard(instance)
+
+    async def _start(
+        self,
+        instance: Instance,
+        config: dict[str, Any],
+        parent: socket.socket,
+        child: socket.socket,
+        out_r: int,
+        out_w: int,
+        started: float,
+    ) -> Instance:
+        runtime = self.runtime
+        instance_id = instance.id
         try:
             await instance.attach(parent, out_r)
             await self._launch(instance, config, child.fileno(), out_w)
@@ -216,7 +265,7 @@ class LocalDeployment:
             instance.kill("it was not ready in time")
             raise DeployFailed("the instance was not ready in time (setup() too slow?)") from None
         except DeployFailed as exc:
-            self.last_create_error = exc
+            exc.intentional = bool(instance.kill_reason)  # the runtime killed it (close, kill, scale)
             instance.kill("it failed to start")
             raise
         ready_ms = (time.perf_counter() - started) * 1000
@@ -237,6 +286,9 @@ class LocalDeployment:
                 return
             except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
                 self.runtime_log("WARNING", f"zygote unavailable ({exc}); starting instances by fresh spawn")
+        elif self.zygote is not None and not self._told_zygote_gone:
+            self._told_zygote_gone = True
+            self.runtime_log("WARNING", "the zygote has ended; new instances start by fresh spawn")
         proc = await spawn(config, sock_fd, out_fd)
         instance.pid = proc.pid
         self.spawned[instance.id] = proc
@@ -251,6 +303,8 @@ class LocalDeployment:
     def _on_end(self, instance: Instance) -> None:
         if instance in self.instances:
             self.instances.remove(instance)
+        if instance is self.spare:
+            self.spare = None
         why = instance.kill_reason or "it ended"
         self.runtime_log(
             "WARNING" if not instance.kill_reason else "INFO",
@@ -266,10 +320,56 @@ class LocalDeployment:
             if instance.limits.remove():
                 break
             await asyncio.sleep(0.02)
-        if instance.ledger_released is False:
+        self._release(instance)
+        self.spawned.pop(instance.id, None)
+
+    def _release(self, instance: Instance) -> None:
+        if not instance.ledger_released:
             instance.ledger_released = True
             self.backend.ledger.release(self.runtime.memory_mb)
-        self.spawned.pop(instance.id, None)
+
+    # ---- the spare instance -----------------------------------------------------------------
+
+    def _refill_spare(self) -> None:
+        """Keep one instance ready to hand out while the function can still grow: a new instance is
+        then serving at once instead of after a fork and the kernel's cgroup attach."""
+        if not self.backend.spares or self.closed or self.spare is not None or self._refilling:
+            return
+        if len(self.instances) >= self.runtime.max_instances:
+            return
+        self._refilling = True
+
+        async def refill() -> None:
+            try:
+                spare = await self._create(serving=False)
+            except DeployFailed as exc:
+                log.debug("%s: no spare instance: %s", self.plugin, exc.message)
+                return
+            finally:
+                self._refilling = False
+            if self.closed or self.spare is not None:
+                spare.kill("not needed")
+            else:
+                self.spare = spare
+
+        self._background_task(refill())
+
+    def _take_spare(self) -> bool:
+        spare, self.spare = self.spare, None
+        if spare is None or spare.ended or spare.draining:
+            return False
+        spare.last_used = time.monotonic()
+        self.instances.append(spare)
+        self.runtime_log("INFO", f"instance {spare.id} added (the spare, already warm)", spare.id)
+        self._wake_all()
+        self._refill_spare()
+        return True
+
+    def drop_spare(self, reason: str) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.kill(reason)
+            self._release(spare)
 
     # ---- calls ------------------------------------------------------------------------------
 
@@ -303,6 +403,9 @@ class LocalDeployment:
             waiting = len(self.waiters) + 1
             if live < self.runtime.max_instances and self.starting * self.runtime.max_concurrency < waiting:
                 self._scale_up()
+                instance = self._pick()  # the spare may have been handed out at once
+                if instance is not None:
+                    return instance
             waiter = loop.create_future()
             self.waiters.append(waiter)
             remaining = deadline - time.monotonic()
@@ -320,18 +423,29 @@ class LocalDeployment:
         return Failed(Happened.DEADLINE, f"no instance was free within timeout_s={self.runtime.timeout_s:g}")
 
     def _scale_up(self) -> None:
+        self.last_scale_up = time.monotonic()
+        if self._take_spare():
+            return
         self.starting += 1  # counted now, so other waiters in this loop turn see it
+
+        self.last_create_error = None
 
         async def grow() -> None:
             try:
                 await self.add_instance(counted=True)
-                self.last_create_error = None
+                self._refill_spare()
             except DeployFailed as exc:
-                self.last_create_error = exc
-                self.runtime_log("ERROR", f"could not add an instance: {exc.message}")
+                if not exc.intentional:
+                    self.last_create_error = exc
+                    self.runtime_log("ERROR", f"could not add an instance: {exc.message}")
                 self._wake_all()
 
-        asyncio.get_running_loop().create_task(grow())
+        self._background_task(grow())
+
+    def _background_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     def _wake_all(self) -> None:
         while self.waiters:
@@ -448,6 +562,8 @@ class LocalDeployment:
                 self._keep_minimum()
 
     def _scale_down_idle(self, now: float) -> None:
+        if self.spare is not None and now - self.last_scale_up > self.backend.idle_timeout_s:
+            self.drop_spare(f"no scale-up for {self.backend.idle_timeout_s:g} s")
         live = [i for i in self.instances if not i.ended and not i.draining and i.ready.done()]
         extra = len(live) - self.runtime.min_instances
         for instance in live:

@@ -82,10 +82,21 @@ def encode_context(ctx: Context, call_id: str, plugin: str, deadline: float) -> 
     return [*(getattr(ctx, name) for name in CTX_FIELDS), call_id, plugin, deadline]
 
 
-def decode_context(raw: list[Any]) -> Context:
-    values = dict(zip(CTX_FIELDS, raw[: len(CTX_FIELDS)], strict=True))
-    call_id, plugin, deadline = raw[len(CTX_FIELDS) :]
-    return Context(**values, call_id=call_id, plugin=plugin, deadline=deadline)
+def decode_context(raw: list[Any], logger: Any) -> Context:
+    job_id, step, phase, sample_id, rollout_index, attempt, trajectory_id, call_id, plugin, deadline = raw
+    return Context(
+        job_id=job_id,
+        step=step,
+        phase=phase,
+        sample_id=sample_id,
+        rollout_index=rollout_index,
+        attempt=attempt,
+        trajectory_id=trajectory_id,
+        call_id=call_id,
+        plugin=plugin,
+        deadline=deadline,
+        logger=logger,
+    )
 
 
 def encode_args(kind: Kind, args: tuple[Any, ...]) -> list[Any]:
@@ -96,16 +107,51 @@ def encode_args(kind: Kind, args: tuple[Any, ...]) -> list[Any]:
     if kind is Kind.ROLLOUT:
         _expect(first, Policy, "policy")
         _expect(second, Sample, "sample")
-        return [asdict(first), second.to_dict()]
+        return [_policy(first), _sample(second)]
     _expect(first, Sample, "sample")
     if kind is Kind.GRADER:
         _expect(second, Trajectory, "trajectory")
-        return [first.to_dict(), second.to_dict()]
+        return [_sample(first), _trajectory(second)]
     if not isinstance(second, (list, tuple)):
         raise TypeError(f"a group grader is invoked with a list of Trajectory, got {type(second).__name__}")
     for item in second:
         _expect(item, Trajectory, "trajectories[i]")
-    return [first.to_dict(), [t.to_dict() for t in second]]
+    return [_sample(first), [_trajectory(t) for t in second]]
+
+
+# Shallow on purpose: msgpack walks the nested lists/dicts itself (dataclasses.asdict deep-copies).
+def _policy(policy: Policy) -> dict[str, Any]:
+    return {
+        "base_url": policy.base_url,
+        "api_key": policy.api_key,
+        "model": policy.model,
+        "timeout_s": policy.timeout_s,
+    }
+
+
+def _sample(sample: Sample) -> dict[str, Any]:
+    sampling = sample.sampling
+    return {
+        "messages": sample.messages,
+        "tools": sample.tools,
+        "extra": sample.extra,
+        "index": sample.index,
+        "sampling": {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+        },
+    }
+
+
+def _trajectory(trajectory: Trajectory) -> dict[str, Any]:
+    return {
+        "trajectory_id": trajectory.trajectory_id,
+        "messages": trajectory.messages,
+        "tools": trajectory.tools,
+        "metrics": trajectory.metrics,
+        "extra": trajectory.extra,
+    }
 
 
 def _expect(value: Any, cls: type, name: str) -> None:

@@ -163,6 +163,8 @@ class LocalRuntime(BaseRuntime):
     ``metrics_period_s``: how often metrics are sampled (<= 10 s).
     ``idle_timeout_s``: an idle instance above ``min_instances`` is stopped after this long.
     ``use_zygote``: fork instances from a pre-warmed zygote (False: fresh spawn each time).
+    ``spare_instances``: keep one ready instance per function that can still scale up, handed out
+    on the next scale-up (it counts against the quota, and yields when quota is needed).
     """
 
     def __init__(
@@ -174,8 +176,10 @@ class LocalRuntime(BaseRuntime):
         metrics_period_s: float = 5.0,
         idle_timeout_s: float = 60.0,
         use_zygote: bool = True,
+        spare_instances: bool = True,
     ) -> None:
         super().__init__(quota, state_dir, metrics_period_s)
+        self.spare_instances = spare_instances
         if limits not in (None, "cgroup", "rlimit"):
             raise ValueError(f"limits={limits!r}: use 'cgroup', 'rlimit' or None (auto)")
         if not idle_timeout_s > 0:
@@ -191,4 +195,5 @@ class LocalRuntime(BaseRuntime):
                 self.ledger,
                 use_zygote=self.use_zygote,
                 idle_timeout_s=self.idle_timeout_s,
+                spares=self.spare_instances,
             )

@@ -186,3 +186,42 @@ async def test_injected_timeout_and_oom() -> None:
                 await fn.invoke(ctx(), sample(), trajectory())
             causes.add(info.value.cause)
         assert causes == {"Timeout", "FaaS OOM"}
+
+
+async def test_spare_instance_serves_a_scale_up_at_once() -> None:
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(entry("basic.py", "slow_sync"))  # max_concurrency=1, max_instances=3
+        deployment = fn.deployment
+        for _ in range(100):
+            if deployment.spare is not None:  # type: ignore[attr-defined]
+                break
+            await asyncio.sleep(0.02)
+        spare = deployment.spare  # type: ignore[attr-defined]
+        assert spare is not None and fn.deployment.sample()["instances"] == 1
+        busy = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.5), trajectory()))
+        await asyncio.sleep(0.05)
+        out = await fn.invoke(ctx(), sample(sleep=0.0), trajectory())
+        assert out.instance_id == spare.id
+        assert (await busy).instance_id != spare.id
+
+
+async def test_fresh_spawn_fallback_when_the_zygote_is_gone() -> None:
+    roomy = Runtime(timeout_s=10, max_concurrency=1)  # a fresh spawn takes 0.1-0.3 s of CPU here
+    async with LocalRuntime(use_zygote=False) as rt:
+        fn = await rt.deploy(entry("faults.py", "exits_hard"), runtime=roomy)
+        error = await _fail_then_ok(fn)
+        assert error.cause == Cause.EOF.value and "exited with status 3" in error.message
+    async with LocalRuntime(spare_instances=False) as rt:
+        fn = await rt.deploy(entry("faults.py", "exits_hard"), runtime=roomy)
+        fn.deployment.zygote.proc.kill()  # type: ignore[attr-defined]
+        await asyncio.sleep(0.2)
+        error = await _fail_then_ok(fn)
+        assert error.cause == Cause.EOF.value
+        assert any("fresh spawn" in line.message for line in fn.logs())
+
+
+async def _fail_then_ok(fn: object) -> PluginCallError:
+    with pytest.raises(PluginCallError) as info:
+        await fn.invoke(ctx(), sample(fail=True), trajectory())  # type: ignore[attr-defined]
+    assert (await fn.invoke(ctx(), sample(fail=False), trajectory())).status == "success"  # type: ignore[attr-defined]
+    return info.value

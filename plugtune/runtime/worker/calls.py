@@ -39,8 +39,7 @@ class CallRunner:
         self.logger = logging.getLogger(f"plugtune.plugin.{plugin.spec.name}")
 
     def run_sync(self, call_id: str, ctx_raw: list[Any], args_raw: list[Any], fault: str | None) -> None:
-        ctx = decode_context(ctx_raw)
-        ctx.logger = self.logger
+        ctx = decode_context(ctx_raw, self.logger)
         token = CURRENT_CALL.set((call_id, ctx.trajectory_id))
         try:
             args = decode_args(self.kind, args_raw)
@@ -53,10 +52,9 @@ class CallRunner:
         self.channel.send(reply)
 
     async def run_async(
-        self, call_id: str, ctx_raw: list[Any], args_raw: list[Any], fault: str | None
+        self, call_id: str, ctx_raw: list[Any], args_raw: list[Any], fault: str | None, alone: Any = None
     ) -> None:
-        ctx = decode_context(ctx_raw)
-        ctx.logger = self.logger
+        ctx = decode_context(ctx_raw, self.logger)
         CURRENT_CALL.set((call_id, ctx.trajectory_id))  # the task has its own context
         try:
             args = decode_args(self.kind, args_raw)
@@ -67,7 +65,7 @@ class CallRunner:
             reply = [OK, call_id, encode_result(value), ctx.metrics]
         except BaseException as exc:  # noqa: BLE001
             reply = self._failure(call_id, exc, ctx.metrics)
-        self.channel.send(reply)
+        self.channel.queue(reply, asyncio.get_running_loop(), alone() if alone is not None else False)
 
     def _failure(self, call_id: str, exc: BaseException, metrics: dict[str, float]) -> list[Any]:
         if isinstance(exc, Retry):

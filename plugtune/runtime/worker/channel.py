@@ -30,9 +30,28 @@ class Channel:
         self.sock = sock
         self._lock = threading.Lock()
         self.closed = False
+        self._outbox: list[bytes] = []
 
     def send(self, message: list[Any]) -> None:
-        data = memoryview(pack(message))
+        self.send_bytes(pack(message))
+
+    def queue(self, message: list[Any], loop: Any, alone: bool = False) -> None:
+        """From the event loop thread: send at the end of this loop turn, with the others queued
+        (``alone``: nothing else is in flight, send now)."""
+        if alone and not self._outbox:
+            self.send_bytes(pack(message))
+            return
+        self._outbox.append(pack(message))
+        if len(self._outbox) == 1:
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        data, self._outbox = b"".join(self._outbox), []
+        if data:
+            self.send_bytes(data)
+
+    def send_bytes(self, payload: bytes) -> None:
+        data = memoryview(payload)
         with self._lock:
             if self.closed:
                 return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import functools
+import gc
 import inspect
 import logging
 import os
@@ -69,6 +70,7 @@ def serve(plugin: Plugin, sock: socket.socket, config: dict[str, Any]) -> None:
     code_root = config["code_root"]
     runner = CallRunner(plugin, channel, code_root, int(config["memory_mb"]))
     concurrency = int(config["max_concurrency"])
+    gc.freeze()  # what the zygote built stays shared (no copy-on-write from GC) and is never rescanned
     if plugin.spec.is_async:
         AsyncServer(runner, channel, concurrency, code_root).run(plugin)
     else:
@@ -192,10 +194,13 @@ class AsyncServer:
         elif op == STOP and not self.done.done():
             self.done.set_result(None)
 
+    def _alone(self) -> bool:
+        return len(self.by_id) <= 1
+
     async def _guarded(self, call_id: str, ctx: list[Any], args: list[Any], fault: str | None) -> None:
         try:
             async with self.semaphore:
-                await self.runner.run_async(call_id, ctx, args, fault)
+                await self.runner.run_async(call_id, ctx, args, fault, self._alone)
         finally:
             finished = self.by_id.pop(call_id, None)
             if finished is not None:

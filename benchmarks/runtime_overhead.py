@@ -1,0 +1,290 @@
+"""What the function runtime costs per call, against baselines measured in the same run.
+
+Prints one table:
+  * round trip (p50, p99) and throughput with 1 and 64 calls in flight of a no-op grader through
+    ``LocalRuntime`` (async def and sync def);
+  * the same for a raw Unix-socket echo (length-prefixed frames, no decoding: the transport floor);
+  * the same for a FastAPI reward server over HTTP with a keep-alive aiohttp client;
+  * instance cold start: zygote fork vs fresh spawn;
+  * 2,000 concurrent calls of an async plugin that awaits 100 ms.
+
+Run: ``python benchmarks/runtime_overhead.py`` (needs aiohttp, fastapi, uvicorn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+N_SEQ = 2000
+N_CONC = 6400
+WINDOW = 64
+
+PLUGINS = """
+import asyncio
+from plugtune import Runtime, grader
+
+WIDE = Runtime(memory_mb=512, timeout_s=30, max_concurrency=2000, max_instances=1)
+
+
+@grader(runtime=WIDE)
+async def noop_async(ctx, sample, trajectory):
+    return 0.0
+
+
+@grader(runtime=Runtime(memory_mb=512, timeout_s=30, max_concurrency=64, max_instances=1))
+def noop_sync(ctx, sample, trajectory):
+    return 0.0
+
+
+@grader(runtime=WIDE)
+async def sleep_100ms(ctx, sample, trajectory):
+    await asyncio.sleep(0.1)
+    return 1.0
+"""
+
+ECHO_SERVER = """
+import socket, struct, sys
+srv = socket.socket(socket.AF_UNIX); srv.bind(sys.argv[1]); srv.listen(1)
+print("ready", flush=True)
+conn, _ = srv.accept()
+buf = b""
+while True:
+    data = conn.recv(1 << 16)
+    if not data:
+        break
+    buf += data
+    out = []
+    while len(buf) >= 4:
+        n = struct.unpack(">I", buf[:4])[0]
+        if len(buf) < 4 + n:
+            break
+        out.append(buf[: 4 + n]); buf = buf[4 + n :]
+    if out:
+        conn.sendall(b"".join(out))
+"""
+
+HTTP_SERVER = """
+import sys, uvicorn
+from fastapi import FastAPI
+app = FastAPI()
+
+@app.post("/reward")
+async def reward(body: dict) -> dict:
+    return {"reward": 0.0}
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+"""
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))]
+
+
+# ---- raw echo ------------------------------------------------------------------------------
+
+
+def bench_echo(tmp: Path) -> dict[str, float]:
+    path = str(tmp / "echo.sock")
+    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, path], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(path)
+    frame = struct.pack(">I", 24) + b"x" * 24
+    size = len(frame)
+
+    def read(n: int) -> None:
+        got = 0
+        while got < n:
+            got += len(sock.recv(n - got))
+
+    lat = []
+    for _ in range(N_SEQ):
+        t = time.perf_counter()
+        sock.sendall(frame)
+        read(size)
+        lat.append(time.perf_counter() - t)
+    seq_s = sum(lat)
+    t = time.perf_counter()
+    for _ in range(N_CONC // WINDOW):
+        sock.sendall(frame * WINDOW)
+        read(size * WINDOW)
+    conc_s = time.perf_counter() - t
+    sock.close()
+    proc.wait(5)
+    return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "qps1": N_SEQ / seq_s, "qps64": N_CONC / conc_s}
+
+
+# ---- FastAPI over HTTP ---------------------------------------------------------------------
+
+
+async def bench_http() -> dict[str, float]:
+    import aiohttp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", HTTP_SERVER, str(port)])
+    url = f"http://127.0.0.1:{port}/reward"
+    body = {"sample": {"messages": [{"role": "user", "content": "6*7?"}]}, "completion": "42"}
+    try:
+        connector = aiohttp.TCPConnector(limit=WINDOW)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for _ in range(200):
+                try:
+                    async with session.post(url, json=body) as r:
+                        await r.read()
+                    break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.05)
+            lat = []
+            n_seq = N_SEQ // 4
+            for _ in range(n_seq):
+                t = time.perf_counter()
+                async with session.post(url, json=body) as r:
+                    await r.json()
+                lat.append(time.perf_counter() - t)
+            n_conc = N_CONC // 4
+
+            async def worker() -> None:
+                for _ in range(n_conc // WINDOW):
+                    async with session.post(url, json=body) as r:
+                        await r.json()
+
+            t = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(WINDOW)))
+            conc_s = time.perf_counter() - t
+    finally:
+        proc.terminate()
+        proc.wait(5)
+    return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "qps1": n_seq / sum(lat), "qps64": n_conc / conc_s}
+
+
+# ---- the runtime ---------------------------------------------------------------------------
+
+
+async def bench_runtime(tmp: Path) -> dict[str, object]:
+    from plugtune.runtime import LocalRuntime
+    from plugtune.sdk import Context, Sample, Trajectory
+
+    plugin = tmp / "plugins" / "bench.py"
+    plugin.parent.mkdir()
+    plugin.write_text(textwrap.dedent(PLUGINS))
+    sample = Sample(messages=[{"role": "user", "content": "6*7?"}], extra={"answer": "42"})
+    traj = Trajectory(trajectory_id="t", messages=[{"role": "assistant", "content": "42"}])
+    ctx = Context(trajectory_id="t")
+    out: dict[str, object] = {}
+    async with LocalRuntime(metrics_period_s=5.0) as rt:
+        out["limits"] = rt.limits_mechanism
+        for name in ("noop_async", "noop_sync"):
+            fn = await rt.deploy(f"{plugin}:{name}")
+            for _ in range(200):
+                await fn.invoke(ctx, sample, traj)
+            lat = []
+            for _ in range(N_SEQ):
+                t = time.perf_counter()
+                await fn.invoke(ctx, sample, traj)
+                lat.append(time.perf_counter() - t)
+
+            async def worker(fn: object = fn) -> None:
+                for _ in range(N_CONC // WINDOW):
+                    await fn.invoke(ctx, sample, traj)  # type: ignore[attr-defined]
+
+            t = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(WINDOW)))
+            conc_s = time.perf_counter() - t
+            out[name] = {
+                "p50": pct(lat, 0.5),
+                "p99": pct(lat, 0.99),
+                "qps1": N_SEQ / sum(lat),
+                "qps64": N_CONC / conc_s,
+            }
+
+        sleepy = await rt.deploy(f"{plugin}:sleep_100ms")
+        await sleepy.invoke(ctx, sample, traj)
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            await asyncio.gather(*(sleepy.invoke(ctx, sample, traj) for _ in range(2000)))
+            runs.append(time.perf_counter() - t)
+        out["2000x100ms"] = statistics.median(runs)
+
+        fork = await rt.deploy(f"{plugin}:noop_sync")
+        out["fork_ms"] = await cold_starts(fork)
+    async with LocalRuntime(use_zygote=False) as rt:
+        spawn = await rt.deploy(f"{plugin}:noop_sync")
+        out["spawn_ms"] = await cold_starts(spawn)
+    return out
+
+
+async def cold_starts(fn: object) -> float:
+    """Median ms from asking for a new instance to its first answer being possible (ready)."""
+    deployment = fn.deployment  # type: ignore[attr-defined]
+    times = []
+    for _ in range(10):
+        t = time.perf_counter()
+        instance = await deployment.add_instance()
+        times.append((time.perf_counter() - t) * 1000)
+        instance.kill("benchmark")
+        await asyncio.sleep(0.02)
+    return statistics.median(times)
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        echo = bench_echo(tmp)
+        http = asyncio.run(bench_http())
+        rt = asyncio.run(bench_runtime(tmp))
+    rows = [
+        ("raw UDS echo (floor, no decoding)", echo),
+        ("plugtune runtime, no-op async grader", rt["noop_async"]),
+        ("plugtune runtime, no-op sync grader", rt["noop_sync"]),
+        ("FastAPI + uvicorn, aiohttp keep-alive", http),
+    ]
+    print(f"limits: {rt['limits']}; {os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
+    print()
+    print(
+        "| transport | p50 µs | p99 µs | calls/s, 1 in flight | calls/s, 64 in flight | p50 ÷ echo | 64-in-flight ÷ HTTP |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in rows:
+        m = r  # type: ignore[assignment]
+        print(
+            f"| {name} | {m['p50'] * 1e6:,.0f} | {m['p99'] * 1e6:,.0f} | {m['qps1']:,.0f} | {m['qps64']:,.0f} "
+            f"| {m['p50'] / echo['p50']:.1f}x | {m['qps64'] / http['qps64']:.1f}x |"
+        )
+    print()
+    print("| instance cold start | ms (median of 10) |")
+    print("|---|---:|")
+    print(f"| zygote fork -> ready | {rt['fork_ms']:.1f} |")
+    print(f"| fresh spawn -> ready | {rt['spawn_ms']:.1f} |")
+    print(f"| spawn ÷ fork | {rt['spawn_ms'] / rt['fork_ms']:.1f}x |")  # type: ignore[operator]
+    print()
+    print(
+        f"2,000 concurrent calls of an async plugin awaiting 100 ms: {rt['2000x100ms']:.3f} s (median of 3)"
+    )
+    best = min(rt["noop_async"]["p50"], rt["noop_sync"]["p50"])  # type: ignore[index]
+    best64 = max(rt["noop_async"]["qps64"], rt["noop_sync"]["qps64"])  # type: ignore[index]
+    print()
+    print("targets:")
+    print(f"  p50 round trip <= 5x raw echo: {best / echo['p50']:.1f}x")
+    print(f"  >= 5x HTTP throughput at 64 in flight: {best64 / http['qps64']:.1f}x")
+    print(f"  new instance ready within 10 ms of a zygote fork: {rt['fork_ms']:.1f} ms")
+    print(f"  2,000 concurrent 100 ms calls in <= 0.2 s: {rt['2000x100ms']:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -82,3 +82,25 @@ def test_a_database_of_another_schema_version_is_refused(tmp_path: Path) -> None
         conn.execute("UPDATE plugtune_meta SET value = '0' WHERE key = 'schema_version'")
     with pytest.raises(PlatformError, match="has plugtune schema version 0; this plugtune reads version 1"):
         Store.open(url)
+
+
+def test_a_database_locked_by_another_process_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import plugtune.store.database as database
+
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_S", 0.2)
+    url = f"sqlite:///{tmp_path / 'busy.db'}"
+    store = Store.open(url)
+    holder = sqlite3.connect(tmp_path / "busy.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
+    try:
+        with pytest.raises(PlatformError, match="stayed locked by another process") as info:
+            store.create_job("j", {})
+        assert "creating a job" in info.value.message
+        assert store.count_jobs() == 0  # reads still work under WAL while another process writes
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    store.create_job("j", {})
+    store.close()

@@ -3,8 +3,10 @@
 Outcome handling (Ark semantics, DESIGN §2): a rollout or grader that reports ``retry`` or
 ``failure``, or whose call raised ``PluginCallError``, marks its trajectory ``failed`` (reward
 ``None``, no gradient) with an ErrorRecord; ``discard`` from any plugin drops the whole group.
-Retries belong to the caller the jobs layer passes in; a rollout retried by it gets a fresh
-trajectory in the policy server, so a failed attempt's tokens never reach the loss.
+Retries belong to the caller the jobs layer passes in; each attempt of a rollout reopens its
+trajectory id in the policy server, so a failed attempt's tokens never reach the loss. When the
+caller raises anything else (to stop the job), the step ends and the policy server keeps the
+trajectory's record for the caller's evidence.
 """
 
 from __future__ import annotations
@@ -72,23 +74,19 @@ class _Slot:
 
 
 class _FreshTrajectoryRollout:
-    """Adapts a rollout for the caller: every ``invoke(ctx, sample)`` opens a new trajectory."""
+    """Adapts a rollout for the caller: every ``invoke(ctx, sample)`` starts the trajectory's record over."""
 
-    def __init__(self, fn: PluginFunction, server: PolicyServer, slot: _Slot, base_id: str) -> None:
-        self.fn, self.server, self.slot, self.base_id = fn, server, slot, base_id
+    def __init__(self, fn: PluginFunction, server: PolicyServer, slot: _Slot) -> None:
+        self.fn, self.server, self.slot = fn, server, slot
 
     @property
     def spec(self) -> PluginSpec:
         return self.fn.spec
 
     async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
-        if self.slot.attempt:
-            _take(self.server, self.slot.trajectory_id)  # forget the failed attempt's tokens
         self.slot.attempt += 1
-        tid = self.base_id if self.slot.attempt == 1 else f"{self.base_id}.{self.slot.attempt}"
-        self.slot.trajectory_id = tid
-        ctx = dataclasses.replace(ctx, trajectory_id=tid, attempt=self.slot.attempt)
-        return await self.fn.invoke(ctx, self.server.open(tid), *args)
+        policy = self.server.open(self.slot.trajectory_id)  # a retry's record starts empty
+        return await self.fn.invoke(ctx, policy, *args)
 
 
 @dataclass
@@ -119,25 +117,29 @@ class GroupRunner:
         return records
 
     async def _rollout(self, step: int, sample: Sample, slot: _Slot, group_id: str) -> None:
-        adapter = _FreshTrajectoryRollout(
-            self.plugins.rollout, self.server, slot, f"{group_id}-r{slot.rollout_index}"
-        )
+        slot.trajectory_id = f"{group_id}-r{slot.rollout_index}"
+        adapter = _FreshTrajectoryRollout(self.plugins.rollout, self.server, slot)
         ctx = self._context(step, sample, slot, self.plugins.rollout)
         started = time.perf_counter()
+        # Any other exception (the caller stopping the job) ends the step; the policy server keeps
+        # the record so the caller can attach it as evidence.
         try:
             outcome = await self.caller(adapter, ctx, sample)
         except PluginCallError as exc:
+            self._collect(slot, started)
             _fail(slot, _error_of(exc, slot))
             return
-        finally:
-            if slot.attempt:
-                slot.trace = _take(self.server, slot.trajectory_id)
-            slot.timing["rollout_s"] = time.perf_counter() - started
+        self._collect(slot, started)
         result = outcome.value if isinstance(outcome.value, dict) else {}
         slot.messages = list(result.get("messages") or slot.trace.messages)
         slot.metrics.update(outcome.metrics)
         slot.metrics.update(result.get("metrics") or {})
         _apply_status(slot, outcome, self.plugins.rollout.spec.name)
+
+    def _collect(self, slot: _Slot, started: float) -> None:
+        slot.timing["rollout_s"] = time.perf_counter() - started
+        if slot.attempt:
+            slot.trace = _take(self.server, slot.trajectory_id)
 
     async def _grade(self, step: int, sample: Sample, slots: list[_Slot]) -> None:
         live = [s for s in slots if s.ok]

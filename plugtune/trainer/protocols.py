@@ -23,7 +23,7 @@ class PolicyServer(Protocol):
         ...
 
     def open(self, trajectory_id: str) -> Policy:
-        """A per-trajectory endpoint for one rollout."""
+        """A per-trajectory endpoint for one rollout; opening an id again starts its record over."""
         ...
 
     def take(self, trajectory_id: str) -> TokenTrace:

@@ -42,7 +42,7 @@ from plugtune.types import CallOutcome, TokenSegment, TokenTrace
 class InProcessFunction:
     """A plugin run in this process: the function is called directly (sync ones in a thread)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], concurrency: int | None = None) -> None:
         spec = spec_of(fn)
         if spec is None:
             raise TypeError(
@@ -51,8 +51,8 @@ class InProcessFunction:
         self.fn = fn
         self._spec = spec
         self.calls = 0
-        # as many sync calls at once as the runtime would run: every instance at max_concurrency
-        workers = spec.runtime.max_concurrency * spec.runtime.max_instances
+        # by default as many sync calls at once as the runtime would run: every instance at max_concurrency
+        workers = concurrency or spec.runtime.max_concurrency * spec.runtime.max_instances
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"plugin-{spec.name}")
 
     @property
@@ -135,6 +135,7 @@ class InProcessPolicyServer:
 
     def open(self, trajectory_id: str) -> Policy:
         self._open.add(trajectory_id)
+        self._records.pop(trajectory_id, None)  # opening again starts the record over
         return InProcessPolicy(base_url="inprocess://policy", api_key=trajectory_id, server=self)
 
     def take(self, trajectory_id: str) -> TokenTrace:

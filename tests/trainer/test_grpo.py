@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from plugtune.errors import LossNanError
+from plugtune.errors import LossNanError, PluginCallError
 from plugtune.trainer.batch import build_batch
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.groups import Plugins
@@ -122,7 +122,7 @@ async def test_caller_strategy_retries_a_rollout_in_a_fresh_trajectory(tiny_mode
     trainer.runner.caller = retry_once
     result = await trainer.step()
     rec = result.records[0]
-    assert rec.attempt == 2 and rec.trajectory_id.endswith(".2")
+    assert rec.attempt == 2 and rec.trajectory_id == "s1-p0-r0"
     # only the second attempt's tokens are kept: one policy turn of at most max_new_tokens
     assert 0 < sum(rec.response_mask) <= 12
 
@@ -192,3 +192,30 @@ def test_plugins_check_kinds_and_unique_grader_names() -> None:
         Plugins(rollout=InProcessFunction(p.digits))
     with pytest.raises(ValueError, match="unique"):
         Plugins(rollout=InProcessFunction(p.answer), graders=[InProcessFunction(p.digits)] * 2)
+
+
+async def test_a_caller_that_stops_the_job_leaves_the_evidence_in_the_policy_server(
+    tiny_model_path: Path,
+) -> None:
+    class Stop(Exception):
+        pass
+
+    seen: list[str] = []
+
+    async def stop_on_crash(fn: Any, ctx: Any, *args: Any) -> Any:
+        try:
+            return await fn.invoke(ctx, *args)
+        except PluginCallError as exc:
+            seen.append(ctx.trajectory_id)
+            raise Stop(ctx.trajectory_id) from exc
+
+    rows = [{"messages": [{"role": "user", "content": "c"}], "extra": {"mode": "crash"}}]
+    trainer = make_trainer(tiny_model_path, rows=rows, batch_size=1, group_size=2)
+    trainer.runner.caller = stop_on_crash
+    before = params(trainer)
+    with pytest.raises(Stop):
+        await trainer.step()
+    assert seen and seen[0].startswith("s1-p0-r")
+    trace = trainer.server.take(seen[0])  # what the rollout got from the policy before it crashed
+    assert sum(trace.response_mask) > 0 and trace.messages[-1]["role"] == "assistant"
+    assert trainer.step_count == 0 and all(torch.equal(before[k], v) for k, v in params(trainer).items())

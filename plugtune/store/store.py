@@ -12,6 +12,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+
+from sqlalchemy import Connection
 
 from plugtune.settings import Settings
 from plugtune.store.attempts import AttemptsTable
@@ -95,6 +98,12 @@ class Store(JobsTable, AttemptsTable, PluginsTable, LogsTable, MetricsTable, Tra
             insert_logs(conn, job_id, logs)
             insert_metrics(conn, self._db, job_id, metrics)
             upsert_trajectory_rows(conn, self._db, job_id, trajectories, self._clock())
+
+    def read_connection(self, what: str = "reading the store") -> AbstractContextManager[Connection]:
+        """A connection for a layer that composes its own Core query on ``plugtune.store.schema``
+        tables, with the store's error translation (``what`` names the read in errors). Prefer the
+        methods above; this is for the rare read they do not offer."""
+        return self._db.read(what)
 
     def drop_all(self) -> None:
         """Delete every table (on PostgreSQL with a schema: the schema). Tests and resets only."""

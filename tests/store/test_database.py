@@ -104,3 +104,17 @@ def test_a_database_locked_by_another_process_is_a_clear_error(
         holder.close()
     store.create_job("j", {})
     store.close()
+
+
+def test_read_connection_for_custom_core_queries(tmp_path: Path) -> None:
+    from sqlalchemy import func, select
+
+    from plugtune.store.schema import jobs
+
+    with Store.open(f"sqlite:///{tmp_path / 'r.db'}") as store:
+        store.create_job("a", {})
+        with store.read_connection("counting") as conn:
+            assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 1
+        with pytest.raises(PlatformError, match="database error while custom read"):
+            with store.read_connection("custom read") as conn:
+                conn.exec_driver_sql("SELECT * FROM no_such_table")

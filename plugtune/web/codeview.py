@@ -14,6 +14,7 @@ from pygments.token import Comment, Keyword, Name, Number, Operator, String, _To
 from pygments.util import ClassNotFound
 
 MAX_LINES = 20_000  # a bigger file is shown as plain text, not coloured
+MAX_SHOWN_BYTES = 2_000_000  # a bigger (or binary) file is offered for download only
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 # Most specific first: a token gets the class of the first kind it belongs to.
 _CLASSES: list[tuple[_TokenType, str]] = [
@@ -37,6 +38,7 @@ class CodeFile:
     text: str
     lines: list[Line]
     marked: set[int] = field(default_factory=set)  # 1-based lines a failure traceback points at
+    note: str = ""  # why the file is not shown (binary, too big)
 
 
 def render_files(files: dict[str, bytes], failure_text: str = "", entry: str = "") -> list[CodeFile]:
@@ -45,6 +47,12 @@ def render_files(files: dict[str, bytes], failure_text: str = "", entry: str = "
     marks = failure_lines(failure_text)
     out = []
     for path, data in files.items():
+        if b"\x00" in data[:8192] or len(data) > MAX_SHOWN_BYTES:
+            kind = "binary" if b"\x00" in data[:8192] else "large"
+            out.append(
+                CodeFile(path=path, text="", lines=[], note=f"{kind} file, {len(data):,} bytes: download it")
+            )
+            continue
         text = data.decode("utf-8", errors="replace")
         marked = {line for name, line in marks if path == name or path.endswith(f"/{name}")}
         out.append(CodeFile(path=path, text=text, lines=colour(path, text), marked=marked))

@@ -29,3 +29,9 @@ def test_zip_never_lets_a_path_climb_out_of_its_folder() -> None:
     data = zip_code({"../../etc/passwd": b"x", "plugins/a.py": b"y"}, "exact-abc")
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         assert archive.namelist() == ["exact-abc/etc/passwd", "exact-abc/plugins/a.py"]
+
+
+def test_binary_files_are_offered_for_download_not_shown() -> None:
+    shown = render_files({"native.so": b"\x7fELF\x00\x01", "a.py": b"x = 1\n"})
+    assert shown[0].path == "native.so" and shown[0].lines == [] and "binary file, 6 bytes" in shown[0].note
+    assert shown[1].lines == [[("", "x"), ("", " "), ("o", "="), ("", " "), ("m", "1")]]

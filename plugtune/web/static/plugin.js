@@ -35,7 +35,12 @@
       if (state.range === "custom") Object.assign(params, { start: state.start, end: state.end });
       try {
         const path = `/api/jobs/${encodeURIComponent(job)}/plugins/${encodeURIComponent(plugin)}/metrics`;
-        const answer = await PT.api(path, params);
+        const [answer, info] = await Promise.all([
+          PT.api(path, params),
+          PT.api(`/api/jobs/${encodeURIComponent(job)}/plugins/${encodeURIComponent(plugin)}`),
+        ]);
+        const status = document.getElementById("plugin-status");
+        if (status && status.textContent !== info.status) status.replaceWith(Object.assign(PT.badge("status", info.status), { id: "plugin-status" }));
         notice.hidden = !answer.reclaimed;
         notice.textContent = answer.reclaimed ? answer.reclaimed_message : "";
         windowLabel.textContent = `${PT.fmtTime(answer.start)} – ${PT.fmtTime(answer.end)} UTC`;

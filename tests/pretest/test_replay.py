@@ -1,0 +1,137 @@
+"""``plugtune replay``: a recorded trajectory re-runs here from the stored code, with the policy's
+recorded answers played back, and ends as it did in the job (or the report says it does not)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plugtune.cli import app
+from plugtune.pretest.replay import ReplayError, replay
+from plugtune.runtime.snapshot import collect, content_hash
+from plugtune.sdk import Runtime
+from plugtune.store import Store
+from plugtune.types import ErrorRecord, TrajectoryRecord
+from tests.pretest.helpers import FAULTY
+
+QUESTION = {"role": "user", "content": "What is 6+6?"}  # row 1 of the fixture's data
+
+
+@pytest.fixture()
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    url = f"sqlite:///{tmp_path / 'plugtune.db'}"
+    monkeypatch.setenv("PLUGTUNE_HOME", str(tmp_path))
+    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", url)
+    s = Store.open(url)
+    yield s
+    s.close()
+
+
+def recorded_job(store: Store, rollout: str, grader: str) -> int:
+    """A job as the attempt records it: spec, the plugins' code by hash, no model needed."""
+    files = collect(FAULTY / "plugins")
+    code_hash = content_hash(files)
+    store.put_code(code_hash, files)
+    spec = {
+        "job_file": str(FAULTY / "ok.yaml"),
+        "data": {"train": "data/train.jsonl"},
+        "hyperparameters": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8},
+        "plugins": {"graders": [{"entry": f"plugins/graders.py:{grader}", "weight": 1.0}]},
+    }
+    job_id = store.create_job("recorded", spec)
+    for name, role, file in ((rollout, "rollout", "rollouts.py"), (grader, "grader", "graders.py")):
+        entry = f"{FAULTY / 'plugins' / file}:{name}"
+        store.upsert_plugin(job_id, name, role, entry, code_hash=code_hash, runtime=Runtime().to_dict())
+    return job_id
+
+
+def trajectory(
+    messages: list[dict[str, str]], status: str, reward: float | None, **kw: object
+) -> TrajectoryRecord:
+    return TrajectoryRecord(
+        trajectory_id="s3-p1-r2",
+        group_id="s3-p1",
+        step=3,
+        sample_index=1,
+        rollout_index=2,
+        attempt=1,
+        policy_version=3,
+        prompt_ids=[],
+        response_ids=[],
+        response_mask=[],
+        response_logprobs=[],
+        messages=messages,
+        status=status,
+        reward=reward,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_recorded_grader_failure_reproduces(store: Store) -> None:
+    job_id = recorded_job(store, "answers", "raises")
+    error = ErrorRecord(
+        type="Call plugin error",
+        owner="plugin",
+        cause="500",
+        message="ValueError: grader bug: cannot score 12",
+        plugin=f"{FAULTY / 'plugins' / 'graders.py'}:raises",
+    )
+    recorded = [QUESTION, {"role": "assistant", "content": "12"}]
+    store.upsert_trajectories(job_id, [trajectory(recorded, "failed", None, errors=[error])])
+    doc = replay(store, job_id, "s3-p1-r2")
+    assert doc["reproduced"], doc
+    assert doc["replayed"]["error"]["cause"] == "500" and "grader bug" in doc["replayed"]["error"]["message"]
+    assert doc["trajectory"]["errors"][0]["traceback"].startswith("graders.py:17 in raises")
+
+
+def test_policy_answers_are_played_back(store: Store) -> None:
+    job_id = recorded_job(store, "asks_policy", "exact")
+    recorded = [QUESTION, {"role": "assistant", "content": "12"}]
+    store.upsert_trajectories(
+        job_id, [trajectory(recorded, "success", 1.0, reward_components={"exact": 1.0})]
+    )
+    doc = replay(store, job_id, "s3-p1-r2")
+    assert doc["reproduced"] and doc["replayed"]["reward"] == 1.0
+    assert doc["policy_turns"] == {"recorded": 1, "played": 1} and doc["divergences"] == []
+    assert doc["trajectory"]["messages"] == recorded
+    assert any("policy said '12'" in line["message"] for line in doc["trajectory"]["logs"])
+
+
+def test_a_different_outcome_is_reported(store: Store) -> None:
+    job_id = recorded_job(store, "asks_policy", "exact")
+    store.upsert_trajectories(job_id, [trajectory([QUESTION], "success", 0.0)])  # no answer recorded
+    doc = replay(store, job_id, "s3-p1-r2")
+    assert not doc["reproduced"]
+    assert doc["replayed"]["status"] == "failed" and doc["replayed"]["error"]["cause"] == "500"
+    assert "recording holds 0 assistant turn(s)" in doc["divergences"][0]
+
+
+def test_missing_trajectory_is_named(store: Store) -> None:
+    job_id = recorded_job(store, "answers", "exact")
+    with pytest.raises(ReplayError, match="no trajectory 'nope'"):
+        replay(store, job_id, "nope")
+
+
+def test_cli_replay(store: Store) -> None:
+    job_id = recorded_job(store, "answers", "nan")
+    error = ErrorRecord(
+        type="Call plugin error", owner="plugin", cause="Invalid reward", message="NaN", plugin="nan"
+    )
+    store.upsert_trajectories(
+        job_id,
+        [trajectory([QUESTION, {"role": "assistant", "content": "12"}], "failed", None, errors=[error])],
+    )
+    runner = CliRunner()
+    text = runner.invoke(app, ["replay", str(job_id), "s3-p1-r2"])
+    assert text.exit_code == 0, text.output
+    assert "reproduced" in text.output and "Invalid reward" in text.output
+    result = runner.invoke(app, ["replay", str(job_id), "s3-p1-r2", "--json"])
+    assert (
+        result.exit_code == 0 and json.loads(result.stdout)["replayed"]["error"]["cause"] == "Invalid reward"
+    )
+    missing = runner.invoke(app, ["replay", str(job_id + 1), "x"])
+    assert missing.exit_code == 2 and "no job" in missing.output

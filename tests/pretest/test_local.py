@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -60,10 +61,10 @@ def test_injected_fault_in_process() -> None:
 
 def test_policy_url_is_used_and_recorded() -> None:
     """--policy-url: any OpenAI-compatible endpoint; the conversation is recorded without tokens."""
-    asked: list[list[dict[str, object]]] = []
+    asked: list[list[dict[str, Any]]] = []
 
-    def upstream(trajectory_id: str, body: dict[str, object]) -> dict[str, object]:
-        asked.append(list(body["messages"]))  # type: ignore[arg-type]
+    def upstream(trajectory_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        asked.append(list(body["messages"]))
         return completion({"role": "assistant", "content": "from upstream"}, "ext-model")
 
     with PolicyRelay(upstream) as endpoint:

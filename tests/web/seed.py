@@ -170,6 +170,9 @@ def _training_metrics(now: float) -> list[MetricPoint]:
             "kl": 0.01 * step,
             "response_length": 20 + step,
             "plugin/errors/500": float(step - 1),
+            "trajectories/total": 16.0,
+            "trajectories/failed": float(step - 1),
+            "time/step_s": 4.0 - step,
         }
         points.extend(MetricPoint(t, "", name, value, step=step) for name, value in values.items())
     return points

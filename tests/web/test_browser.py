@@ -119,6 +119,8 @@ def test_failed_job_banner_plugin_tab_range_download_and_logs(
     assert page.locator("#failure-owner").inner_text() == "plugin"
     assert "The plugin raised an exception" in page.locator("#failure-hint").inner_text()
     page.wait_for_selector("#curves .chart svg path.series")
+    page.hover('[data-chart="reward"] svg rect')
+    assert page.locator('[data-chart="reward"] .hover-label').text_content().startswith("step ")
     _shot(page, "job-failed.png", full_page=True)
 
     page.click("text=Plugins")

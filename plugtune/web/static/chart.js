@@ -122,10 +122,48 @@
       item.style.setProperty("--swatch", color);
       legend.append(item);
     });
+    addHover(svg, series, spec, sx, sy, b);
     box.append(svg, legend);
     container.replaceChildren(box);
     return box;
   };
+
+  // A vertical guide and the values of every series at the point nearest to the mouse.
+  function addHover(svg, series, spec, sx, sy, b) {
+    const guide = svgEl("line", { class: "axis", y1: PAD.top, y2: H - PAD.bottom, visibility: "hidden" });
+    const label = svgEl("text", { y: PAD.top + 10, visibility: "hidden", class: "hover-label" });
+    const overlay = svgEl("rect", {
+      x: PAD.left, y: PAD.top, width: W - PAD.left - PAD.right, height: H - PAD.top - PAD.bottom,
+      fill: "transparent",
+    });
+    svg.append(guide, label, overlay);
+    overlay.addEventListener("mousemove", (event) => {
+      const box = svg.getBoundingClientRect();
+      const px = ((event.clientX - box.left) / box.width) * W;
+      const x = b.x0 + ((px - PAD.left) / (W - PAD.left - PAD.right)) * (b.x1 - b.x0);
+      let nearest = null;
+      const parts = [];
+      for (const s of series) {
+        let best = s.points[0];
+        for (const p of s.points) if (Math.abs(p[0] - x) < Math.abs(best[0] - x)) best = p;
+        nearest = nearest === null || Math.abs(best[0] - x) < Math.abs(nearest - x) ? best[0] : nearest;
+        parts.push(`${s.name} ${PT.fmtNumber(best[1])}`);
+      }
+      const at = spec.x === "time" ? PT.fmtTime(nearest) : `step ${PT.fmtNumber(nearest)}`;
+      guide.setAttribute("x1", sx(nearest));
+      guide.setAttribute("x2", sx(nearest));
+      label.textContent = `${at} · ${parts.join(" · ")}`;
+      const right = sx(nearest) > W / 2;
+      label.setAttribute("x", right ? sx(nearest) - 4 : sx(nearest) + 4);
+      label.setAttribute("text-anchor", right ? "end" : "start");
+      guide.setAttribute("visibility", "visible");
+      label.setAttribute("visibility", "visible");
+    });
+    overlay.addEventListener("mouseleave", () => {
+      guide.setAttribute("visibility", "hidden");
+      label.setAttribute("visibility", "hidden");
+    });
+  }
 
   // Draws every chart of an API answer {charts: [...]} into `grid`, one cell per chart.
   PT.drawCharts = function (grid, charts, emptyText) {

@@ -48,6 +48,22 @@ class _ListHandler(logging.Handler):
         )
 
 
+class PluginExit(Exception):
+    """``sys.exit`` inside a plugin, carried without ending the caller."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"sys.exit({getattr(exc, 'code', None)!r})")
+        self.code = getattr(exc, "code", None)
+        self.__traceback__ = exc.__traceback__
+
+
+def _exit_safe(fn: Any, ctx: Any, args: tuple[Any, ...]) -> Any:
+    try:
+        return fn(ctx, *args)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise PluginExit(exc) from None
+
+
 class InProcessDeployment:
     def __init__(self, plugin: Plugin, runtime: Runtime, entry: str, code_root: str) -> None:
         self.plugin = plugin
@@ -97,7 +113,7 @@ class InProcessDeployment:
         if fault == "timeout":
             await asyncio.sleep(request.timeout_s + 1.0)
         elif fault == "eof":
-            raise SystemExit(71)
+            raise PluginExit(SystemExit(71))
         elif fault == "oom":
             raise MemoryError("injected fault: oom (FaultInjection)")
         elif fault == "500":
@@ -106,9 +122,12 @@ class InProcessDeployment:
             n = len(request.args[1]) if self.spec.kind is Kind.GROUP_GRADER else 0
             return [float("nan")] * n if n else float("nan")
         if self.spec.is_async:
-            return await fn(ctx, *request.args)
+            try:
+                return await fn(ctx, *request.args)
+            except (SystemExit, KeyboardInterrupt) as exc:  # must not end the caller's event loop
+                raise PluginExit(exc) from None
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, lambda: fn(ctx, *request.args))
+        return await loop.run_in_executor(self.pool, _exit_safe, fn, ctx, request.args)
 
     def _failure(
         self, exc: BaseException, metrics: dict[str, float], logs: list[LogLine]
@@ -119,7 +138,7 @@ class InProcessDeployment:
             return Returned(p.encode_status("discard", exc.reason), metrics, logs, "in-process", 0.0)
         text = f"{type(exc).__name__}: {exc}"
         tb = user_traceback(exc, self.code_root)
-        if isinstance(exc, SystemExit):
+        if isinstance(exc, PluginExit):
             return Failed(Happened.DIED, f"the plugin called sys.exit({exc.code!r})", logs, tb)
         if isinstance(exc, MemoryError):
             return Failed(Happened.MEMORY_ERROR, text, logs, tb)
@@ -157,7 +176,8 @@ class InProcessBackend:
                     await result
             except Exception as exc:  # noqa: BLE001
                 raise DeployFailed(
-                    f"setup() failed: {type(exc).__name__}: {exc}", user_traceback(exc, root)
+                    f"{request.relpath}: setup() failed: {type(exc).__name__}: {exc}",
+                    user_traceback(exc, root),
                 ) from None
         return InProcessDeployment(
             plugin, request.effective_runtime(plugin.spec.runtime), request.entry, root

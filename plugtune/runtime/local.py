@@ -186,7 +186,8 @@ class LocalDeployment:
         self.log_lines.append(
             LogLine(time.time(), level, self.plugin, text, "runtime", instance_id=instance_id)
         )
-        log.log(logging.getLevelName(level), "%s: %s", self.plugin, text)
+        # The function's own log keeps the level; the process log stays quiet unless it is an error.
+        log.log(logging.ERROR if level == "ERROR" else logging.DEBUG, "%s: %s", self.plugin, text)
 
     # ---- instances --------------------------------------------------------------------------
 
@@ -313,6 +314,8 @@ class LocalDeployment:
         )
         asyncio.get_running_loop().create_task(self._cleanup(instance))
         self._wake()
+        if time.monotonic() - self.last_scale_up < self.backend.idle_timeout_s:
+            self._refill_spare()
 
     async def _cleanup(self, instance: Instance) -> None:
         instance.kill(instance.kill_reason or "cleanup")

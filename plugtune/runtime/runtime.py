@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -23,6 +23,8 @@ from plugtune.runtime.snapshot import SnapshotError, take
 from plugtune.sdk import Runtime
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound="BaseRuntime")
 
 
 def parse_entry(entry: str) -> tuple[Path, str]:
@@ -59,7 +61,7 @@ class BaseRuntime:
         self.functions: list[Function] = []
         self.backend: Backend | None = None
 
-    async def __aenter__(self) -> BaseRuntime:
+    async def __aenter__(self: R) -> R:
         await self.start()
         return self
 

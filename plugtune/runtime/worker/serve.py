@@ -79,6 +79,7 @@ def serve(plugin: Plugin, sock: socket.socket, config: dict[str, Any]) -> None:
 
 
 def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = None) -> bool:
+    where = os.path.relpath(plugin.module.__file__ or "", code_root)
     if plugin.setup is None:
         channel.send([READY, os.getpid(), 0.0])
         return True
@@ -91,7 +92,8 @@ def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = Non
             else:
                 asyncio.run(result)  # type: ignore[arg-type]
     except BaseException as exc:  # noqa: BLE001 - reported as a create fault
-        channel.send([FATAL, f"setup() failed: {type(exc).__name__}: {exc}", user_traceback(exc, code_root)])
+        message = f"{where}: setup() failed: {type(exc).__name__}: {exc}"
+        channel.send([FATAL, message, user_traceback(exc, code_root)])
         return False
     channel.send([READY, os.getpid(), (time.perf_counter() - started) * 1000])
     return True

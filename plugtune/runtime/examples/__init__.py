@@ -1,0 +1,1 @@
+"""Example plugins deployed by ``plugtune.runtime.demo`` (no policy gateway needed)."""

@@ -1,0 +1,72 @@
+"""InProcessRuntime: the same surface and taxonomy, without processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugtune.errors import Cause, PluginCallError
+from plugtune.runtime import FaultInjection, InProcessRuntime
+from plugtune.runtime.demo import run_demo
+from tests.runtime.helpers import ctx, entry, sample, trajectory
+
+
+async def test_same_results_statuses_and_logs() -> None:
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("basic.py", "exact"))
+        out = await fn.invoke(ctx(), sample(), trajectory("42"))
+        assert (out.status, out.value, out.metrics) == ("success", 1.0, {"length": 2.0})
+        assert [line.message for line in out.logs] == ["grading traj-1"]
+        assert out.logs[0].call_id == out.call_id and fn.code_hash and "basic.py" in fn.code()
+        retry = await rt.deploy(entry("basic.py", "asks_retry"))
+        assert (await retry.invoke(ctx(), sample(), trajectory())).status == "retry"
+        ranks = await rt.deploy(entry("basic.py", "ranks"))
+        assert (await ranks.invoke(ctx(), sample(), [trajectory(), trajectory()])).value == [0.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("function", "cause"),
+    [
+        ("raises", Cause.ERROR_500),
+        ("raises_async", Cause.ERROR_500),
+        ("returns_nan", Cause.INVALID_REWARD),
+        ("returns_bool", Cause.INVALID_REWARD),
+        ("awaits_forever", Cause.TIMEOUT),
+        ("calls_sys_exit", Cause.EOF),
+        ("raises_memory_error", Cause.OOM),
+    ],
+)
+async def test_failures_have_the_same_causes(function: str, cause: Cause) -> None:
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("faults.py", function))
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(fail=True), trajectory())
+        assert info.value.cause == cause.value
+        assert any(line.message.startswith("about to") for line in info.value.logs)  # type: ignore[attr-defined]
+        assert (await fn.invoke(ctx(), sample(fail=False), trajectory())).status == "success"
+
+
+async def test_user_traceback_and_bad_plugins() -> None:
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("faults.py", "raises"))
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(fail=True), trajectory())
+        assert info.value.traceback.splitlines()[0].startswith("faults.py:")
+        for bad in ("syntax_error.py", "setup_fails.py", "bad_signature.py"):
+            with pytest.raises(PluginCallError) as info:
+                await rt.deploy(entry(bad, "score"))
+            assert info.value.cause == Cause.CREATE_FAULT.value and bad in info.value.message
+
+
+async def test_injected_faults_are_classified() -> None:
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("basic.py", "noop"), inject=FaultInjection({"nan": 1.0}))
+        with pytest.raises(PluginCallError, match="NaN"):
+            await fn.invoke(ctx(), sample(), trajectory())
+
+
+async def test_runtime_demo_runs() -> None:
+    lines: list[str] = []
+    await run_demo(lines.append)
+    text = "\n".join(lines)
+    assert "per-instance limits:" in text and "16 episodes, all graded" in text
+    assert "Invalid reward" in text and "EOF" in text and "metrics exact_match" in text

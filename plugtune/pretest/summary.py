@@ -5,8 +5,8 @@ rollouts at once and waits for all of them, so a step should take about as long 
 rollouts (the p95 time a rollout spends in its function), with none waiting for a free slot. The
 runtime keeps up when (1) its capacity, ``max_instances × max_concurrency`` of the rollout, covers
 that demand, and (2) the measured throughput (finished rollouts per second of the run) reaches 80%
-of ``demand / p95 service time``. A test that drives fewer rollouts at once than the demand
-measures (2) at its own concurrency.
+of ``demand / (p95 service time + 0.1 s of scheduling slack)``. A test that drives fewer rollouts
+at once than the demand measures (2) at its own concurrency.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from plugtune.pretest.trial import FunctionSnapshot
 
 BLOCKING_MARK = "blocked its event loop"
 KEEP_UP_SHARE = 0.8  # measured / needed throughput below this is "does not keep up"
+SLACK_S = 0.1  # scheduling slack per step: millisecond rollouts are never the trainer's bottleneck
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -130,12 +131,12 @@ def demand(
     window_s = active_window_s(mine) or wall_s
     measured_qps = len(done) / window_s if window_s > 0 else 0.0
     at = min(wanted, max(1, driven_concurrency))
-    needed_qps = at / service_s if service_s > 0 else 0.0
+    needed_qps = at / (service_s + SLACK_S) if done else 0.0
     keeps_up = capacity >= wanted and (not done or measured_qps >= KEEP_UP_SHARE * needed_qps)
     out: dict[str, Any] = {
         "definition": "batch_size × group_size rollouts start at once each step; capacity = "
         "max_instances × max_concurrency must cover them, and the measured rollout throughput must "
-        f"reach {KEEP_UP_SHARE:.0%} of (rollouts at once) / (p95 time in the function)",
+        f"reach {KEEP_UP_SHARE:.0%} of (rollouts at once) / (p95 time in the function + {SLACK_S:g} s)",
         "rollouts_per_step": wanted,
         "capacity": capacity,
         "driven_concurrency": driven_concurrency,

@@ -105,3 +105,24 @@ def _right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor
 
 def _padded(values: Sequence[float], width: int) -> list[float]:
     return [float(v) for v in values] + [0.0] * (width - len(values))
+
+
+#: Most logits elements (rows x response positions x vocabulary) one forward may hold (2 GiB in
+#: float32); a larger batch is split into micro-batches whose gradients add up to the same step.
+LOGITS_BUDGET = 2**29
+
+
+def micro_batches(records: Sequence[TrajectoryRecord], pad_id: int, vocab_size: int) -> list[TrainBatch]:
+    """The trainable records as batches of at most LOGITS_BUDGET logits each (in order, groups together)."""
+    budget = LOGITS_BUDGET
+    chunks: list[list[TrajectoryRecord]] = []
+    width = 0
+    for r in (r for r in records if is_trainable(r)):
+        grown = max(width, len(r.response_ids))
+        if chunks and (len(chunks[-1]) + 1) * grown * vocab_size <= budget:
+            chunks[-1].append(r)
+            width = grown
+        else:
+            chunks.append([r])
+            width = len(r.response_ids)
+    return [build_batch(chunk, pad_id) for chunk in chunks]

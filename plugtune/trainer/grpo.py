@@ -21,12 +21,12 @@ from transformers import PreTrainedModel
 
 from plugtune.errors import LossNanError
 from plugtune.sdk import Sample, Sampling
-from plugtune.trainer import checkpoint
-from plugtune.trainer.batch import TrainBatch, build_batch, is_trainable, response_logits
+from plugtune.trainer import checkpoint, objective
+from plugtune.trainer.batch import TrainBatch, micro_batches
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
-from plugtune.trainer.losses import clipped_pg_loss, entropy, kl_k3, masked_mean, token_logprobs
+from plugtune.trainer.objective import LossParts
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
 from plugtune.trainer.rewards import group_advantages, summary
 from plugtune.types import TrajectoryRecord
@@ -39,16 +39,6 @@ class StepResult:
     step: int  # 1-based number of the step just applied
     metrics: dict[str, float]
     records: list[TrajectoryRecord]
-
-
-@dataclass(frozen=True)
-class _LossParts:
-    loss: torch.Tensor
-    pg_loss: float
-    kl: float
-    entropy: float
-    clip_fraction: float
-    logprob_gap: float
 
 
 class GRPOTrainer:
@@ -78,6 +68,7 @@ class GRPOTrainer:
         )
         self.reference = _frozen_copy(model) if config.kl_coef > 0 else None
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.step_count = 0
         checkpoint.seed_everything(config.seed)
         server.set_policy_version(self.step_count)
@@ -94,17 +85,16 @@ class GRPOTrainer:
         plugins_s = time.perf_counter() - started
         records = [r for group in groups for r in _with_advantages(group)]
 
-        trainable = [r for r in records if is_trainable(r)]
-        parts: _LossParts | None = None
+        batches = micro_batches(records, self.pad_id, self.vocab_size)
+        parts: LossParts | None = None
         grad_norm = 0.0
-        batch = build_batch(trainable, self.pad_id) if trainable else None
-        if batch is not None:
-            parts = self._loss(batch)
-            grad_norm = self._guarded_update(parts.loss, step, records, batch)
+        if batches:
+            parts = self._backward(batches, step, records)
+            grad_norm = self._apply(step, records, batches)
         self.step_count = step
         self.server.set_policy_version(self.step_count)
 
-        metrics = _metrics(records, parts, grad_norm, batch)
+        metrics = _metrics(records, parts, grad_norm, sum(len(b.trajectory_ids) for b in batches))
         step_s = time.perf_counter() - started
         metrics.update(
             {"time/plugins_s": plugins_s, "time/train_s": step_s - plugins_s, "time/step_s": step_s}
@@ -137,52 +127,36 @@ class GRPOTrainer:
         sampling = Sampling(temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_new_tokens)
         return replace(Sample.from_dict(row), index=index, sampling=sampling)
 
-    def _loss(self, batch: TrainBatch) -> _LossParts:
-        temperature = self.config.temperature
-        logits_BRV = response_logits(self.model, batch, temperature)
-        logps_BR = token_logprobs(logits_BRV, batch.response_ids_BR)
-        pg_loss, clip_fraction = clipped_pg_loss(
-            logps_BR, batch.old_logps_BR, batch.advantages_B, batch.mask_BR, self.config.clip_ratio
-        )
-        loss = pg_loss
-        kl = torch.zeros(())
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logits_BRV = response_logits(self.reference, batch, temperature)
-                ref_logps_BR = token_logprobs(ref_logits_BRV, batch.response_ids_BR)
-            kl = masked_mean(kl_k3(logps_BR, ref_logps_BR), batch.mask_BR)
-            loss = loss + self.config.kl_coef * kl
-        with torch.no_grad():
-            ent = masked_mean(entropy(logits_BRV), batch.mask_BR)
-            gap = masked_mean((logps_BR - batch.old_logps_BR).abs(), batch.mask_BR)
-        return _LossParts(
-            loss=loss,
-            pg_loss=float(pg_loss.item()),
-            kl=float(kl.item()),
-            entropy=float(ent.item()),
-            clip_fraction=float(clip_fraction.item()),
-            logprob_gap=float(gap.item()),
-        )
-
-    def _guarded_update(
-        self, loss: torch.Tensor, step: int, records: list[TrajectoryRecord], batch: TrainBatch
-    ) -> float:
-        """Backward, clip, and step the optimizer only when loss and gradient are finite."""
+    def _backward(self, batches: list[TrainBatch], step: int, records: list[TrajectoryRecord]) -> LossParts:
         self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            self._raise_nan(f"the loss is {loss.item()}", step, records, batch)
-        loss.backward()
+        try:
+            return objective.backward(
+                self.model,
+                self.reference,
+                batches,
+                temperature=self.config.temperature,
+                clip_ratio=self.config.clip_ratio,
+                kl_coef=self.config.kl_coef,
+            )
+        except objective.NonFiniteLoss as exc:
+            self._raise_nan(str(exc), step, records, batches)
+            raise  # unreachable: _raise_nan always raises
+
+    def _apply(self, step: int, records: list[TrajectoryRecord], batches: list[TrainBatch]) -> float:
+        """Clip the accumulated gradient and step the optimizer, only when the gradient is finite."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            self._raise_nan(f"the gradient norm is {grad_norm.item()}", step, records, batch)
+            self._raise_nan(f"the gradient norm is {grad_norm.item()}", step, records, batches)
         with self.server.weights_lock:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm.item())
 
-    def _raise_nan(self, what: str, step: int, records: list[TrajectoryRecord], batch: TrainBatch) -> None:
+    def _raise_nan(
+        self, what: str, step: int, records: list[TrajectoryRecord], batches: list[TrainBatch]
+    ) -> None:
+        trajectory_ids = [t for b in batches for t in b.trajectory_ids]
         rewards = summary([r.reward for r in records])
         advantages = summary([r.advantage for r in records])
         stats = {f"reward/{k}": v for k, v in rewards.items()}
@@ -191,10 +165,10 @@ class GRPOTrainer:
         raise LossNanError(
             f"step {step}: {what}; the optimizer step was not applied. Reward mean {rewards['mean']:.4g} "
             f"(min {rewards['min']:.4g}, max {rewards['max']:.4g}), advantage min {advantages['min']:.4g} "
-            f"max {advantages['max']:.4g}, over {len(batch.trajectory_ids)} trajectories",
+            f"max {advantages['max']:.4g}, over {len(trajectory_ids)} trajectories",
             step=step,
             stats=stats,
-            trajectory_ids=list(batch.trajectory_ids),
+            trajectory_ids=trajectory_ids,
         )
 
 
@@ -205,7 +179,7 @@ def _with_advantages(group: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
 
 
 def _metrics(
-    records: list[TrajectoryRecord], parts: _LossParts | None, grad_norm: float, batch: TrainBatch | None
+    records: list[TrajectoryRecord], parts: LossParts | None, grad_norm: float, trained: int
 ) -> dict[str, float]:
     rewards = summary([r.reward for r in records])
     out: dict[str, float] = {
@@ -213,7 +187,7 @@ def _metrics(
         "reward/std": rewards["std"],
         "reward/scored": rewards["count"],
         "trajectories/total": float(len(records)),
-        "trajectories/trained": float(len(batch.trajectory_ids) if batch else 0),
+        "trajectories/trained": float(trained),
         "trajectories/failed": float(sum(r.status == "failed" for r in records)),
         "trajectories/discarded": float(sum(r.status == "discard" for r in records)),
         "grad_norm": grad_norm,
@@ -227,7 +201,7 @@ def _metrics(
     if parts is not None:
         out.update(
             {
-                "loss": float(parts.loss.item()),
+                "loss": parts.loss,
                 "loss/pg": parts.pg_loss,
                 "kl": parts.kl,
                 "entropy": parts.entropy,

@@ -76,3 +76,16 @@ def test_shared_prompt_forward_matches_full_forward(tiny_model_path: Path) -> No
     grads_full = torch.autograd.grad(loss_full, list(model.parameters()))
     for a, b in zip(grads_shared, grads_full, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_micro_batches_split_by_logits_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugtune.trainer import batch as batch_module
+
+    records = [record(f"t{i}", [1, 2], [3] * n, [1] * n, 1.0) for i, n in enumerate([2, 2, 4, 1, 9])]
+    records.insert(2, record("skip", [1, 2], [3], [1], None))
+    monkeypatch.setattr(batch_module, "LOGITS_BUDGET", 8 * 10)  # vocab 10: 8 row-positions per forward
+    chunks = batch_module.micro_batches(records, pad_id=0, vocab_size=10)
+    # [2, 2] fits (2 rows x 2); adding the 4 needs 3 x 4 = 12 > 8; [4, 1] is 2 x 4; the 9 goes alone
+    assert [b.trajectory_ids for b in chunks] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    monkeypatch.setattr(batch_module, "LOGITS_BUDGET", 2**40)
+    assert len(batch_module.micro_batches(records, pad_id=0, vocab_size=10)) == 1

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from plugtune.errors import LossNanError, PluginCallError
-from plugtune.trainer.batch import build_batch
+from plugtune.trainer import batch as batch_module
+from plugtune.trainer.batch import micro_batches
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.groups import Plugins
 from plugtune.trainer.grpo import GRPOTrainer
@@ -179,12 +180,30 @@ async def test_non_finite_gradient_with_finite_loss_is_not_applied(tiny_model_pa
     # sqrt at 0: the value is 0.0, its gradient is inf * 0 = nan
     loss = torch.sqrt(weight.sum() * 0.0)
     assert torch.isfinite(loss)
-    batch = build_batch(result.records, trainer.pad_id)
+    loss.backward()
+    batches = micro_batches(result.records, trainer.pad_id, trainer.vocab_size)
     with pytest.raises(LossNanError, match="gradient norm is nan") as info:
-        trainer._guarded_update(loss, 2, result.records, batch)
-    assert info.value.trajectory_ids == batch.trajectory_ids
+        trainer._apply(2, result.records, batches)
+    assert info.value.trajectory_ids == [t for b in batches for t in b.trajectory_ids]
     assert all(torch.equal(before[k], v) for k, v in params(trainer).items())
     assert all(p.grad is None for p in trainer.model.parameters())
+
+
+async def test_micro_batches_give_the_same_step_as_one_batch(
+    tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = make_trainer(tiny_model_path, kl_coef=0.1)
+    one = await whole.step()
+    split = make_trainer(tiny_model_path, kl_coef=0.1)
+    # room for about three rows per forward: the 8 trajectories go through in several micro-batches
+    monkeypatch.setattr(batch_module, "LOGITS_BUDGET", 3 * 12 * split.vocab_size)
+    assert len(batch_module.micro_batches(one.records, split.pad_id, split.vocab_size)) >= 3
+    many = await split.step()
+    assert [r.response_ids for r in many.records] == [r.response_ids for r in one.records]
+    for name in ("loss", "kl", "entropy", "grad_norm", "logprob_gap"):
+        assert many.metrics[name] == pytest.approx(one.metrics[name], rel=1e-4, abs=1e-6), name
+    for k, v in params(whole).items():
+        torch.testing.assert_close(params(split)[k], v, rtol=1e-4, atol=1e-6)
 
 
 def test_plugins_check_kinds_and_unique_grader_names() -> None:

@@ -137,6 +137,7 @@ def requests(store: Store, job: int) -> dict[str, str]:
         "page  trajectories failed": f"/jobs/{job}/trajectories?status=failed",
         "page  trajectories deep page": f"/jobs/{job}/trajectories?before={deep_traj}",
         "api   trajectories step filter": f"/api/jobs/{job}/trajectories?step=1",
+        "api   trajectories text, no match": f"/api/jobs/{job}/trajectories?q=zzz-no-such-text",
         "api   trajectory detail + logs": f"/api/jobs/{job}/trajectories/{middle}",
         "api   trajectory neighbors": f"/api/jobs/{job}/trajectories/{middle}/neighbors?status=success",
         "page  group view": f"/jobs/{job}/groups/g3",

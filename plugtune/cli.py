@@ -136,10 +136,11 @@ def test_plugins(
     inject: str = typer.Option("", help="Inject faults: a list of timeout,eof,oom,500,nan."),
     inject_rate: float = typer.Option(0.2, help="Share of calls that get an injected fault (0..1]."),
     seed: int = typer.Option(0, help="Seed of the fault draws."),
-    policy_url: str = typer.Option(
-        "", help="An OpenAI-compatible endpoint instead of the job's model (key: PLUGTUNE_POLICY_API_KEY)."
-    ),
+    policy_url: str = typer.Option("", help="An OpenAI-compatible endpoint instead of the job's model."),
     policy_model: str = typer.Option("", help="The model name to ask --policy-url for."),
+    policy_api_key: str = typer.Option(
+        "", envvar="PLUGTUNE_POLICY_API_KEY", show_default=False, help="The API key of --policy-url."
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run the job's rollout and graders on a few dataset rows and show trajectories, rewards, logs and
@@ -155,7 +156,7 @@ def test_plugins(
     except ValueError as exc:
         typer.echo(f"plugtune test: {exc}", err=True)
         raise typer.Exit(2) from None
-    options = TestOptions(job_file, samples, policy_url, "", policy_model, concurrency, injection)
+    options = TestOptions(job_file, samples, policy_url, policy_api_key, policy_model, concurrency, injection)
     raise typer.Exit(test_command(options, faas=faas, as_json=as_json))
 
 

@@ -3,7 +3,6 @@ OpenAI-compatible endpoint (``--policy-url``) behind a recording relay."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,8 +10,6 @@ from pathlib import Path
 
 from plugtune.pretest.relay import PolicyRelay, forward_to
 from plugtune.trainer.protocols import PolicyServer
-
-API_KEY_ENV = "PLUGTUNE_POLICY_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -32,8 +29,8 @@ class PolicyChoice:
 def serving(choice: PolicyChoice) -> Iterator[PolicyServer]:
     """A started policy server; stopped on exit."""
     if choice.url:
-        key = choice.api_key or os.environ.get(API_KEY_ENV, "") or "none"
-        with PolicyRelay(forward_to(choice.url, key, choice.model), choice.model or "policy") as relay:
+        answer = forward_to(choice.url, choice.api_key or "none", choice.model)
+        with PolicyRelay(answer, choice.model or "policy") as relay:
             yield relay
         return
     from transformers.utils import logging as hf_logging

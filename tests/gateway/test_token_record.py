@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 from typing import Any
@@ -187,24 +188,49 @@ def test_segments_carry_the_policy_version(gateway: PolicyGateway) -> None:
     gateway.set_policy_version(0)
 
 
-def test_recorded_logprobs_match_a_fresh_forward_pass(gateway: PolicyGateway, demo_model: Any) -> None:
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_recorded_logprobs_match_a_fresh_forward_pass(
+    gateway: PolicyGateway, demo_model: Any, temperature: float
+) -> None:
     questions = ["What is 3+4?", "Compute 41+38.", "1+1=?", "What is 12 + 19?", "7+8=?"]
     policies = [gateway.open(f"logp-{i}") for i in range(len(questions))]
-    import concurrent.futures
+
+    def ask(i: int) -> dict[str, Any]:
+        messages = [{"role": "user", "content": questions[i]}]
+        return policies[i].chat(messages, temperature=temperature, max_tokens=8, logprobs=True)
 
     with concurrent.futures.ThreadPoolExecutor(len(policies)) as pool:
-        list(
-            pool.map(
-                lambda pq: pq[0].chat([{"role": "user", "content": pq[1]}], temperature=1.0, max_tokens=8),
-                zip(policies, questions, strict=True),
-            )
-        )
-    for i in range(len(questions)):
+        replies = list(pool.map(ask, range(len(questions))))
+    for i, reply in enumerate(replies):
         trace = gateway.take(f"logp-{i}")
         ids = torch.tensor([trace.prompt_ids + trace.response_ids])
         with torch.no_grad():
-            logps_TV = torch.log_softmax(demo_model(input_ids=ids).logits[0, :-1].float(), -1)
-        targets_T = ids[0, 1:]
-        fresh_T = logps_TV.gather(-1, targets_T[:, None])[:, 0][len(trace.prompt_ids) - 1 :]
+            logps_TV = torch.log_softmax(demo_model(input_ids=ids).logits[0, :-1].float() / temperature, -1)
+        fresh_T = logps_TV.gather(-1, ids[0, 1:, None])[:, 0][len(trace.prompt_ids) - 1 :]
         recorded_T = torch.tensor(trace.response_logprobs)
         assert torch.allclose(fresh_T, recorded_T, atol=1e-4), (fresh_T, recorded_T)
+        returned = [entry["logprob"] for entry in reply["choices"][0]["logprobs"]["content"]]
+        assert returned == trace.response_logprobs
+
+
+def test_a_stop_string_ends_the_reply_and_the_next_turn_closes_it(
+    scripted: tuple[PolicyGateway, ScriptedModel], tokenizer: Any
+) -> None:
+    gw, model = scripted
+    model.scripts += [encode(tokenizer, "12 apples and more"), encode(tokenizer, "5")]
+    policy = gw.open("stop")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 3+9?"}]
+    reply = policy.chat(messages, temperature=0.0, stop=[" app", "zzz"], max_tokens=30)
+    assert reply["choices"][0]["message"]["content"] == "12"
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    messages += [reply["choices"][0]["message"], {"role": "user", "content": "And 2+3?"}]
+    policy.chat(messages, temperature=0.0)
+    trace = gw.take("stop")
+    assert_well_formed(trace)
+    first = trace.response_ids[trace.segments[0].start : trace.segments[0].end]
+    assert tokenizer.decode(first) == "12 app"  # the sampled stop string stays in the record
+    env = trace.segments[1]
+    assert tokenizer.decode(trace.response_ids[env.start : env.end]).startswith(
+        "<|im_end|>\n<|im_start|>user"
+    )
+    assert trace.rewrites == 0

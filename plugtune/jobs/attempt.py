@@ -23,7 +23,7 @@ from plugtune.errors import Cause, PluginCallError
 from plugtune.jobs.caller import JobStop, PolicyCaller
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evidence import failed_record
-from plugtune.jobs.plugins import Drain, JobFunction, as_plugins, deploy_all, record_deployed
+from plugtune.jobs.plugins import Drain, as_plugins, deploy_all, record_deployed
 from plugtune.jobs.retry_policy import breaker
 from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.jobs.validation_rows import read_dataset
@@ -98,16 +98,19 @@ async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[
         functions = await deploy_all(rt, job)
         record_deployed(store, job_id, functions)
         drain = Drain(functions)
+        failed = ""
         try:
             await _train(store, settings, job_id, job, rows, drain)
         except JobStop as stop:
-            _mark_failed_plugin(store, job_id, functions, stop.error)
+            failed = stop.error.plugin
+            store.set_plugin_status(job_id, failed, "failed", failure_reason=str(stop.error))
             raise
         finally:
             logs, points = drain.take()
             store.write_batch(job_id, logs=logs, metrics=points)
-        for jf in functions:
-            store.set_plugin_status(job_id, jf.spec.name, "completed")
+            for jf in functions:  # the others ended with the attempt, without a fault of their own
+                if jf.spec.name != failed:
+                    store.set_plugin_status(job_id, jf.spec.name, "completed")
 
 
 async def _train(
@@ -201,13 +204,6 @@ def _check_breaker(
     )
     raise JobStop(error, "circuit breaker")
 
-
-def _mark_failed_plugin(
-    store: Store, job_id: int, functions: list[JobFunction], error: PluginCallError
-) -> None:
-    for jf in functions:
-        if error.plugin == jf.spec.name:
-            store.set_plugin_status(job_id, jf.spec.name, "failed", failure_reason=str(error))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import DeployFailed, Failed, Happened, Returned
 from plugtune.runtime.limits import InstanceLimits
@@ -209,6 +211,8 @@ class Instance:
         if not self.kill_reason:
             self.kill_reason = reason
         self.draining = True
+        if self.pid and self.limits.watchdog:
+            _kill_descendants(self.pid)  # without a cgroup, children that left the session are found here
         if self.pid:
             try:
                 os.killpg(self.pid, signal.SIGKILL)
@@ -263,6 +267,18 @@ class Instance:
         if self.kill_reason:
             return f"{where} was killed by the runtime: {self.kill_reason}"
         return f"{where} ended during the call: {_describe_exit(code)}"
+
+
+def _kill_descendants(pid: int) -> None:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 
 
 def _describe_exit(code: int | None) -> str:

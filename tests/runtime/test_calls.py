@@ -213,7 +213,7 @@ async def test_fresh_spawn_fallback_when_the_zygote_is_gone() -> None:
         assert error.cause == Cause.EOF.value and "exited with status 3" in error.message
     async with LocalRuntime(spare_instances=False) as rt:
         fn = await rt.deploy(entry("faults.py", "exits_hard"), runtime=roomy)
-        fn.deployment.zygote.proc.kill()  # type: ignore[attr-defined]
+        fn.deployment.launcher.zygote.proc.kill()  # type: ignore[attr-defined]
         await asyncio.sleep(0.2)
         error = await _fail_then_ok(fn)
         assert error.cause == Cause.EOF.value

@@ -126,3 +126,14 @@ async def test_env_reaches_the_plugin() -> None:
     async with LocalRuntime() as rt:
         fn = await rt.deploy(entry("basic.py", "reads_env"), env={"REWARD_VALUE": "0.125"})
         assert (await fn.invoke(ctx(), sample(), trajectory())).value == 0.125
+
+
+async def test_instance_quota_spares_yield_then_create_fault() -> None:
+    async with LocalRuntime(quota=Quota(max_instances=2)) as rt:
+        first = await rt.deploy(entry("basic.py", "exact"))  # 1 instance + maybe its spare
+        second = await rt.deploy(entry("basic.py", "noop"))  # takes the spare's slot if needed
+        with pytest.raises(PluginCallError, match="max_instances=2") as info:
+            await rt.deploy(entry("basic.py", "unscorable"))
+        assert info.value.cause == Cause.CREATE_FAULT.value
+        assert (await first.invoke(ctx(), sample(), trajectory())).value == 1.0
+        assert (await second.invoke(ctx(), sample(), trajectory())).value == 0.0

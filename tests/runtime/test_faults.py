@@ -137,3 +137,31 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+async def test_recycle_kills_the_whole_tree_even_a_child_in_its_own_session(rt: LocalRuntime) -> None:
+    import asyncio
+
+    fn = await rt.deploy(entry("faults.py", "spawns_then_spins"))
+    error = await fail_then_recover(fn)
+    assert error.cause == Cause.TIMEOUT.value
+    child = int(next(line.message.split()[1] for line in error.logs if line.message.startswith("child ")))  # type: ignore[attr-defined]
+    for _ in range(100):
+        if not _alive(child):
+            break
+        await asyncio.sleep(0.02)
+    assert not _alive(child), "the plugin's child process outlived its instance"
+
+
+async def test_recycle_kills_children_under_rlimit_fallback_too() -> None:
+    import asyncio
+
+    async with LocalRuntime(limits="rlimit") as rt:
+        fn = await rt.deploy(entry("faults.py", "spawns_then_spins"))
+        error = await fail_then_recover(fn)
+        child = int(next(line.message.split()[1] for line in error.logs if line.message.startswith("child ")))  # type: ignore[attr-defined]
+        for _ in range(100):
+            if not _alive(child):
+                break
+            await asyncio.sleep(0.02)
+        assert not _alive(child)

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from transformers import PreTrainedModel
@@ -140,7 +140,6 @@ class GRPOTrainer:
             )
         except objective.NonFiniteLoss as exc:
             self._raise_nan(str(exc), step, records, batches)
-            raise  # unreachable: _raise_nan always raises
 
     def _apply(self, step: int, records: list[TrajectoryRecord], batches: list[TrainBatch]) -> float:
         """Clip the accumulated gradient and step the optimizer, only when the gradient is finite."""
@@ -155,7 +154,7 @@ class GRPOTrainer:
 
     def _raise_nan(
         self, what: str, step: int, records: list[TrajectoryRecord], batches: list[TrainBatch]
-    ) -> None:
+    ) -> NoReturn:
         trajectory_ids = [t for b in batches for t in b.trajectory_ids]
         rewards = summary([r.reward for r in records])
         advantages = summary([r.advantage for r in records])

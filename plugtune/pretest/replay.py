@@ -113,12 +113,20 @@ def materialize(store: Store, plugin: Plugin, root: Path) -> str:
 
 
 async def deploy_recorded(
-    rt: BaseRuntime, store: Store, plugins: list[Plugin], root: Path, weights: dict[str, float]
+    rt: BaseRuntime,
+    store: Store,
+    plugins: list[Plugin],
+    root: Path,
+    weights: dict[str, float],
+    entries: dict[str, str],
 ) -> list[JobFunction]:
+    """Deploy each plugin from its stored code; ``entries`` gets replay entry -> the job's entry."""
     deployed: list[JobFunction] = []
     for plugin in plugins:
         runtime = Runtime(**plugin.runtime) if plugin.runtime else None
-        fn = await rt.deploy(materialize(store, plugin, root), runtime=runtime)
+        entry = materialize(store, plugin, root)
+        entries[entry] = plugin.entry
+        fn = await rt.deploy(entry, runtime=runtime)
         if fn.code_hash != plugin.code_hash:
             raise ReplayError(
                 f"plugin {plugin.name}: the stored code does not hash to {plugin.code_hash[:12]}"
@@ -152,9 +160,9 @@ def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
         raise ReplayError(f"job {job_id} has no recorded rollout plugin to replay")
     sample = sample_of(job.spec, record)
     playback = Playback(record.messages, "policy")
-    result = asyncio.run(_run(store, plugins, grader_weights(job.spec), record, sample, playback))
+    result, entries = asyncio.run(_run(store, plugins, grader_weights(job.spec), record, sample, playback))
     replayed = result.trajectories[0]
-    return {
+    doc = {
         "job_id": job_id,
         "trajectory_id": trajectory_id,
         "recorded": outcome_of(record),
@@ -165,6 +173,19 @@ def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
         "trajectory": trajectory_document(replayed, logs_of(replayed.trajectory_id, result.functions)),
         "calls": [c.to_dict() for c in result.calls],
     }
+    return with_recorded_entries(doc, entries)
+
+
+def with_recorded_entries(value: Any, entries: dict[str, str]) -> Any:
+    """``value`` with every ``plugin`` field naming the job's entry instead of the replay's temp copy."""
+    if isinstance(value, dict):
+        out = {k: with_recorded_entries(v, entries) for k, v in value.items()}
+        if isinstance(out.get("plugin"), str):
+            out["plugin"] = entries.get(out["plugin"], out["plugin"])
+        return out
+    if isinstance(value, list):
+        return [with_recorded_entries(v, entries) for v in value]
+    return value
 
 
 async def _run(
@@ -174,12 +195,14 @@ async def _run(
     record: TrajectoryRecord,
     sample: Sample,
     playback: Playback,
-) -> TrialResult:
+) -> tuple[TrialResult, dict[str, str]]:
+    entries: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="plugtune-replay-") as tmp:
         async with InProcessRuntime() as rt:
-            functions = await deploy_recorded(rt, store, plugins, Path(tmp), weights)
+            functions = await deploy_recorded(rt, store, plugins, Path(tmp), weights, entries)
             with PolicyRelay(playback) as relay, exits_raise():
-                return await run_trial(functions, relay, [(record.step, sample)], concurrency=1)
+                result = await run_trial(functions, relay, [(record.step, sample)], concurrency=1)
+    return result, entries
 
 
 def outcome_of(record: TrajectoryRecord) -> dict[str, Any]:

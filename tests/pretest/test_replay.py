@@ -4,6 +4,7 @@ recorded answers played back, and ends as it did in the job (or the report says 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +136,29 @@ def test_cli_replay(store: Store) -> None:
     )
     missing = runner.invoke(app, ["replay", str(job_id + 1), "x"])
     assert missing.exit_code == 2 and "no job" in missing.output
+
+
+@pytest.mark.slow
+def test_replay_of_a_real_job_run(tmp_path: Path, store: Store) -> None:
+    """A job really runs (attempt process, gateway, tiny model, runtime); its failed trajectory replays."""
+    project = tmp_path / "project"
+    shutil.copytree(FAULTY, project)
+    job = project / "job.yaml"
+    job.write_text(
+        "name: e2e\nmodel: builtin:tiny-chat\n"
+        "hyperparameters: {steps: 1, batch_size: 1, group_size: 2, max_new_tokens: 8}\n"
+        "data: {train: data/train.jsonl}\n"
+        "plugins:\n  rollout: {entry: plugins/rollouts.py:asks_policy}\n"
+        "  graders:\n    - {entry: plugins/graders.py:raises}\n"
+        "failure_policy: {max_attempts: 1, on_exhausted: drop_sample}\n"
+        "circuit_breaker: {max_error_share: 1.0, min_calls: 1000}\n"
+    )
+    ran = CliRunner().invoke(app, ["run", str(job)])
+    assert ran.exit_code == 0, ran.output
+    job_id = store.list_jobs()[0].id
+    failed = store.trajectories(job_id, status="failed", limit=10)
+    assert failed, "the raising grader fails every trajectory"
+    doc = replay(store, job_id, failed[0].trajectory_id)
+    assert doc["reproduced"], doc
+    assert doc["policy_turns"]["played"] == doc["policy_turns"]["recorded"] == 1
+    assert doc["replayed"]["error"]["plugin"] == f"{project / 'plugins' / 'graders.py'}:raises"

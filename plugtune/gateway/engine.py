@@ -1,9 +1,10 @@
 """The generation engine: batches pending requests and decodes them together with a KV cache.
 
 One worker thread takes every pending request (up to ``max_batch_size``), left-pads their prompts
-and decodes them step by step from one shared ``past_key_values``; each row stops on its own at an
-end-of-sequence token, a stop string or its token budget. The whole batch runs under the weights
-lock, so it sees one version of the weights from start to end, and records that version.
+and decodes them step by step from one shared KV cache; each row stops on its own at an
+end-of-sequence token, a stop string or its token budget, and then leaves the cache. The whole
+batch runs under the weights lock, so it sees one version of the weights from start to end, and
+records that version.
 
 Sampling is per row: temperature (0 = greedy), top-p, and an optional seed. The log-prob recorded
 for each token is its log-probability under the distribution it was actually sampled from (after
@@ -233,10 +234,17 @@ class GenerationEngine:
         past = getattr(out, CACHE_KWARG)
         logits_BV = out.logits[:, -1, :]
         last_pos_B = positions_BT[:, -1]
+        live = rows  # the rows still decoding, in the cache's batch order
         for _ in range(max(p.params.max_tokens for p in batch)):
-            next_B = self._step(rows, logits_BV)
-            if all(row.is_done for row in rows):
+            next_B = self._step(live, logits_BV)
+            keep = [b for b, row in enumerate(live) if not row.is_done]
+            if not keep:
                 break
+            if len(keep) < len(live):  # finished rows leave the cache: they would cost a forward each step
+                index_K = torch.tensor(keep, device=device)
+                past.batch_select_indices(index_K)
+                mask_BT, last_pos_B, next_B = mask_BT[index_K], last_pos_B[index_K], next_B[keep]
+                live = [live[b] for b in keep]
             mask_BT = torch.cat([mask_BT, torch.ones_like(mask_BT[:, :1])], dim=1)
             last_pos_B = last_pos_B + 1
             out = self._model(
@@ -250,22 +258,19 @@ class GenerationEngine:
             logits_BV = out.logits[:, -1, :]
         return rows
 
-    def _step(self, rows: list[_Row], logits_BV: torch.Tensor) -> torch.Tensor:
-        """Sample one token for every unfinished row; finished rows are fed padding."""
-        next_B = torch.full((len(rows),), self._pad, dtype=torch.long)
-        active = [b for b, row in enumerate(rows) if not row.is_done]
+    def _step(self, live: list[_Row], logits_BV: torch.Tensor) -> torch.Tensor:
+        """Sample the next token of every live row."""
         tokens, logps = sample_batch(
-            logits_BV[active].cpu(),
-            [rows[b].pending.params for b in active],
-            [rows[b].generator for b in active],
+            logits_BV.cpu(),
+            [row.pending.params for row in live],
+            [row.generator for row in live],
             self._shared,
         )
-        for b, token, logp in zip(active, tokens, logps, strict=True):
-            next_B[b] = token
-            rows[b].tokens.append(token)
-            rows[b].logprobs.append(logp)
-            self._finish_if_done(rows[b], token)
-        return next_B
+        for row, token, logp in zip(live, tokens, logps, strict=True):
+            row.tokens.append(token)
+            row.logprobs.append(logp)
+            self._finish_if_done(row, token)
+        return torch.tensor(tokens, dtype=torch.long)
 
     def _finish_if_done(self, row: _Row, token: int) -> None:
         if token in self._eos:

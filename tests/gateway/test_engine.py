@@ -69,18 +69,26 @@ def test_sampled_logprobs_are_under_the_tempered_distribution_and_seeds_reproduc
 def test_a_batch_decodes_like_single_requests(demo_model: Any, tokenizer: Any) -> None:
     engine = make_engine(demo_model, tokenizer)
     try:
-        prompts = [
-            prompt(tokenizer, q) for q in ["What is 3+4?", "Compute 41+38.", "1+1=?", "What is 12 + 9?"]
+        questions = ["What is 3+4?", "Compute 41+38.", "1+1=?", "What is 12 + 9?", "5+5=?", "What is 30+3?"]
+        prompts = [prompt(tokenizer, q) for q in questions]
+        params = [
+            SamplingParams(max_tokens=6, temperature=0.0),
+            SamplingParams(max_tokens=1, temperature=1.0, seed=1),
+            SamplingParams(max_tokens=12, temperature=1.5, seed=2),
+            SamplingParams(max_tokens=12, temperature=1.5, seed=3),
+            SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=4),
+            SamplingParams(max_tokens=3, temperature=1.0, seed=5, stop=("1",)),
         ]
-        greedy = SamplingParams(max_tokens=6, temperature=0.0)
-        alone = [engine.submit(p, greedy).result(timeout=60) for p in prompts]
+        alone = [engine.submit(p, sp).result(timeout=60) for p, sp in zip(prompts, params, strict=True)]
         before = engine.batches_run
-        futures = [engine.submit(p, greedy) for p in prompts]
+        futures = [engine.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
         together = [f.result(timeout=60) for f in futures]
         assert engine.batches_run - before < len(prompts)
         assert max(g.batch_size for g in together) > 1
+        assert len({len(g.token_ids) for g in together}) > 1  # rows left the batch at different steps
         for a, b in zip(alone, together, strict=True):
             assert a.token_ids == b.token_ids
+            assert a.finish_reason == b.finish_reason
             assert a.policy_version == b.policy_version == 7
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
     finally:

@@ -113,3 +113,11 @@ def test_cli_json_is_one_document_and_demand_suggests_scaling(tmp_path: Path) ->
 def test_bad_inject_list_is_exit_2() -> None:
     result = CliRunner().invoke(app, ["test", "--faas", str(FAULTY / "ok.yaml"), "--inject", "segv"])
     assert result.exit_code == 2 and "timeout, eof, oom, 500, nan" in result.output
+
+
+def test_plugin_that_cannot_load_is_create_faas_fault() -> None:
+    doc = faas_test(options("broken", samples=2))
+    assert not doc["summary"]["ok"] and doc["calls"] == []
+    assert (
+        doc["error"]["cause"] == "Create faas fault" and "plugtune_no_such_module" in doc["error"]["message"]
+    )

@@ -96,3 +96,14 @@ def test_cli_invalid_job_is_exit_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["test", str(job)])
     assert result.exit_code == 2
     assert "Invalid" in result.output
+
+
+def test_plugin_that_cannot_load_is_create_faas_fault() -> None:
+    doc = local_test(options("broken"))
+    assert not doc["summary"]["ok"] and doc["calls"] == []
+    assert (
+        doc["error"]["cause"] == "Create faas fault" and "plugtune_no_such_module" in doc["error"]["message"]
+    )
+    assert doc["error"]["traceback"].startswith("broken.py:5 in <module>")
+    result = CliRunner().invoke(app, ["test", str(FAULTY / "broken.yaml")])
+    assert result.exit_code == 1 and "Create faas fault" in result.output and "what to do" in result.output

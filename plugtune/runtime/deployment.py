@@ -166,7 +166,6 @@ class LocalDeployment:
         out_w: int,
         started: float,
     ) -> Instance:
-        runtime = self.runtime
         instance_id = instance.id
         try:
             await instance.attach(parent, out_r)
@@ -182,10 +181,12 @@ class LocalDeployment:
         child.close()
         os.close(out_w)
         try:
-            setup_ms = await asyncio.wait_for(asyncio.shield(instance.ready), max(60.0, runtime.timeout_s))
+            setup_ms = await asyncio.wait_for(asyncio.shield(instance.ready), self.backend.start_timeout_s)
         except asyncio.TimeoutError:
             instance.kill("it was not ready in time")
-            raise DeployFailed("the instance was not ready in time (setup() too slow?)") from None
+            raise DeployFailed(
+                f"the instance was not ready within {self.backend.start_timeout_s:g} s (is setup() stuck?)"
+            ) from None
         except DeployFailed as exc:
             exc.intentional = bool(instance.kill_reason)  # the runtime killed it (close, kill, scale)
             instance.kill("it failed to start")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import psutil
+
 from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import Limits
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
 from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import Kind, PluginSpec, Runtime
-
-IMPORT_TIMEOUT_S = 120.0
 
 
 def spec_from(raw: dict[str, Any]) -> PluginSpec:
@@ -37,6 +37,7 @@ class LocalBackend:
         idle_timeout_s: float = 60.0,
         watchdog_period_s: float = 0.05,
         spares: bool = True,
+        start_timeout_s: float = 120.0,
     ) -> None:
         self.limits = limits
         self.limits_mechanism = limits.mechanism
@@ -46,6 +47,7 @@ class LocalBackend:
         self.watchdog_period_s = watchdog_period_s
         self.ids = itertools.count(1)
         self.spares = spares
+        self.start_timeout_s = start_timeout_s
         self.deployments: list[LocalDeployment] = []
 
     async def deploy(self, request: DeployRequest) -> LocalDeployment:
@@ -57,13 +59,19 @@ class LocalBackend:
         }
         zygote = Zygote(config, request.entry)
         try:
-            raw = await zygote.start(IMPORT_TIMEOUT_S)
+            raw = await zygote.start(self.start_timeout_s)
         except DeployFailed as exc:
             exc.logs = zygote.output_logs() + exc.logs
             await zygote.aclose()
             raise
         spec = spec_from(raw)
         runtime = request.effective_runtime(spec.runtime)
+        machine_mb = psutil.virtual_memory().total >> 20
+        if runtime.memory_mb > machine_mb:
+            await zygote.aclose()
+            raise DeployFailed(
+                f"memory_mb={runtime.memory_mb} is more than this machine has ({machine_mb} MiB)"
+            )
         self.deployments = [d for d in self.deployments if not d.closed]
         deployment = LocalDeployment(
             self, request, spec, runtime, zygote if self.use_zygote else None, config

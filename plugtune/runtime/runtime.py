@@ -165,6 +165,7 @@ class LocalRuntime(BaseRuntime):
     ``metrics_period_s``: how often metrics are sampled (<= 10 s).
     ``idle_timeout_s``: an idle instance above ``min_instances`` is stopped after this long.
     ``use_zygote``: fork instances from a pre-warmed zygote (False: fresh spawn each time).
+    ``start_timeout_s``: how long importing the plugin, or an instance's ``setup()``, may take.
     ``spare_instances``: keep one ready instance per function that can still scale up, handed out
     on the next scale-up (it counts against the quota, and yields when quota is needed).
     """
@@ -179,6 +180,7 @@ class LocalRuntime(BaseRuntime):
         idle_timeout_s: float = 60.0,
         use_zygote: bool = True,
         spare_instances: bool = True,
+        start_timeout_s: float = 120.0,
     ) -> None:
         super().__init__(quota, state_dir, metrics_period_s)
         self.spare_instances = spare_instances
@@ -186,6 +188,9 @@ class LocalRuntime(BaseRuntime):
             raise ValueError(f"limits={limits!r}: use 'cgroup', 'rlimit' or None (auto)")
         if not idle_timeout_s > 0:
             raise ValueError(f"idle_timeout_s={idle_timeout_s} must be > 0")
+        if not 0 < start_timeout_s <= 3600:
+            raise ValueError(f"start_timeout_s={start_timeout_s} must be in (0, 3600]")
+        self.start_timeout_s = start_timeout_s
         self._limits_choice = limits
         self.idle_timeout_s = idle_timeout_s
         self.use_zygote = use_zygote
@@ -198,4 +203,5 @@ class LocalRuntime(BaseRuntime):
                 use_zygote=self.use_zygote,
                 idle_timeout_s=self.idle_timeout_s,
                 spares=self.spare_instances,
+                start_timeout_s=self.start_timeout_s,
             )

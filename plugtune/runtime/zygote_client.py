@@ -84,7 +84,8 @@ class Zygote:
         except asyncio.TimeoutError:
             self.stop()
             raise DeployFailed(
-                f"{self.config['relpath']}: importing the plugin took longer than {timeout_s:g} s"
+                f"{self.config['relpath']}: importing the plugin took longer than {timeout_s:g} s "
+                "(does it do slow work at import time? move it into setup())"
             ) from None
 
     async def _read_output(self) -> None:

@@ -137,3 +137,17 @@ async def test_instance_quota_spares_yield_then_create_fault() -> None:
         assert info.value.cause == Cause.CREATE_FAULT.value
         assert (await first.invoke(ctx(), sample(), trajectory())).value == 1.0
         assert (await second.invoke(ctx(), sample(), trajectory())).value == 0.0
+
+
+@pytest.mark.parametrize(
+    ("file", "says"),
+    [
+        ("slow_import.py", "importing the plugin took longer than 1 s"),
+        ("slow_setup.py", "not ready within 1 s"),
+    ],
+)
+async def test_stuck_import_or_setup_is_a_create_fault_not_a_hang(file: str, says: str) -> None:
+    async with LocalRuntime(start_timeout_s=1.0) as rt:
+        with pytest.raises(PluginCallError, match=says) as info:
+            await rt.deploy(entry(file, "score"))
+        assert info.value.cause == Cause.CREATE_FAULT.value

@@ -59,6 +59,7 @@ class TraceBuilder:
     rewrites: int = 0
     finish_reason: str = ""
     ended_with_eos: bool = False
+    has_reply: bool = False  # the record ends with a policy reply (the last call did not fail)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def full_ids(self) -> list[int]:
@@ -73,7 +74,7 @@ class TraceBuilder:
         if not self.prompt_ids:
             return CallPlan(0, renderer.encode(text), [], is_rewrite=False)
         recorded = [normalize_message(m) for m in self.messages]
-        if (tools or None) == (self.tools or None) and is_extension(recorded, current):
+        if self.has_reply and (tools or None) == (self.tools or None) and is_extension(recorded, current):
             previous = renderer.render(recorded, tools, add_generation_prompt=False)
             if text.startswith(previous):
                 suffix = renderer.bridge(previous, self.ended_with_eos) + text[len(previous) :]
@@ -109,6 +110,7 @@ class TraceBuilder:
             self._append(plan.environment_ids, [0.0] * len(plan.environment_ids), "environment", version)
         self.messages = list(messages)
         self.tools = tools
+        self.has_reply = False
         return self.full_ids()
 
     def record_reply(self, generation: Generation, reply: dict[str, Any]) -> None:
@@ -117,6 +119,7 @@ class TraceBuilder:
         self.messages = [*self.messages, reply]
         self.finish_reason = generation.finish_reason
         self.ended_with_eos = generation.ended_with_eos
+        self.has_reply = True
 
     def snapshot(self) -> TokenTrace:
         return TokenTrace(

@@ -151,3 +151,14 @@ def test_a_failing_model_is_a_500_and_the_gateway_keeps_serving(
     assert policy.content(reply) == "12"
     trace = gw.take("boom")
     assert trace.rewrites == 0 and [s.source for s in trace.segments] == ["policy"]
+
+    # A failed call followed by a longer conversation: the record is rebuilt from tokens, intact.
+    model.scripts += ["explode", tokenizer("5", add_special_tokens=False)["input_ids"]]
+    policy = gw.open("boom-2")
+    with pytest.raises(openai.InternalServerError):
+        policy.openai().chat.completions.create(model="policy", messages=QUESTION, temperature=0.0)
+    longer = [*QUESTION, {"role": "assistant", "content": "7"}, {"role": "user", "content": "2+3?"}]
+    policy.chat(longer, temperature=0.0)
+    trace = gw.take("boom-2")
+    rendered = tokenizer.apply_chat_template(longer, add_generation_prompt=True, tokenize=False)
+    assert tokenizer.decode(trace.prompt_ids + trace.response_ids) == rendered + "5<|im_end|>"

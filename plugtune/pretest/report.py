@@ -6,6 +6,7 @@ Everything a plugin, a dataset or a model wrote is printed as plain text (no con
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,7 +81,18 @@ def document(
 
 
 def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, default=str, allow_nan=False)
+    """Strict JSON: a NaN or inf a plugin wrote (say, with ``ctx.metric``) becomes its string."""
+    return json.dumps(_finite(doc), indent=2, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 # --- text --------------------------------------------------------------------------------------

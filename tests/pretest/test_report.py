@@ -4,13 +4,14 @@ the live progress counts rollouts and errors by cause."""
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 from rich.console import Console
 
 from plugtune.pretest.calls import CallError, CallRecord
 from plugtune.pretest.progress import LiveProgress
-from plugtune.pretest.report import render_local
+from plugtune.pretest.report import dumps, render_local
 
 
 def console() -> tuple[Console, io.StringIO]:
@@ -75,3 +76,8 @@ def test_live_progress_counts_rollouts_and_errors_by_cause() -> None:
         task = live.progress.tasks[0]
         assert task.completed == 2 and task.total == 3
         assert task.fields["detail"] == "· 3 calls · 2 errors (Invalid reward 1, Timeout 1)"
+
+
+def test_json_stays_strict_when_a_plugin_metric_is_nan() -> None:
+    text = dumps({"trajectories": [{"metrics": {"turns": float("nan"), "ok": 1.0}}]})
+    assert json.loads(text)["trajectories"][0]["metrics"] == {"turns": "nan", "ok": 1.0}

@@ -25,7 +25,9 @@ class LiveProgress:
             console=self.console,
             transient=True,
         )
-        self.task = self.progress.add_task("rollouts", total=total_rollouts, detail="")
+        self.task = self.progress.add_task(
+            "rollouts", total=total_rollouts, detail="· starting: deploying plugins, loading the policy"
+        )
         self.calls = 0
         self.errors: Counter[str] = Counter()
 

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -204,22 +205,24 @@ def render_faas(console: Console, doc: dict[str, Any]) -> None:
 
 
 def _plugins_table(plugins: list[dict[str, Any]]) -> Table:
-    table = Table(title="plugins", title_justify="left")
-    columns = ("plugin", "calls", "failed", "QPS", "p50 ms", "p95 ms", "p99 ms", "peak mem / limit", "inst.")
+    title = "plugins (latency in ms; peak memory / limit in MiB)"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE)
+    columns = ("plugin", "kind", "calls", "failed", "QPS", "p50", "p95", "p99", "mem/lim", "inst.")
     for column in columns:
-        table.add_column(column, justify="left" if column == "plugin" else "right")
+        table.add_column(column, justify="left" if column in ("plugin", "kind") else "right")
     for p in plugins:
         lat, mem = p["latency"], p["memory"]
         peak = "-" if mem["peak_mb"] is None else f"{mem['peak_mb']:.0f}"
         table.add_row(
-            Text(f"{p['name']} ({p['kind']})"),
+            Text(p["name"]),
+            p["kind"],
             str(p["calls"]),
             str(p["failed"]),
             f"{p['qps']:.2f}",
             f"{lat['p50_ms']:.0f}",
             f"{lat['p95_ms']:.0f}",
             f"{lat['p99_ms']:.0f}",
-            f"{peak} / {mem['limit_mb']:.0f} MiB",
+            f"{peak}/{mem['limit_mb']:.0f}",
             str(p["instances_used"]),
         )
     return table

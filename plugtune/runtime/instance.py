@@ -29,6 +29,7 @@ from plugtune.types import LogLine
 log = logging.getLogger(__name__)
 
 DRAIN_OUTPUT_S = 0.5
+MAX_LINE_BYTES = 64 << 10
 
 
 @dataclass
@@ -97,6 +98,9 @@ class Instance:
             def data_received(self, data: bytes) -> None:
                 lines = (self.partial + data).split(b"\n")
                 self.partial = lines.pop()
+                if len(self.partial) > MAX_LINE_BYTES:  # output without newlines: cut it into lines
+                    lines.append(self.partial)
+                    self.partial = b""
                 for line in lines:
                     instance.on_output(line.decode(errors="replace"))
 

@@ -199,7 +199,9 @@ def _try_v1(name: str) -> Limits | None:
         mount = _v1_mount(controller)
         if mount is None or controller not in own:
             continue
-        root = mount / own[controller].lstrip("/") / name
+        parent = mount / own[controller].lstrip("/")
+        _remove_stale(parent)
+        root = parent / name
         try:
             root.mkdir()
         except OSError:
@@ -210,6 +212,27 @@ def _try_v1(name: str) -> Limits | None:
     if "memory" not in roots:
         return None
     return CgroupV1Limits(roots)
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove empty cgroups left by a runtime whose process is gone (it crashed before closing)."""
+    for d in parent.glob("plugtune-*"):
+        try:
+            pid = int(d.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if Path(f"/proc/{pid}").exists():
+            continue
+        for child in [c for c in d.iterdir() if c.is_dir()]:
+            try:
+                child.rmdir()
+            except OSError:
+                pass
+        try:
+            d.rmdir()
+            log.info("removed the stale cgroup %s", d)
+        except OSError:
+            pass
 
 
 def _v1_mount(controller: str) -> Path | None:

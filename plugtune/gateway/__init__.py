@@ -2,6 +2,16 @@
 
 It batches concurrent requests onto the in-process model and records, per trajectory key, the
 exact tokens the policy saw and sampled (``TokenTrace``), so the trainer never re-tokenizes text.
+
+    gw = PolicyGateway(model, tokenizer)          # the object the trainer updates
+    gw.start()                                    # HTTP on a background thread; gw.base_url
+    policy = gw.open(trajectory_id)               # sdk Policy with that trajectory's key
+    ...                                           # the rollout calls policy.openai() / chat()
+    trace = gw.take(trajectory_id)                # TokenTrace; the key stops working
+    with gw.weights_lock:                         # no batch decodes while weights change
+        optimizer.step()
+        gw.set_policy_version(step)
+    gw.stop()
 """
 
 from plugtune.gateway.engine import GenerationEngine, SamplingParams

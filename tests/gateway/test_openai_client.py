@@ -162,3 +162,10 @@ def test_a_failing_model_is_a_500_and_the_gateway_keeps_serving(
     trace = gw.take("boom-2")
     rendered = tokenizer.apply_chat_template(longer, add_generation_prompt=True, tokenize=False)
     assert tokenizer.decode(trace.prompt_ids + trace.response_ids) == rendered + "5<|im_end|>"
+
+
+def test_unknown_routes_and_methods_answer_in_the_openai_shape(gateway: PolicyGateway) -> None:
+    missing = httpx.get(gateway.base_url + "/completions/nothing")
+    assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
+    wrong_method = httpx.get(gateway.base_url + "/chat/completions")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["message"]

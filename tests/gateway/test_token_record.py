@@ -234,3 +234,14 @@ def test_a_stop_string_ends_the_reply_and_the_next_turn_closes_it(
         "<|im_end|>\n<|im_start|>user"
     )
     assert trace.rewrites == 0
+
+
+def test_changing_the_tools_is_a_rewrite(gateway: PolicyGateway) -> None:
+    policy = gateway.open("tools-changed")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 3+4?"}]
+    reply = policy.chat(messages, temperature=1.0, max_tokens=4)
+    messages += [reply["choices"][0]["message"], {"role": "user", "content": "1+1?"}]
+    policy.chat(messages, tools=TOOLS, temperature=1.0, max_tokens=4)
+    trace = gateway.take("tools-changed")
+    assert_well_formed(trace)
+    assert trace.rewrites == 1

@@ -189,7 +189,10 @@ class GenerationEngine:
                     stopping = True
                     break
                 batch.append(item)
-            self._run(batch)
+            # A caller that gave up (its HTTP request was cancelled) is skipped, not decoded.
+            batch = [p for p in batch if p.future.set_running_or_notify_cancel()]
+            if batch:
+                self._run(batch)
             if stopping:
                 return
 

@@ -121,3 +121,20 @@ def test_a_held_weights_lock_holds_generation_back(demo_model: Any, tokenizer: A
         assert future.result(timeout=60).token_ids
     finally:
         engine.stop()
+
+
+def test_a_request_cancelled_while_queued_is_skipped(demo_model: Any, tokenizer: Any) -> None:
+    engine = make_engine(demo_model, tokenizer)
+    try:
+        p = prompt(tokenizer, "1+1=?")
+        greedy = SamplingParams(max_tokens=4, temperature=0.0)
+        with engine._lock:
+            first = engine.submit(p, greedy)
+            threading.Event().wait(0.3)  # the worker now holds `first` and waits for the lock
+            cancelled = engine.submit(p, greedy)
+            assert cancelled.cancel()
+            kept = engine.submit(p, greedy)
+        assert first.result(timeout=60).token_ids == kept.result(timeout=60).token_ids
+        assert engine.requests_served == 2
+    finally:
+        engine.stop()

@@ -132,7 +132,8 @@ async def test_metrics_series() -> None:
             "concurrency_per_instance",
         ):
             assert name in names, name
-        assert sum(p.value for p in points if p.name == "exec_qps") * 0.2 == pytest.approx(6, abs=0.5)
+        # exec_qps is calls / window length; windows are ~0.2 s (longer on a busy machine)
+        assert 3.5 <= sum(p.value for p in points if p.name == "exec_qps") * 0.2 <= 6.5
         assert sum(p.value for p in points if p.name == "error_qps/500") > 0
         assert all(p.plugin == fn.entry for p in points)
         assert 0 < max(p.value for p in points if p.name == "memory_percent") < 100

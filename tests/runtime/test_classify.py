@@ -1,0 +1,93 @@
+"""The runtime boundary as pure functions: facts -> causes, return values -> outcomes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from plugtune.errors import Cause
+from plugtune.runtime.backend import Failed, Happened
+from plugtune.runtime.classify import CAUSES, InvalidReturn, classify, validate
+from plugtune.runtime.faults import FaultInjection
+from plugtune.runtime.protocol import FrameReader, encode_result, encode_status, pack
+from plugtune.sdk import GraderResult, Kind, RolloutResult, Status
+
+
+def test_every_fact_has_exactly_one_cause() -> None:
+    assert set(CAUSES) == set(Happened)
+    assert set(CAUSES.values()) | {Cause.INVALID_REWARD} == set(Cause)  # that one comes from validate()
+    error = classify(
+        Failed(
+            Happened.OOM_KILLED, "over memory_mb=96", traceback="t", instance_id="i3", peak_memory_mb=97.0
+        ),
+        plugin="g.py:score",
+        call_id="c1",
+        trajectory_id="t1",
+        code_hash="abc",
+    )
+    assert (error.cause, error.instance_id, error.peak_memory_mb, error.code_hash) == (
+        "FaaS OOM",
+        "i3",
+        97.0,
+        "abc",
+    )
+    assert error.type == "Call plugin error" and error.owner == "plugin" and "memory_mb" in error.hint
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.5, ("success", 0.5, "")),
+        (1, ("success", 1.0, "")),
+        (None, ("success", None, "")),
+        (GraderResult(reward=0.25, status=Status.RETRY, reason="judge busy"), ("retry", 0.25, "judge busy")),
+    ],
+)
+def test_grader_values(value: object, expected: tuple[str, object, str]) -> None:
+    assert validate(Kind.GRADER, encode_result(value), 0) == expected
+
+
+@pytest.mark.parametrize(
+    "value", [math.nan, math.inf, -math.inf, True, "0.5", [1.0], {"reward": 1.0}, object()]
+)
+def test_invalid_rewards(value: object) -> None:
+    with pytest.raises(InvalidReturn) as info:
+        validate(Kind.GRADER, encode_result(value), 0)
+    assert info.value.cause is Cause.INVALID_REWARD
+
+
+def test_group_grader_length_and_items() -> None:
+    assert validate(Kind.GROUP_GRADER, encode_result([0.0, None]), 2) == ("success", [0.0, None], "")
+    for bad in ([1.0], [1.0, math.nan], 1.0):
+        with pytest.raises(InvalidReturn):
+            validate(Kind.GROUP_GRADER, encode_result(bad), 2)
+
+
+def test_rollout_values_and_statuses() -> None:
+    status, value, _ = validate(
+        Kind.ROLLOUT, encode_result(RolloutResult(status=Status.DISCARD, reason="x")), 0
+    )
+    assert status == "discard" and value["reason"] == "x"
+    assert validate(Kind.ROLLOUT, encode_status("retry", "flaky"), 0) == ("retry", None, "flaky")
+    with pytest.raises(InvalidReturn) as info:
+        validate(Kind.ROLLOUT, encode_result(3.0), 0)
+    assert info.value.cause is Cause.ERROR_500
+
+
+def test_frames_split_anywhere_reassemble() -> None:
+    data = b"".join(pack(["log", i, "x" * i]) for i in range(50))
+    reader = FrameReader()
+    got = [m for i in range(0, len(data), 7) for m in reader.feed(data[i : i + 7])]
+    assert [m[1] for m in got] == list(range(50))
+
+
+def test_fault_injection_is_seeded_and_follows_rates() -> None:
+    draws = [FaultInjection({"500": 0.3, "eof": 0.1}, seed=5).draw() for _ in range(1)]
+    a = FaultInjection({"500": 0.3, "eof": 0.1}, seed=5)
+    b = FaultInjection({"500": 0.3, "eof": 0.1}, seed=5)
+    seq = [a.draw() for _ in range(2000)]
+    assert seq == [b.draw() for _ in range(2000)] and draws[0] == seq[0]
+    assert 0.25 < seq.count("500") / 2000 < 0.35 and 0.07 < seq.count("eof") / 2000 < 0.13
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        FaultInjection({"oom": 1.5})

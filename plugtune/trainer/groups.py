@@ -127,6 +127,7 @@ class GroupRunner:
             outcome = await self.caller(adapter, ctx, sample)
         except PluginCallError as exc:
             self._collect(slot, started)
+            slot.messages = list(slot.trace.messages or sample.messages)  # what the policy saw, as evidence
             _fail(slot, _error_of(exc, slot))
             return
         self._collect(slot, started)

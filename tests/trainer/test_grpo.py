@@ -98,6 +98,7 @@ async def test_failed_retry_discard_and_unscorable_trajectories(tiny_model_path:
     assert crash.errors[0].cause == "500" and "crashed on purpose" in crash.errors[0].message
     assert crash.errors[0].plugin == "answer"
     assert len(crash.response_ids) > 0  # the tokens it produced are kept for the viewer
+    assert [m["role"] for m in crash.messages][:2] == ["user", "assistant"]  # and what the policy said
     assert by_mode["retry"].status == "failed" and by_mode["retry"].errors[0].cause == "retry"
     assert {r.status for r in result.records if r.sample_index == 2} == {"discard"}
     unscorable = by_mode["unscorable"]

@@ -128,7 +128,11 @@ class Instance:
         return pending
 
     def send(self, message: list[Any]) -> None:
-        """Queue a frame; frames queued in one loop turn go out in one write (one wake-up)."""
+        """Send a frame; under load, frames queued in one loop turn go out in one write (one wake-up)."""
+        if not self._outbox and len(self.pending) <= 1:  # nothing else in flight: no reason to wait
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.write(p.pack(message))
+            return
         self._outbox.append(p.pack(message))
         if len(self._outbox) == 1:
             self.loop.call_soon(self._flush)

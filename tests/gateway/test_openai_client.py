@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from plugtune.errors import PlatformError
 from plugtune.gateway import PolicyGateway
 
 QUESTION = [{"role": "user", "content": "What is 3+4?"}]
@@ -169,3 +171,14 @@ def test_unknown_routes_and_methods_answer_in_the_openai_shape(gateway: PolicyGa
     assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
     wrong_method = httpx.get(gateway.base_url + "/chat/completions")
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["message"]
+
+
+def test_a_busy_port_and_a_tokenizer_without_template_are_clear_errors(
+    gateway: PolicyGateway, demo_model: Any, tokenizer: Any
+) -> None:
+    with pytest.raises(PlatformError, match="cannot listen"):
+        PolicyGateway(demo_model, tokenizer, port=gateway.port).start()
+    bare = copy.deepcopy(tokenizer)
+    bare.chat_template = None
+    with pytest.raises(ValueError, match="chat_template"):
+        PolicyGateway(demo_model, bare)

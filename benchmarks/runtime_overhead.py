@@ -24,8 +24,10 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 N_SEQ = 2000
+ROUNDS = 3
 N_CONC = 6400
 WINDOW = 64
 
@@ -79,6 +81,24 @@ while True:
         conn.sendall(b"".join(out))
 """
 
+ASYNC_ECHO_SERVER = """
+import asyncio, sys
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+    def data_received(self, data):
+        self.transport.write(data)
+
+async def main():
+    server = await asyncio.get_running_loop().create_unix_server(Echo, sys.argv[1])
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"""
+
 HTTP_SERVER = """
 import sys, uvicorn
 from fastapi import FastAPI
@@ -101,7 +121,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def bench_echo(tmp: Path) -> dict[str, float]:
-    path = str(tmp / "echo.sock")
+    path = str(tmp / f"echo-{time.monotonic_ns()}.sock")
     proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, path], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     proc.stdout.readline()
@@ -130,6 +150,53 @@ def bench_echo(tmp: Path) -> dict[str, float]:
     sock.close()
     proc.wait(5)
     return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "qps1": N_SEQ / seq_s, "qps64": N_CONC / conc_s}
+
+
+# ---- asyncio echo: what any asyncio design pays before protocol work ------------------------
+
+
+async def bench_async_echo(tmp: Path) -> dict[str, float]:
+    path = str(tmp / f"aecho-{time.monotonic_ns()}.sock")
+    proc = subprocess.Popen([sys.executable, "-c", ASYNC_ECHO_SERVER, path], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    loop = asyncio.get_running_loop()
+    frame = struct.pack(">I", 24) + b"x" * 24
+    waiting: list[tuple[int, asyncio.Future[None]]] = []
+    received = [0]
+
+    class Client(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            received[0] += len(data)
+            while waiting and received[0] >= waiting[0][0]:
+                waiting.pop(0)[1].set_result(None)
+
+    transport, _ = await loop.create_unix_connection(Client, path)
+    sent = 0
+
+    async def call(n: int) -> None:
+        nonlocal sent
+        sent += len(frame) * n
+        done = loop.create_future()
+        waiting.append((sent, done))
+        transport.write(frame * n)
+        await done
+
+    for _ in range(200):
+        await call(1)
+    lat = []
+    for _ in range(N_SEQ):
+        t = time.perf_counter()
+        await call(1)
+        lat.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    for _ in range(N_CONC // WINDOW):
+        await call(WINDOW)
+    conc_s = time.perf_counter() - t
+    transport.close()
+    proc.terminate()
+    proc.wait(5)
+    return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "qps1": N_SEQ / sum(lat), "qps64": N_CONC / conc_s}
 
 
 # ---- FastAPI over HTTP ---------------------------------------------------------------------
@@ -180,19 +247,22 @@ async def bench_http() -> dict[str, float]:
 # ---- the runtime ---------------------------------------------------------------------------
 
 
-async def bench_runtime(tmp: Path) -> dict[str, object]:
+def write_plugins(tmp: Path) -> Path:
+    plugin = tmp / "plugins" / "bench.py"
+    plugin.parent.mkdir(exist_ok=True)
+    plugin.write_text(textwrap.dedent(PLUGINS))
+    return plugin
+
+
+async def bench_runtime_calls(plugin: Path) -> dict[str, dict[str, float]]:
     from plugtune.runtime import LocalRuntime
     from plugtune.sdk import Context, Sample, Trajectory
 
-    plugin = tmp / "plugins" / "bench.py"
-    plugin.parent.mkdir()
-    plugin.write_text(textwrap.dedent(PLUGINS))
     sample = Sample(messages=[{"role": "user", "content": "6*7?"}], extra={"answer": "42"})
     traj = Trajectory(trajectory_id="t", messages=[{"role": "assistant", "content": "42"}])
     ctx = Context(trajectory_id="t")
-    out: dict[str, object] = {}
+    out: dict[str, dict[str, float]] = {}
     async with LocalRuntime(metrics_period_s=5.0) as rt:
-        out["limits"] = rt.limits_mechanism
         for name in ("noop_async", "noop_sync"):
             fn = await rt.deploy(f"{plugin}:{name}")
             for _ in range(200):
@@ -216,7 +286,19 @@ async def bench_runtime(tmp: Path) -> dict[str, object]:
                 "qps1": N_SEQ / sum(lat),
                 "qps64": N_CONC / conc_s,
             }
+    return out
 
+
+async def bench_runtime_scaling(plugin: Path) -> dict[str, object]:
+    from plugtune.runtime import LocalRuntime
+    from plugtune.sdk import Context, Sample, Trajectory
+
+    sample = Sample(messages=[{"role": "user", "content": "6*7?"}], extra={"answer": "42"})
+    traj = Trajectory(trajectory_id="t", messages=[{"role": "assistant", "content": "42"}])
+    ctx = Context(trajectory_id="t")
+    out: dict[str, object] = {}
+    async with LocalRuntime(metrics_period_s=5.0) as rt:
+        out["limits"] = rt.limits_mechanism
         sleepy = await rt.deploy(f"{plugin}:sleep_100ms")
         await sleepy.invoke(ctx, sample, traj)
         runs = []
@@ -265,7 +347,7 @@ async def scale_up_call(fn: object, spare: bool) -> float:
 
 
 async def cold_starts(fn: object) -> float:
-    """Median ms from asking for a new instance to its first answer being possible (ready)."""
+    """Median ms from asking for a new instance until it is ready to serve, starts 0.3 s apart."""
     deployment = fn.deployment  # type: ignore[attr-defined]
     times = []
     for _ in range(10):
@@ -273,24 +355,38 @@ async def cold_starts(fn: object) -> float:
         instance = await deployment.add_instance()
         times.append((time.perf_counter() - t) * 1000)
         instance.kill("benchmark")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # isolated starts: back-to-back cgroup attaches would be cheaper
     return statistics.median(times)
 
 
 def main() -> None:
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    rounds: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        echo = bench_echo(tmp)
-        http = asyncio.run(bench_http())
-        rt = asyncio.run(bench_runtime(tmp))
+        plugin = write_plugins(tmp)
+        for _ in range(ROUNDS):  # interleaved, so a noisy moment hits every row alike
+            one = {"echo": bench_echo(tmp), "async_echo": asyncio.run(bench_async_echo(tmp))}
+            one["http"] = asyncio.run(bench_http())
+            one.update(asyncio.run(bench_runtime_calls(plugin)))
+            rounds.append(one)
+        rt: dict[str, Any] = asyncio.run(bench_runtime_scaling(plugin))
+    med = {
+        row: {k: statistics.median(r[row][k] for r in rounds) for k in rounds[0][row]} for row in rounds[0]
+    }
+    echo, async_echo, http = med["echo"], med["async_echo"], med["http"]
+    rt.update(noop_async=med["noop_async"], noop_sync=med["noop_sync"])
     rows = [
         ("raw UDS echo (floor, no decoding)", echo),
+        ("asyncio UDS echo (both ends asyncio, no decoding)", async_echo),
         ("plugtune runtime, no-op async grader", rt["noop_async"]),
         ("plugtune runtime, no-op sync grader", rt["noop_sync"]),
         ("FastAPI + uvicorn, aiohttp keep-alive", http),
     ]
-    print(f"limits: {rt['limits']}; {os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
+    print(
+        f"limits: {rt['limits']}; {os.cpu_count()} CPUs; Python {sys.version.split()[0]}; "
+        f"call rows are medians over {ROUNDS} interleaved rounds"
+    )
     print()
     print(
         "| transport | p50 µs | p99 µs | calls/s, 1 in flight | calls/s, 64 in flight | p50 ÷ echo |", end=""

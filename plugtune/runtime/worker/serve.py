@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
-import functools
 import gc
 import inspect
 import logging
 import os
+import queue
 import random
 import resource
 import socket
 import sys
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from plugtune.runtime.protocol import (
@@ -100,11 +100,17 @@ def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = Non
 
 
 class SyncServer:
+    """The main thread reads frames; ``max_concurrency`` threads take calls from a queue."""
+
     def __init__(self, runner: CallRunner, channel: Channel, concurrency: int) -> None:
         self.runner = runner
         self.channel = channel
-        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="plugtune-call")
-        self.futures: dict[str, Future[None]] = {}
+        self.calls: queue.SimpleQueue[tuple[str, Any, Any, Any]] = queue.SimpleQueue()
+        self.queued: set[str] = set()  # calls not started yet: the only ones a cancel can stop
+        self.concurrency = concurrency
+        self.threads = 0
+        self.idle = 0  # threads waiting for a call, not yet promised one
+        self.lock = threading.Lock()
 
     def run(self, plugin: Plugin) -> None:
         if not _run_setup(plugin, self.channel, self.runner.code_root):
@@ -120,20 +126,42 @@ class SyncServer:
                 if self.handle(message):
                     return
 
-    def _forget(self, call_id: str, _future: Future[None]) -> None:
-        self.futures.pop(call_id, None)
+    def _work(self) -> None:
+        while True:
+            call_id, ctx, args, fault = self.calls.get()
+            try:
+                self.queued.remove(call_id)
+            except KeyError:
+                pass  # cancelled while queued
+            else:
+                self.runner.run_sync(call_id, ctx, args, fault)
+            with self.lock:
+                self.idle += 1
+
+    def _promise_a_thread(self) -> None:
+        """Threads start on demand, up to max_concurrency (a fork stays cheap)."""
+        with self.lock:
+            if self.idle > 0:
+                self.idle -= 1
+                return
+            if self.threads >= self.concurrency:
+                return  # the call waits in the queue for a busy thread
+            self.threads += 1
+        threading.Thread(target=self._work, name=f"plugtune-call-{self.threads}", daemon=True).start()
 
     def handle(self, message: list[Any]) -> bool:
         op = message[0]
         if op == CALL:
             _, call_id, ctx, args, fault = message
-            future = self.pool.submit(self.runner.run_sync, call_id, ctx, args, fault)
-            self.futures[call_id] = future
-            future.add_done_callback(functools.partial(self._forget, call_id))
+            self.queued.add(call_id)
+            self._promise_a_thread()
+            self.calls.put((call_id, ctx, args, fault))
         elif op == CANCEL:
-            queued = self.futures.get(message[1])
-            if queued is not None and queued.cancel():  # only a call still queued can be cancelled
-                self.channel.send(["err", message[1], "cancelled", "cancelled before it started", "", {}])
+            try:
+                self.queued.remove(message[1])
+            except KeyError:
+                return False  # already running: a thread cannot be stopped (the supervisor recycles)
+            self.channel.send(["err", message[1], "cancelled", "cancelled before it started", "", {}])
         elif op == STATS:
             self.channel.send([STATS, outbound_bytes()])
         elif op == STOP:

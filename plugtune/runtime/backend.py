@@ -28,7 +28,7 @@ class Happened(str, enum.Enum):
     NOT_CREATED = "not_created"  # no instance could be created (quota, import, setup, start-up)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CallRequest:
     call_id: str
     context: Any  # plugtune.sdk.Context
@@ -37,7 +37,7 @@ class CallRequest:
     fault: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Returned:
     """The function returned; ``value`` is its encoded return value (see protocol.encode_result)."""
 
@@ -48,7 +48,7 @@ class Returned:
     latency_ms: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Failed:
     happened: Happened
     message: str

@@ -32,7 +32,7 @@ DRAIN_OUTPUT_S = 0.5
 MAX_LINE_BYTES = 64 << 10
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     call_id: str
     trajectory_id: str

@@ -79,7 +79,19 @@ CTX_FIELDS = ("job_id", "step", "phase", "sample_id", "rollout_index", "attempt"
 
 
 def encode_context(ctx: Context, call_id: str, plugin: str, deadline: float) -> list[Any]:
-    return [*(getattr(ctx, name) for name in CTX_FIELDS), call_id, plugin, deadline]
+    c = ctx
+    return [
+        c.job_id,
+        c.step,
+        c.phase,
+        c.sample_id,
+        c.rollout_index,
+        c.attempt,
+        c.trajectory_id,
+        call_id,
+        plugin,
+        deadline,
+    ]
 
 
 def decode_context(raw: list[Any], logger: Any) -> Context:

@@ -21,9 +21,15 @@ class Launcher:
         """Start the process for ``instance``; its exit status reaches ``instance.exit_code``."""
         if self.zygote is not None and self.zygote.alive:
             try:
-                instance.pid = await self.zygote.fork(config, sock_fd, out_fd)
-                exit_future = self.zygote.exit_future(instance.pid)
-                exit_future.add_done_callback(lambda f: _copy_exit(f, instance))
+                zygote = self.zygote
+                instance.pid = await zygote.fork(config, sock_fd, out_fd)
+                exit_future = zygote.exit_future(instance.pid)
+
+                def copy_exit(future: asyncio.Future[int | None]) -> None:
+                    _copy_exit(future, instance)
+                    zygote.forget(instance.pid)  # pids are reused: forget this one once it is known
+
+                exit_future.add_done_callback(copy_exit)
                 return
             except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
                 self.log("WARNING", f"zygote unavailable ({exc}); starting instances by fresh spawn")

@@ -113,13 +113,19 @@ class Zygote:
             if future is not None and not future.done():
                 future.set_result(int(message[2]))
         elif op == EXITED:
-            self.exit_future(int(message[1])).set_result(int(message[2]))
+            exited = self.exit_future(int(message[1]))
+            if not exited.done():
+                exited.set_result(int(message[2]))
 
     def exit_future(self, pid: int) -> asyncio.Future[int | None]:
+        """The exit status of child ``pid`` (it may already be known: a child can die at once)."""
         future = self.exits.get(pid)
-        if future is None or future.done():
+        if future is None:
             future = self.exits[pid] = self.loop.create_future()
         return future
+
+    def forget(self, pid: int) -> None:
+        self.exits.pop(pid, None)
 
     def on_lost(self) -> None:
         self.alive = False

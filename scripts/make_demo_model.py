@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,10 @@ CHAT_TEMPLATE = (
 )
 
 QUESTIONS = ["What is {a}+{b}?", "What is {a} + {b}?", "Compute {a}+{b}.", "{a}+{b}=?"]
+# How pre-training answers are worded. The grader wants the bare number, so the shipped model
+# knows most sums but words its answer the bare way only some of the time: GRPO's job in the demo
+# is to make it answer as asked (fast, visible), on top of getting more sums right (slow).
+STYLES = ["{n}", "{n}", "The answer is {n}.", "{n}.", "It is {n}"]
 
 
 def make_pairs(seed: int, max_operand: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -95,7 +100,10 @@ def chat_row(a: int, b: int, template: str) -> dict[str, Any]:
 def corpus_text(pairs: list[tuple[int, int]]) -> list[str]:
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
     lines = [
-        f"system\nuser\n{q.format(a=a, b=b)}\nassistant\n{a + b}\n" for a, b in pairs[:500] for q in QUESTIONS
+        f"system\nuser\n{q.format(a=a, b=b)}\nassistant\n{style.format(n=a + b)}\n"
+        for a, b in pairs[:500]
+        for q in QUESTIONS
+        for style in STYLES[1:]
     ]
     lines.append(json.dumps(tool) + ' <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>')
     lines.append("You may call one or more functions to assist with the user query. system user assistant")
@@ -134,11 +142,13 @@ def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
     return fast
 
 
-def encode_example(tokenizer: PreTrainedTokenizerFast, row: dict[str, Any]) -> tuple[list[int], int]:
+def encode_example(
+    tokenizer: PreTrainedTokenizerFast, row: dict[str, Any], style: str = "{n}"
+) -> tuple[list[int], int]:
     """Ids of prompt + answer + <|im_end|>, and where the answer starts (loss is on the answer)."""
     prompt = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer(str(prompt), add_special_tokens=False)["input_ids"]
-    answer = str(row["extra"]["answer"])
+    answer = style.format(n=row["extra"]["answer"])
     answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return list(prompt_ids) + list(answer_ids), len(prompt_ids)
 
@@ -164,9 +174,13 @@ def accuracy(
     rows: list[dict[str, Any]],
     temperature: float,
     seed: int,
-    max_new_tokens: int = 6,
+    max_new_tokens: int = 8,
+    exact: bool = True,
 ) -> float:
-    """Share of rows whose decoded reply equals the answer (greedy when temperature is 0)."""
+    """Share of rows whose decoded reply equals the answer (greedy when temperature is 0).
+
+    With ``exact=False``: share whose reply holds the right sum as its only number, however worded.
+    """
     model.eval()
     prompts = [
         str(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False))
@@ -198,7 +212,10 @@ def accuracy(
     for row, tokens in zip(rows, out, strict=True):
         if tokens and tokens[-1] == tokenizer.eos_token_id:
             text = tokenizer.decode(tokens[:-1])
-            correct += int(text == row["extra"]["answer"])
+            if exact:
+                correct += int(text == row["extra"]["answer"])
+            else:
+                correct += int(re.findall(r"\d+", text) == [row["extra"]["answer"]])
     return correct / len(rows)
 
 
@@ -227,7 +244,9 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-operand", type=int, default=49)
-    parser.add_argument("--target", type=float, default=0.30, help="stop at this greedy val accuracy")
+    parser.add_argument(
+        "--target", type=float, default=0.75, help="stop at this greedy val accuracy of the sum (any wording)"
+    )
     parser.add_argument("--max-steps", type=int, default=4000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -260,13 +279,13 @@ def main() -> None:
     )
     model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    examples = [encode_example(tokenizer, r) for r in train_rows]
+    examples = [[encode_example(tokenizer, r, style) for style in STYLES] for r in train_rows]
     eval_rows = val_rows[:200]
     started = time.monotonic()
     acc = 0.0
     step = 0
     for step in range(1, args.max_steps + 1):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(args.batch_size)]
+        batch = [rng.choice(examples[rng.randrange(len(examples))]) for _ in range(args.batch_size)]
         ids_BT, mask_BT, labels_BT = make_batch(batch, tokenizer.pad_token_id)
         loss = model(input_ids=ids_BT, attention_mask=mask_BT, labels=labels_BT).loss
         optimizer.zero_grad()
@@ -274,9 +293,9 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if step % 25 == 0:
-            acc = accuracy(model, tokenizer, eval_rows, temperature=0.0, seed=args.seed)
+            acc = accuracy(model, tokenizer, eval_rows, temperature=0.0, seed=args.seed, exact=False)
             elapsed = time.monotonic() - started
-            print(f"step {step:5d}  loss {loss.item():.4f}  greedy val acc {acc:.3f}  {elapsed:.0f}s")
+            print(f"step {step:5d}  loss {loss.item():.4f}  greedy val sum acc {acc:.3f}  {elapsed:.0f}s")
             if acc >= args.target:
                 break
 
@@ -294,11 +313,13 @@ def main() -> None:
     greedy = accuracy(model, tokenizer, val_rows, temperature=0.0, seed=args.seed)
     sampled = accuracy(model, tokenizer, val_rows, temperature=1.0, seed=args.seed)
     rl_sampled = accuracy(model, tokenizer, rl_rows, temperature=1.0, seed=args.seed)
+    rl_sums = accuracy(model, tokenizer, rl_rows, temperature=1.0, seed=args.seed, exact=False)
     size_kb = sum(p.stat().st_size for p in out_model.iterdir()) / 1024
     n_params = sum(p.numel() for p in model.parameters())
     print(f"steps {step}, {time.monotonic() - started:.0f}s, {n_params} params")
     print(f"val ({len(val_rows)} rows): greedy accuracy {greedy:.3f}, sampled (T=1) accuracy {sampled:.3f}")
-    print(f"train.jsonl ({len(rl_rows)} rows): sampled (T=1) accuracy {rl_sampled:.3f}")
+    print(f"train.jsonl ({len(rl_rows)} rows): sampled (T=1) exact-answer accuracy {rl_sampled:.3f}, "
+          f"right sum however worded {rl_sums:.3f}")
     print(f"wrote {out_model} ({size_kb:.0f} KiB)")
 
 

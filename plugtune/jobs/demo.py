@@ -32,7 +32,7 @@ def run_demo(store: Store, settings: Settings, out: Callable[[str], None]) -> in
             bar = "#" * round(40 * point.value)
             out(f"{point.step or 0:>4}  {point.value:6.3f}  {bar}")
         first, last = series[0].value, series[-1].value
-        k = min(3, len(series))
+        k = min(5, len(series))
         early = sum(p.value for p in series[:k]) / k
         late = sum(p.value for p in series[-k:]) / k
         out(

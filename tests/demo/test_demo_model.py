@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -43,21 +44,24 @@ def test_the_chat_template_renders_tools_in_the_hermes_form() -> None:
     assert tokenizer.convert_tokens_to_ids("<tool_call>") in ids
 
 
-def test_the_model_answers_in_format_and_sometimes_right() -> None:
+def test_the_model_knows_sums_but_words_its_answers_freely() -> None:
+    """What GRPO has to fix in the demo: sampled answers are often right but not bare numbers."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
-    rows = [json.loads(line) for line in (DATA_DIR / "val.jsonl").read_text().splitlines()[:40]]
-    right = 0
+    rows = [json.loads(line) for line in (DATA_DIR / "val.jsonl").read_text().splitlines()[:60]]
+    exact = right_sum = worded = 0
     for row in rows:
         prompt = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
         ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
-        out = model.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1] :].tolist()
-        assert out[-1] == tokenizer.eos_token_id
-        text = tokenizer.decode(out[:-1])
-        assert text.isdigit(), text
-        right += text == row["extra"]["answer"]
-    assert 0.1 * len(rows) <= right <= 0.7 * len(rows)
+        out = model.generate(ids, max_new_tokens=12, do_sample=True, temperature=1.0, top_k=0)
+        text = tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True).strip()
+        exact += text == row["extra"]["answer"]
+        right_sum += re.findall(r"\d+", text) == [row["extra"]["answer"]]
+        worded += not text.isdigit()
+    assert 0.05 * len(rows) <= exact <= 0.6 * len(rows)
+    assert right_sum >= exact + 0.15 * len(rows), (exact, right_sum)
+    assert worded >= 0.2 * len(rows)
 
 
 def test_the_demo_data_rows_are_chats_with_answers() -> None:

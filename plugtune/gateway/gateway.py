@@ -84,7 +84,9 @@ class PolicyGateway:
         """Start the engine and the HTTP server; returns once the server accepts connections."""
         if self._server is not None:
             return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+        # without it a reply's body waits for the client's delayed ACK of its headers (~40 ms).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))

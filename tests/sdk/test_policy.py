@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from plugtune.sdk import Policy, PolicyError
+
+
+class Gateway(ThreadingHTTPServer):
+    """A stand-in policy gateway that records which client connection sent each request."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.requests: list[tuple[int, dict[str, Any]]] = []  # (client port, body)
+        self.drop_after_reply = False  # close the connection silently, as an idle timeout does
+        self.delay_s = 0.0
+        self.status = 200
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+    def ports(self) -> list[int]:
+        return [port for port, _ in self.requests]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive unless a side closes
+    server: Gateway
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append((self.client_address[1], body))
+        time.sleep(self.server.delay_s)
+        if self.server.status != 200:
+            payload = json.dumps({"error": {"message": "max_tokens: must be positive"}}).encode()
+        else:
+            message = {"role": "assistant", "content": f"seen {len(body['messages'])}"}
+            payload = json.dumps({"choices": [{"message": message}], "auth": self.headers["Authorization"]})
+            payload = payload.encode()
+        self.send_response(self.server.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+        self.close_connection = self.server.drop_after_reply
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def gateway() -> Iterator[Gateway]:
+    server = Gateway()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+ASK = [{"role": "user", "content": "1+1?"}]
+
+
+def test_calls_on_one_thread_share_one_connection_and_threads_do_not(gateway: Gateway) -> None:
+    policy = Policy(gateway.base_url, "key-1")
+    replies = [policy.chat(ASK, max_tokens=4) for _ in range(3)]
+    assert [Policy.content(r) for r in replies] == ["seen 1"] * 3
+    assert replies[0]["auth"] == "Bearer key-1"
+    assert gateway.requests[0][1] == {"model": "policy", "messages": ASK, "max_tokens": 4}
+    other_key = Policy(gateway.base_url, "key-2")  # another trajectory, same server: same connection
+    assert other_key.chat(ASK)["auth"] == "Bearer key-2"
+    assert len(set(gateway.ports())) == 1
+    elsewhere = threading.Thread(target=policy.chat, args=(ASK,))
+    elsewhere.start()
+    elsewhere.join(10)
+    assert len(gateway.requests) == 5 and len(set(gateway.ports())) == 2
+
+
+def test_a_connection_the_server_closed_is_reopened_once(gateway: Gateway) -> None:
+    policy = Policy(gateway.base_url, "key")
+    gateway.drop_after_reply = True
+    for _ in range(3):
+        assert Policy.content(policy.chat(ASK)) == "seen 1"
+    assert len(gateway.requests) == 3  # each request reached the server exactly once
+    assert len(set(gateway.ports())) == 3
+
+
+def test_an_error_reply_raises_policy_error_with_the_gateways_message(gateway: Gateway) -> None:
+    policy = Policy(gateway.base_url, "key")
+    gateway.status = 400
+    with pytest.raises(PolicyError, match="answered 400: .*max_tokens: must be positive"):
+        policy.chat(ASK, max_tokens=-1)
+    gateway.status = 200
+    assert Policy.content(policy.chat(ASK)) == "seen 1"
+
+
+def test_the_timeout_is_honoured(gateway: Gateway) -> None:
+    gateway.delay_s = 1.5
+    started = time.monotonic()
+    with pytest.raises(PolicyError, match="did not answer within 0.2 s"):
+        Policy(gateway.base_url, "key", timeout_s=0.2).chat(ASK)
+    assert time.monotonic() - started < 1.2
+    gateway.delay_s = 0.0
+    assert Policy.content(Policy(gateway.base_url, "key", timeout_s=5).chat(ASK)) == "seen 1"
+
+
+def test_an_unreachable_gateway_is_a_policy_error() -> None:
+    with pytest.raises(PolicyError, match="cannot reach the policy gateway at http://127.0.0.1:9/v1"):
+        Policy("http://127.0.0.1:9/v1", "key", timeout_s=2).chat(ASK)
+    with pytest.raises(PolicyError, match="must start with http"):
+        Policy("ftp://127.0.0.1:9/v1", "key").chat(ASK)
+
+
+async def test_achat_runs_off_the_event_loop(gateway: Gateway) -> None:
+    policy = Policy(gateway.base_url, "key")
+    reply = await policy.achat([*ASK, {"role": "assistant", "content": "2"}, *ASK])
+    assert Policy.content(reply) == "seen 3"

@@ -128,12 +128,14 @@ def _exchange(
     conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str], timeout_s: float
 ) -> tuple[int, bytes]:
     conn.timeout = timeout_s
-    if conn.sock is None:
+    sock: socket.socket | None = conn.sock
+    if sock is None:
         conn.connect()
+        sock = conn.sock
         # http.client sends the headers and the body in two writes: without TCP_NODELAY the body
         # waits for the server's delayed ACK of the headers (tens of ms per request).
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    conn.sock.settimeout(timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(timeout_s)
     conn.request("POST", path, body=body, headers=headers)
     response = conn.getresponse()
     return response.status, response.read()

@@ -11,7 +11,7 @@ import yaml
 
 from plugtune.demo import MODEL_DIR
 
-ROLLOUT = '''
+ROLLOUT = """
 from plugtune import rollout
 
 @rollout
@@ -19,15 +19,15 @@ def answer(ctx, policy, sample):
     reply = policy.chat(sample.messages, temperature=1.0, max_tokens=sample.sampling.max_tokens)
     ctx.logger.info("answered %s", reply["choices"][0]["message"]["content"])
     return None
-'''
+"""
 
-GRADER = '''
+GRADER = """
 from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
     return 1.0 if trajectory.completion.strip() == sample.extra["answer"] else 0.0
-'''
+"""
 
 ROWS = [
     {"messages": [{"role": "user", "content": f"What is {a}+{b}?"}], "extra": {"answer": str(a + b)}}

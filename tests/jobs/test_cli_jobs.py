@@ -23,14 +23,14 @@ def _json(args: list[str]) -> dict:  # type: ignore[type-arg]
 
 @pytest.mark.slow
 def test_run_then_read_commands(tmp_path: Path, home: Settings) -> None:
-    crashing = '''
+    crashing = """
 from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
     ctx.logger.error("about to fail on %s", trajectory.trajectory_id)
     raise KeyError("answer")
-'''
+"""
     job_file = make_job(tmp_path / "cli", grader=crashing)
     result = runner.invoke(app, ["run", str(job_file)])
     assert result.exit_code == 1

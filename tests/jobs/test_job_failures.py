@@ -44,8 +44,10 @@ def test_a_job_that_succeeds_stores_trajectories_metrics_logs_and_checkpoints(
     assert (home.home / "jobs" / str(job_id) / "final" / "config.json").is_file()
 
 
-def test_a_sleeping_rollout_is_a_timeout_owned_by_the_plugin(tmp_path: Path, store: Store, home: Settings) -> None:
-    sleepy = '''
+def test_a_sleeping_rollout_is_a_timeout_owned_by_the_plugin(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    sleepy = """
 import time
 from plugtune import rollout
 
@@ -53,8 +55,10 @@ from plugtune import rollout
 def answer(ctx, policy, sample):
     ctx.logger.warning("about to sleep")
     time.sleep(60)
-'''
-    job_id, status = _run(store, home, make_job(tmp_path / "t", rollout=sleepy, rollout_runtime={"timeout_s": 1}))
+"""
+    job_id, status = _run(
+        store, home, make_job(tmp_path / "t", rollout=sleepy, rollout_runtime={"timeout_s": 1})
+    )
     assert status == "failed"
     error = _error(store, job_id)
     assert (error["type"], error["owner"], error["cause"]) == ("Call plugin error", "plugin", "Timeout")
@@ -66,13 +70,13 @@ def answer(ctx, policy, sample):
 
 
 def test_a_crashing_grader_is_a_500_with_the_users_line(tmp_path: Path, store: Store, home: Settings) -> None:
-    crashing = '''
+    crashing = """
 from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
     return int(sample.extra["missing_key"])
-'''
+"""
     job_id, status = _run(store, home, make_job(tmp_path / "c", grader=crashing))
     assert status == "failed"
     error = _error(store, job_id)
@@ -101,14 +105,16 @@ def test_a_malformed_line_is_invalid_value_naming_the_line(tmp_path: Path, store
     assert "train.jsonl:2" in error["message"]
 
 
-def test_a_nan_producing_setting_is_loss_nan_with_the_batch(tmp_path: Path, store: Store, home: Settings) -> None:
-    huge = '''
+def test_a_nan_producing_setting_is_loss_nan_with_the_batch(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    huge = """
 from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
     return 1e308 if ctx.rollout_index == 0 else 0.0
-'''
+"""
     # a weight of 10 on rewards near the float maximum overflows the summed reward to inf
     job_id, status = _run(store, home, make_job(tmp_path / "n", grader=huge, grader_weight=10.0))
     assert status == "failed"
@@ -121,7 +127,7 @@ def exact(ctx, sample, trajectory):
 def test_a_killed_attempt_is_an_internal_error_retried_from_the_checkpoint(
     tmp_path: Path, store: Store, home: Settings
 ) -> None:
-    slow = '''
+    slow = """
 import time
 from plugtune import rollout
 
@@ -130,7 +136,7 @@ def answer(ctx, policy, sample):
     if ctx.step == 3:
         time.sleep(1.0)
     policy.chat(sample.messages, max_tokens=sample.sampling.max_tokens)
-'''
+"""
     job_file = make_job(tmp_path / "k", rollout=slow, hyper={"steps": 4})
     job_id, invalid = create_job(store, job_file)
     assert invalid is None
@@ -158,7 +164,7 @@ def answer(ctx, policy, sample):
 
 
 def test_cancel_stops_the_attempt_cleanly(tmp_path: Path, store: Store, home: Settings) -> None:
-    slow = '''
+    slow = """
 import time
 from plugtune import rollout
 
@@ -166,7 +172,7 @@ from plugtune import rollout
 def answer(ctx, policy, sample):
     time.sleep(0.5)
     policy.chat(sample.messages, max_tokens=2)
-'''
+"""
     job_id, _ = create_job(store, make_job(tmp_path / "x", rollout=slow, hyper={"steps": 50}))
     runner = AttemptRunner(store, home)
 

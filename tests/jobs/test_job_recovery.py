@@ -60,20 +60,24 @@ def test_an_unexplained_interrupt_is_an_unknown_error_retried_automatically(
     assert status == "failed"
     first = store.list_attempts(job_id)[0].error
     assert first is not None
-    assert (first["type"], first["owner"], first["cause"]) == ("unknown error", "platform", "KeyboardInterrupt")
+    assert (first["type"], first["owner"], first["cause"]) == (
+        "unknown error",
+        "platform",
+        "KeyboardInterrupt",
+    )
     assert store.get_job(job_id).auto_retries == 1  # type: ignore[union-attr]
 
 
 def test_the_circuit_breaker_stops_a_job_whose_plugins_mostly_fail(
     tmp_path: Path, store: Store, home: Settings
 ) -> None:
-    flaky = '''
+    flaky = """
 from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
     raise RuntimeError("grader service unreachable")
-'''
+"""
     job_file = make_job(
         tmp_path / "cb",
         grader=flaky,
@@ -98,7 +102,7 @@ def exact(ctx, sample, trajectory):
 def test_the_server_scheduler_runs_submitted_jobs_and_manual_retries(
     tmp_path: Path, store: Store, home: Settings
 ) -> None:
-    bad = '''
+    bad = """
 import os
 from plugtune import grader
 
@@ -107,7 +111,7 @@ def exact(ctx, sample, trajectory):
     if os.path.exists(os.path.join(os.path.dirname(__file__), "broken")):
         raise ValueError("broken on purpose")
     return 1.0
-'''
+"""
     job_file = make_job(tmp_path / "s", grader=bad)
     (tmp_path / "s" / "plugins" / "broken").write_text("x")
     job_id, _ = create_job(store, job_file)

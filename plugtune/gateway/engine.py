@@ -1,10 +1,11 @@
 """The generation engine: batches pending requests and decodes them together with a KV cache.
 
-One worker thread takes every pending request (up to ``max_batch_size``), left-pads their prompts
-and decodes them step by step from one shared KV cache; each row stops on its own at an
-end-of-sequence token, a stop string or its token budget, and then leaves the cache. The whole
-batch runs under the weights lock, so it sees one version of the weights from start to end, and
-records that version.
+One worker thread takes every pending request (up to ``max_batch_size``; it stops gathering when
+the burst pauses, or at once when every open caller has a request in), prefills each distinct
+prompt once (the rollouts of a GRPO group share theirs), and decodes the rows step by step from
+one KV cache; each row stops on its own at an end-of-sequence token, a stop string or its token
+budget, is answered at once and leaves the cache. The whole batch runs under the weights lock, so
+it sees one version of the weights from start to end, and records that version.
 
 Sampling is per row: temperature (0 = greedy), top-p, and an optional seed. The log-prob recorded
 for each token is its log-probability under the distribution it was actually sampled from (after
@@ -13,6 +14,7 @@ temperature and top-p); for greedy rows, under the model's unscaled distribution
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import secrets
@@ -135,6 +137,7 @@ class GenerationEngine:
         max_batch_size: int = 64,
         batch_gap_s: float = 0.005,
         batch_window_s: float = 0.05,
+        open_callers: Callable[[], int] | None = None,
     ) -> None:
         self._model = model
         self._eos = set(eos_token_ids)
@@ -145,7 +148,13 @@ class GenerationEngine:
         self.max_batch_size = max_batch_size
         self._batch_gap_s = batch_gap_s
         self._batch_window_s = batch_window_s
+        self._open_callers = open_callers
+        self._outstanding = 0  # submitted requests whose future is not done yet
+        self._outstanding_lock = threading.Lock()
         self._shared = torch.Generator().manual_seed(secrets.randbits(63))
+        # Prefill needs the logits of the last prompt position only (most models can skip the rest).
+        accepts = inspect.signature(model.forward).parameters
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.batches_run = 0
@@ -167,8 +176,21 @@ class GenerationEngine:
         if self._thread is None:
             raise RuntimeError("the generation engine is not running (call start())")
         pending = _Pending(list(prompt_ids), params)
+        with self._outstanding_lock:
+            self._outstanding += 1
+        pending.future.add_done_callback(self._forget)
         self._queue.put(pending)
         return pending.future
+
+    def _forget(self, _: Future[Generation]) -> None:
+        with self._outstanding_lock:
+            self._outstanding -= 1
+
+    def _everyone_asked(self) -> bool:
+        """Whether every caller that could still ask has a request in: then waiting gains nothing."""
+        if self._open_callers is None:
+            return False
+        return self._outstanding >= self._open_callers() > 0
 
     def _work(self) -> None:
         while True:
@@ -178,9 +200,12 @@ class GenerationEngine:
             batch = [first]
             window_ends = time.monotonic() + self._batch_window_s
             stopping = False
-            # Requests of one training step arrive in a burst: gather until the burst pauses.
+            # Requests of one training step arrive in a burst: gather until the burst pauses, or at
+            # once when every open trajectory has asked (the rest of the queue is taken as it is).
             while len(batch) < self.max_batch_size:
                 wait_s = min(self._batch_gap_s, window_ends - time.monotonic())
+                if self._everyone_asked():
+                    wait_s = 0.0
                 try:
                     item = self._queue.get(timeout=max(0.0, wait_s))
                 except queue.Empty:
@@ -197,52 +222,45 @@ class GenerationEngine:
                 return
 
     def _run(self, batch: list[_Pending]) -> None:
+        self.batches_run += 1
         try:
             with self._lock:
                 version = self._version()
-                rows = self._decode_batch(batch)
+                self._decode_batch(batch, lambda row: self._deliver(row, version, len(batch)))
         except Exception as exc:  # noqa: BLE001 - every waiting caller must hear about it
             logger.exception("generation failed for a batch of %d", len(batch))
             for pending in batch:
-                pending.future.set_exception(exc)
-            return
-        self.batches_run += 1
-        self.requests_served += len(batch)
-        for row in rows:
-            row.pending.future.set_result(
-                Generation(
-                    token_ids=row.tokens,
-                    logprobs=row.logprobs,
-                    finish_reason=row.finish_reason,
-                    ended_with_eos=row.ended_with_eos,
-                    stop_text_at=row.stop_text_at,
-                    policy_version=version,
-                    batch_size=len(batch),
-                )
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+
+    def _deliver(self, row: _Row, version: int, batch_size: int) -> None:
+        self.requests_served += 1
+        row.pending.future.set_result(
+            Generation(
+                token_ids=row.tokens,
+                logprobs=row.logprobs,
+                finish_reason=row.finish_reason,
+                ended_with_eos=row.ended_with_eos,
+                stop_text_at=row.stop_text_at,
+                policy_version=version,
+                batch_size=batch_size,
             )
+        )
 
     @torch.no_grad()
-    def _decode_batch(self, batch: list[_Pending]) -> list[_Row]:
-        rows = [_Row(p, _generator(p.params.seed)) for p in batch]
+    def _decode_batch(self, batch: list[_Pending], deliver: Callable[[_Row], None]) -> None:
+        """Decode the batch; each row is handed to ``deliver`` as soon as it is finished."""
         device = next(self._model.parameters()).device
-        width = max(len(p.prompt_ids) for p in batch)
-        ids_BT = torch.full((len(batch), width), self._pad, dtype=torch.long)
-        mask_BT = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, p in enumerate(batch):
-            ids_BT[b, width - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids)
-            mask_BT[b, width - len(p.prompt_ids) :] = 1
-        ids_BT, mask_BT = ids_BT.to(device), mask_BT.to(device)
-        positions_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
-        out = self._model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT, use_cache=True)
-        past = getattr(out, CACHE_KWARG)
-        logits_BV = out.logits[:, -1, :]
-        last_pos_B = positions_BT[:, -1]
-        live = rows  # the rows still decoding, in the cache's batch order
+        live = [_Row(p, _generator(p.params.seed)) for p in batch]  # in the cache's batch order
+        logits_BV, past, mask_BT, last_pos_B = self._prefill(batch, device)
         for _ in range(max(p.params.max_tokens for p in batch)):
             next_B = self._step(live, logits_BV)
             keep = [b for b, row in enumerate(live) if not row.is_done]
+            for row in live:
+                if row.is_done:
+                    deliver(row)  # its caller goes on while the longer rows decode
             if not keep:
-                break
+                return
             if len(keep) < len(live):  # finished rows leave the cache: they would cost a forward each step
                 index_K = torch.tensor(keep, device=device)
                 past.batch_select_indices(index_K)
@@ -259,7 +277,38 @@ class GenerationEngine:
             )
             past = getattr(out, CACHE_KWARG)
             logits_BV = out.logits[:, -1, :]
-        return rows
+
+    def _prefill(
+        self, batch: list[_Pending], device: torch.device
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Run each distinct prompt once and give every request a cache row of its prompt.
+
+        The rollouts of a GRPO group send the same prompt: prefilling it once per group instead of
+        once per request saves most of the prompt compute; the rows then decode independently.
+        Returns the next-token logits, the cache, the attention mask and last positions, per request.
+        """
+        distinct: dict[tuple[int, ...], int] = {}
+        index = [distinct.setdefault(tuple(p.prompt_ids), len(distinct)) for p in batch]
+        width = max(len(prompt) for prompt in distinct)
+        ids_GT = torch.full((len(distinct), width), self._pad, dtype=torch.long)
+        mask_GT = torch.zeros((len(distinct), width), dtype=torch.long)
+        for g, prompt in enumerate(distinct):
+            ids_GT[g, width - len(prompt) :] = torch.tensor(prompt)
+            mask_GT[g, width - len(prompt) :] = 1
+        ids_GT, mask_GT = ids_GT.to(device), mask_GT.to(device)
+        positions_GT = (mask_GT.cumsum(-1) - 1).clamp(min=0)
+        out = self._model(
+            input_ids=ids_GT,
+            attention_mask=mask_GT,
+            position_ids=positions_GT,
+            use_cache=True,
+            **self._last_logits_only,
+        )
+        past = getattr(out, CACHE_KWARG)
+        index_B = torch.tensor(index, device=device)
+        if len(distinct) < len(batch):
+            past.batch_select_indices(index_B)
+        return out.logits[:, -1, :][index_B], past, mask_GT[index_B], positions_GT[index_B, -1]
 
     def _step(self, live: list[_Row], logits_BV: torch.Tensor) -> torch.Tensor:
         """Sample the next token of every live row."""

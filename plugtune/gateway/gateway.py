@@ -59,6 +59,7 @@ class PolicyGateway:
             policy_version=lambda: self._version,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             max_batch_size=max_batch_size,
+            open_callers=lambda: len(self._traces),
         )
         context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
         self._service = CompletionService(self._renderer, self.engine, model_name, int(context))

@@ -12,7 +12,7 @@ from plugtune.gateway.engine import sample_batch, top_p_logps
 from .conftest import encode
 
 
-def make_engine(model: Any, tokenizer: Any, max_batch_size: int = 64) -> GenerationEngine:
+def make_engine(model: Any, tokenizer: Any, max_batch_size: int = 64, **options: Any) -> GenerationEngine:
     engine = GenerationEngine(
         model,
         eos_token_ids={tokenizer.eos_token_id},
@@ -21,6 +21,7 @@ def make_engine(model: Any, tokenizer: Any, max_batch_size: int = 64) -> Generat
         policy_version=lambda: 7,
         pad_token_id=tokenizer.pad_token_id,
         max_batch_size=max_batch_size,
+        **options,
     )
     engine.start()
     return engine
@@ -137,4 +138,86 @@ def test_a_request_cancelled_while_queued_is_skipped(demo_model: Any, tokenizer:
         assert first.result(timeout=60).token_ids == kept.result(timeout=60).token_ids
         assert engine.requests_served == 2
     finally:
+        engine.stop()
+
+
+class CountingModel(torch.nn.Module):
+    """The demo model, recording how many rows each prefill (a forward without a cache) had."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+        self.prefill_rows: list[int] = []
+
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        if kwargs.get("cache", kwargs.get("past_key_values")) is None:
+            self.prefill_rows.append(input_ids.shape[0])
+        return self.inner(input_ids=input_ids, **kwargs)
+
+
+def test_a_groups_shared_prompt_is_prefilled_once_and_rows_decode_as_if_alone(
+    demo_model: Any, tokenizer: Any
+) -> None:
+    model = CountingModel(demo_model)
+    asked = 6
+    # A gap this long: only "every open caller has asked" can start the batch in time.
+    engine = make_engine(model, tokenizer, batch_gap_s=30.0, batch_window_s=60.0, open_callers=lambda: asked)
+    try:
+        group = prompt(tokenizer, "What is 21+38?")
+        prompts = [group] * 4 + [prompt(tokenizer, "1+1=?")] * 2
+        params = [SamplingParams(max_tokens=10, temperature=1.0, seed=s) for s in range(asked)]
+        futures = [engine.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        together = [f.result(timeout=20) for f in futures]
+        assert model.prefill_rows == [2] and {g.batch_size for g in together} == {asked}
+        assert len({tuple(g.token_ids) for g in together[:4]}) > 1  # the group's rows sample apart
+        asked = 1
+        alone = [engine.submit(p, sp).result(timeout=20) for p, sp in zip(prompts, params, strict=True)]
+        assert model.prefill_rows == [2] + [1] * 6
+        for a, b in zip(alone, together, strict=True):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+        for p, g in zip(prompts, together, strict=True):  # and they are the model's own log-probs
+            ids = torch.tensor([p + g.token_ids])
+            with torch.no_grad():
+                logps_TV = torch.log_softmax(demo_model(input_ids=ids).logits[0, :-1], -1)
+            fresh_T = logps_TV.gather(-1, ids[0, 1:, None])[len(p) - 1 :, 0]
+            assert torch.allclose(fresh_T, torch.tensor(g.logprobs), atol=1e-4)
+    finally:
+        engine.stop()
+
+
+class GatedModel(torch.nn.Module):
+    """The demo model that never says end-of-sequence and pauses at its ``gate_at``-th forward."""
+
+    def __init__(self, inner: Any, eos_id: int, gate_at: int) -> None:
+        super().__init__()
+        self.inner, self.config, self.eos_id, self.gate_at = inner, inner.config, eos_id, gate_at
+        self.calls = 0
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.gate_at:
+            self.reached.set()
+            self.release.wait(30)
+        out = self.inner(input_ids=input_ids, **kwargs)
+        out.logits[..., self.eos_id] = -1e9
+        return out
+
+
+def test_a_finished_row_is_answered_while_longer_rows_still_decode(demo_model: Any, tokenizer: Any) -> None:
+    model = GatedModel(demo_model, tokenizer.eos_token_id, gate_at=3)
+    engine = make_engine(model, tokenizer, batch_gap_s=30.0, batch_window_s=60.0, open_callers=lambda: 2)
+    try:
+        p = prompt(tokenizer, "What is 3+4?")
+        short = engine.submit(p, SamplingParams(max_tokens=1, temperature=0.0))
+        long = engine.submit(p, SamplingParams(max_tokens=6, temperature=0.0))
+        assert model.reached.wait(30)
+        assert len(short.result(timeout=10).token_ids) == 1 and not long.done()
+        model.release.set()
+        assert len(long.result(timeout=30).token_ids) == 6
+        assert long.result().token_ids[:1] == short.result().token_ids
+    finally:
+        model.release.set()
         engine.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -233,3 +234,23 @@ async def test_sync_plugin_runs_max_concurrency_threads_on_one_instance() -> Non
         outs = await asyncio.gather(*(fn.invoke(ctx(), sample(sleep=0.3), trajectory()) for _ in range(10)))
         assert {o.instance_id for o in outs} == {outs[0].instance_id}
         assert max(o.metrics["running"] for o in outs) == 4  # four threads at once, never more
+
+
+async def test_sync_call_that_arrives_during_a_long_inline_call_starts_at_once() -> None:
+    # A call that arrives alone runs on the instance's reading thread; a call arriving while it runs
+    # must still be read and started at once (the ticker takes the reading role over).
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(
+            entry("basic.py", "counts_running"), runtime=Runtime(max_concurrency=2, max_instances=1)
+        )
+        for _ in range(3):
+            await fn.invoke(ctx(), sample(sleep=0.0), trajectory())
+        long = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=1.5), trajectory()))
+        await asyncio.sleep(0.2)
+        started = time.perf_counter()
+        short = await fn.invoke(ctx(), sample(sleep=0.0), trajectory())
+        assert time.perf_counter() - started < 0.8  # not queued behind the long call
+        assert not long.done() and short.metrics["running"] == 2
+        assert (await long).instance_id == short.instance_id
+        for _ in range(3):  # alone again, one after another
+            assert (await fn.invoke(ctx(), sample(sleep=0.01), trajectory())).metrics["running"] == 1

@@ -1,7 +1,7 @@
 """An instance: join its limits, run ``setup()``, then serve calls until the supervisor leaves.
 
-Sync plugins: the main thread reads frames and hands calls to a pool of ``max_concurrency``
-threads. ``async def`` plugins: calls are tasks on the instance's event loop, at most
+Sync plugins: leader/follower threads, at most ``max_concurrency`` calls at once (see
+:mod:`.threads`). ``async def`` plugins: calls are tasks on the instance's event loop, at most
 ``max_concurrency`` at once, watched by :class:`LoopWatchdog`.
 """
 
@@ -13,12 +13,10 @@ import gc
 import inspect
 import logging
 import os
-import queue
 import random
 import resource
 import socket
 import sys
-import threading
 import time
 from typing import Any
 
@@ -34,6 +32,7 @@ from plugtune.runtime.protocol import (
 from plugtune.runtime.worker.calls import CallRunner
 from plugtune.runtime.worker.channel import Channel, ChannelHandler, LineWriter
 from plugtune.runtime.worker.loader import Plugin, user_traceback
+from plugtune.runtime.worker.threads import SyncServer
 from plugtune.runtime.worker.watch import LoopWatchdog, outbound_bytes
 
 RECV_SIZE = 1 << 18
@@ -74,7 +73,9 @@ def serve(plugin: Plugin, sock: socket.socket, config: dict[str, Any]) -> None:
     if plugin.spec.is_async:
         AsyncServer(runner, channel, concurrency, code_root).run(plugin)
     else:
-        SyncServer(runner, channel, concurrency).run(plugin)
+        if not _run_setup(plugin, channel, code_root):
+            os._exit(3)
+        SyncServer(runner, channel, concurrency).serve()
     os._exit(0)
 
 
@@ -97,76 +98,6 @@ def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = Non
         return False
     channel.send([READY, os.getpid(), (time.perf_counter() - started) * 1000])
     return True
-
-
-class SyncServer:
-    """The main thread reads frames; ``max_concurrency`` threads take calls from a queue."""
-
-    def __init__(self, runner: CallRunner, channel: Channel, concurrency: int) -> None:
-        self.runner = runner
-        self.channel = channel
-        self.calls: queue.SimpleQueue[tuple[str, Any, Any, Any]] = queue.SimpleQueue()
-        self.queued: set[str] = set()  # calls not started yet: the only ones a cancel can stop
-        self.concurrency = concurrency
-        self.threads = 0
-        self.idle = 0  # threads waiting for a call, not yet promised one
-        self.lock = threading.Lock()
-
-    def run(self, plugin: Plugin) -> None:
-        if not _run_setup(plugin, self.channel, self.runner.code_root):
-            os._exit(3)
-        sock = self.channel.sock
-        sock.setblocking(True)
-        reader = FrameReader()
-        while True:
-            data = sock.recv(RECV_SIZE)
-            if not data:
-                return
-            for message in reader.feed(data):
-                if self.handle(message):
-                    return
-
-    def _work(self) -> None:
-        while True:
-            call_id, ctx, args, fault = self.calls.get()
-            try:
-                self.queued.remove(call_id)
-            except KeyError:
-                pass  # cancelled while queued
-            else:
-                self.runner.run_sync(call_id, ctx, args, fault)
-            with self.lock:
-                self.idle += 1
-
-    def _promise_a_thread(self) -> None:
-        """Threads start on demand, up to max_concurrency (a fork stays cheap)."""
-        with self.lock:
-            if self.idle > 0:
-                self.idle -= 1
-                return
-            if self.threads >= self.concurrency:
-                return  # the call waits in the queue for a busy thread
-            self.threads += 1
-        threading.Thread(target=self._work, name=f"plugtune-call-{self.threads}", daemon=True).start()
-
-    def handle(self, message: list[Any]) -> bool:
-        op = message[0]
-        if op == CALL:
-            _, call_id, ctx, args, fault = message
-            self.queued.add(call_id)
-            self._promise_a_thread()
-            self.calls.put((call_id, ctx, args, fault))
-        elif op == CANCEL:
-            try:
-                self.queued.remove(message[1])
-            except KeyError:
-                return False  # already running: a thread cannot be stopped (the supervisor recycles)
-            self.channel.send(["err", message[1], "cancelled", "cancelled before it started", "", {}])
-        elif op == STATS:
-            self.channel.send([STATS, outbound_bytes()])
-        elif op == STOP:
-            return True
-        return False
 
 
 class AsyncServer:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 
 class TemplateError(ValueError):
@@ -68,21 +68,44 @@ def is_extension(previous: list[dict[str, Any]], current: list[dict[str, Any]]) 
     return all(message_key(a) == message_key(b) for a, b in zip(previous, current, strict=False))
 
 
+#: Renders and encodings remembered per renderer: the rollouts of a GRPO group send the same prompt.
+CACHE_SIZE = 4096
+
+
 @dataclass
 class ChatRenderer:
-    """The tokenizer's chat template and encoder, as the gateway uses them."""
+    """The tokenizer's chat template and encoder, as the gateway uses them.
+
+    Both are pure functions of their input, so recent results are reused (a template that reads
+    the clock, such as one calling ``strftime_now``, is always rendered afresh).
+    """
 
     tokenizer: Any
+    _rendered: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    _encoded: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template:
             raise ValueError("the tokenizer has no chat_template; the policy gateway needs one")
+        self._reuse_renders = "strftime" not in str(template)
 
     @property
     def eos_text(self) -> str:
         return str(self.tokenizer.eos_token or "")
 
     def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
+        if not self._reuse_renders:
+            return self._render(messages, tools, add_generation_prompt)
+        key = json.dumps([messages, tools or None, add_generation_prompt], sort_keys=True, default=str)
+        text = self._rendered.get(key)
+        if text is None:
+            text = _remember(self._rendered, key, self._render(messages, tools, add_generation_prompt))
+        return text
+
+    def _render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
     ) -> str:
         try:
@@ -94,7 +117,11 @@ class ChatRenderer:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = self._encoded.get(text)
+        if ids is None:
+            encoded = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = _remember(self._encoded, text, list(encoded))
+        return list(ids)
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
@@ -113,3 +140,13 @@ class ChatRenderer:
             return ""
         tail = rendered_previous[at + len(eos) :]
         return tail if ended_with_eos else eos + tail
+
+
+T = TypeVar("T")
+
+
+def _remember(cache: dict[str, T], key: str, value: T) -> T:
+    if len(cache) >= CACHE_SIZE:
+        cache.clear()  # a new phase of the job (new prompts): start over rather than track recency
+    cache[key] = value
+    return value

@@ -8,6 +8,8 @@ Sync plugins: leader/follower threads, at most ``max_concurrency`` calls at once
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextvars
 import faulthandler
 import gc
 import inspect
@@ -23,6 +25,8 @@ from typing import Any
 from plugtune.runtime.protocol import (
     CALL,
     CANCEL,
+    CANCELLED,
+    ERR,
     FATAL,
     READY,
     STATS,
@@ -31,6 +35,7 @@ from plugtune.runtime.protocol import (
 )
 from plugtune.runtime.worker.calls import CallRunner
 from plugtune.runtime.worker.channel import Channel, ChannelHandler, LineWriter
+from plugtune.runtime.worker.eager import start_eagerly
 from plugtune.runtime.worker.loader import Plugin, user_traceback
 from plugtune.runtime.worker.threads import SyncServer
 from plugtune.runtime.worker.watch import LoopWatchdog, outbound_bytes
@@ -101,6 +106,10 @@ def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = Non
 
 
 class AsyncServer:
+    """Calls run on the instance's event loop, each started at once in the loop turn that read it
+    (see :mod:`.eager`); a call that suspends continues as a task. At most ``max_concurrency`` run
+    at once; more wait in a backlog (a cancel removes them)."""
+
     def __init__(self, runner: CallRunner, channel: Channel, concurrency: int, code_root: str) -> None:
         self.runner = runner
         self.channel = channel
@@ -108,21 +117,32 @@ class AsyncServer:
         self.code_root = code_root
         self.tasks: dict[asyncio.Task[Any], tuple[str, str]] = {}
         self.by_id: dict[str, asyncio.Task[Any]] = {}
+        self.running = 0
+        self.backlog: collections.deque[tuple[str, Any, Any, Any]] = collections.deque()
+        self.queued: set[str] = set()
+        self.draining = False
+        self.eager: tuple[str, str] | None = None  # the call running before its first await
         self.reader = FrameReader()
 
     def run(self, plugin: Plugin) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self.loop = loop
-        self.semaphore = asyncio.Semaphore(self.concurrency)
         self.done = loop.create_future()
         if not _run_setup(plugin, self.channel, self.code_root, loop):
             os._exit(3)
-        LoopWatchdog(self.channel, plugin.spec.name, self.code_root, self.tasks).start(loop)
+        LoopWatchdog(self.channel, plugin.spec.name, self.code_root, self.current_call).start(loop)
         sock = self.channel.sock
         sock.setblocking(False)
         loop.add_reader(sock.fileno(), self._on_readable)
         loop.run_until_complete(self.done)
+
+    def current_call(self, task: asyncio.Task[Any] | None) -> tuple[str, str]:
+        """(call_id, trajectory_id) of what runs on the loop now (read from the watchdog's thread)."""
+        eager = self.eager
+        if eager is not None:
+            return eager
+        return self.tasks.get(task, ("", "")) if task is not None else ("", "")
 
     def _on_readable(self) -> None:
         sock = self.channel.sock
@@ -142,27 +162,62 @@ class AsyncServer:
     def handle(self, message: list[Any]) -> None:
         op = message[0]
         if op == CALL:
-            _, call_id, ctx, args, fault = message
-            task = self.loop.create_task(self._guarded(call_id, ctx, args, fault))
-            self.tasks[task] = (call_id, ctx[6])
-            self.by_id[call_id] = task
+            call = (message[1], message[2], message[3], message[4])
+            if self.running < self.concurrency:
+                self._start(call)
+            else:
+                self.backlog.append(call)
+                self.queued.add(call[0])
         elif op == CANCEL:
-            running = self.by_id.get(message[1])
-            if running is not None:
-                running.cancel()
+            call_id = message[1]
+            task = self.by_id.get(call_id)
+            if task is not None:
+                task.cancel()
+            elif call_id in self.queued:
+                self.queued.remove(call_id)
+                self.channel.send([ERR, call_id, CANCELLED, "cancelled before it started", "", {}])
         elif op == STATS:
             self.channel.send([STATS, outbound_bytes()])
         elif op == STOP and not self.done.done():
             self.done.set_result(None)
 
-    def _alone(self) -> bool:
-        return len(self.by_id) <= 1
-
-    async def _guarded(self, call_id: str, ctx: list[Any], args: list[Any], fault: str | None) -> None:
+    def _start(self, call: tuple[str, Any, Any, Any]) -> None:
+        call_id, ctx, args, fault = call
+        self.running += 1
+        self.eager = (call_id, ctx[6])
         try:
-            async with self.semaphore:
-                await self.runner.run_async(call_id, ctx, args, fault, self._alone)
+            coro = self.runner.run_async(call_id, ctx, args, fault, self._alone)
+            task = start_eagerly(self.loop, coro, contextvars.copy_context())
+        except BaseException:
+            self.running -= 1
+            raise
         finally:
-            finished = self.by_id.pop(call_id, None)
-            if finished is not None:
-                self.tasks.pop(finished, None)
+            self.eager = None
+        if task is None:
+            self.running -= 1
+            return
+        self.tasks[task] = (call_id, ctx[6])
+        self.by_id[call_id] = task
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        call_id, _ = self.tasks.pop(task)
+        self.by_id.pop(call_id, None)
+        self.running -= 1
+        self._drain()
+
+    def _drain(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        try:
+            while self.backlog and self.running < self.concurrency:
+                call = self.backlog.popleft()
+                if call[0] in self.queued:
+                    self.queued.remove(call[0])
+                    self._start(call)
+        finally:
+            self.draining = False
+
+    def _alone(self) -> bool:
+        return self.running <= 1

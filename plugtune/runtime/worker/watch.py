@@ -73,14 +73,14 @@ class LoopWatchdog:
         channel: Channel,
         function: str,
         code_root: str,
-        tasks: dict[asyncio.Task[Any], tuple[str, str]],
+        current_call: Callable[[asyncio.Task[Any] | None], tuple[str, str]],
         threshold: float = 0.1,
         tick: float = 0.02,
     ) -> None:
         self.channel = channel
         self.function = function
         self.code_root = code_root
-        self.tasks = tasks
+        self.current_call = current_call
         self.threshold = threshold
         self.tick = tick
         self._beat = time.monotonic()
@@ -114,7 +114,7 @@ class LoopWatchdog:
         frame = sys._current_frames().get(self._thread_id)
         stack = format_user_stack(traceback.extract_stack(frame), self.code_root) if frame else ""
         task = asyncio.current_task(self._loop) if self._loop else None
-        call = self.tasks.get(task, ("", "")) if task is not None else ("", "")
+        call = self.current_call(task)
         token = CURRENT_CALL.set(call)
         try:
             self.channel.log(

@@ -37,6 +37,7 @@ from plugtune.runtime.worker.calls import CallRunner
 from plugtune.runtime.worker.channel import Channel, ChannelHandler, LineWriter
 from plugtune.runtime.worker.eager import start_eagerly
 from plugtune.runtime.worker.loader import Plugin, user_traceback
+from plugtune.runtime.worker.loops import new_event_loop
 from plugtune.runtime.worker.threads import SyncServer
 from plugtune.runtime.worker.watch import LoopWatchdog, outbound_bytes
 
@@ -125,7 +126,7 @@ class AsyncServer:
         self.reader = FrameReader()
 
     def run(self, plugin: Plugin) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         asyncio.set_event_loop(loop)
         self.loop = loop
         self.done = loop.create_future()

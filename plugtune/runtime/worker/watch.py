@@ -54,6 +54,11 @@ def install_net_counter() -> None:
     cls._plugtune_counted = True
 
 
+def count_outbound(data: Any) -> None:
+    """Count bytes sent by a writer the socket methods do not see (see :mod:`.loops`)."""
+    _outbound[0] += _size(data)
+
+
 def _size(data: Any) -> int:
     try:
         return memoryview(data).nbytes

@@ -102,11 +102,12 @@ class PlugtuneBench:
         self.round(warmup_only=True)
 
     def round(self, warmup_only: bool = False) -> Run:
+        """``warmup`` untimed steps (as each TRL run has), then ``steps`` timed ones."""
         run = Run(f"plugtune ({self.args.policy} policy)", [], [], [])
-        for _ in range(self.args.warmup if warmup_only else self.args.steps):
+        for i in range(self.args.warmup + (0 if warmup_only else self.args.steps)):
             cpu = time.process_time()
             m = self.loop.run_until_complete(self.trainer.step()).metrics
-            if not warmup_only:
+            if i >= self.args.warmup:
                 run.cpu_s.append(time.process_time() - cpu)
                 run.step_s.append(m["time/step_s"])
                 run.tokens.append(int(m["tokens/policy"]))
@@ -209,29 +210,42 @@ def run_trl(args: argparse.Namespace, rows: list[dict[str, Any]], checkpointing:
     return run
 
 
-def table(runs: list[Run], args: argparse.Namespace) -> str:
+def table(runs: dict[int, list[Run]], args: argparse.Namespace) -> str:
+    """One block of rows per torch thread count; plugtune (first row of a block) against each run."""
     lines = [
         f"model {args.model.name}, batch {args.batch} prompts x group {args.group}, "
         f"max {args.max_tokens} new tokens; {args.rounds} interleaved rounds of {args.steps} timed steps "
-        f"(after {args.warmup} warm-up); torch threads {torch.get_num_threads()}; medians",
+        f"(after {args.warmup} warm-up) per trainer and thread count; medians",
         "",
-        "| trainer | s/step | CPU s/step | tokens/step | tokens/s | tokens/CPU-s | reward | plugtune is |",
-        "|---|---|---|---|---|---|---|---|",
+        "| trainer | torch threads | s/step | CPU s/step | tokens/step | tokens/s | tokens/CPU-s | reward "
+        "| plugtune is |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    ours = runs[0]
-    for run in runs:
+    for threads, block in runs.items():
+        ours = block[0]
+        for run in block:
+            lines.append(
+                f"| {run.name} | {threads} | {run.median_step_s:.3f} | {statistics.median(run.cpu_s):.3f} | "
+                f"{statistics.mean(run.tokens):.0f} | {run.tokens_per_s:.0f} | {run.tokens_per_cpu_s:.0f} | "
+                f"{statistics.mean(run.rewards):.3f} | {ours.tokens_per_s / run.tokens_per_s:.2f}x |"
+            )
+    lines.append("")
+    for threads, block in runs.items():
+        best = max(block[1:], key=lambda r: r.tokens_per_s)
         lines.append(
-            f"| {run.name} | {run.median_step_s:.3f} | {statistics.median(run.cpu_s):.3f} | "
-            f"{statistics.mean(run.tokens):.0f} | {run.tokens_per_s:.0f} | {run.tokens_per_cpu_s:.0f} | "
-            f"{statistics.mean(run.rewards):.3f} | {ours.tokens_per_s / run.tokens_per_s:.2f}x |"
+            f"{threads} thread(s): plugtune / faster TRL ({best.name}): "
+            f"{block[0].tokens_per_s / best.tokens_per_s:.2f}x tokens/s"
         )
-    best = max(runs[1:], key=lambda r: r.tokens_per_s)
-    cheapest = max(runs[1:], key=lambda r: r.tokens_per_cpu_s)
-    lines += [
-        "",
-        f"plugtune / best TRL: {ours.tokens_per_s / best.tokens_per_s:.2f}x tokens/s (wall clock), "
-        f"{ours.tokens_per_cpu_s / cheapest.tokens_per_cpu_s:.2f}x tokens per CPU-second",
-    ]
+    ours_best = max((b[0] for b in runs.values()), key=lambda r: r.tokens_per_s)
+    trl = [(t, r) for t, b in runs.items() for r in b[1:]]
+    best_t, best = max(trl, key=lambda tr: tr[1].tokens_per_s)
+    cheapest = max((r for _, r in trl), key=lambda r: r.tokens_per_cpu_s)
+    ours_cheapest = max((b[0] for b in runs.values()), key=lambda r: r.tokens_per_cpu_s)
+    lines.append(
+        f"headline: plugtune at its best / the fastest TRL ({best.name}, {best_t} thread(s)): "
+        f"{ours_best.tokens_per_s / best.tokens_per_s:.2f}x tokens/s (wall clock), "
+        f"{ours_cheapest.tokens_per_cpu_s / cheapest.tokens_per_cpu_s:.2f}x tokens per CPU-second"
+    )
     return "\n".join(lines)
 
 
@@ -248,25 +262,33 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policy", choices=["gateway", "inprocess"], default="gateway")
-    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument(
+        "--threads",
+        default=",".join(str(n) for n in range(1, min(2, os.cpu_count() or 1) + 1)),
+        help="torch intra-op thread counts to measure every trainer at (comma-separated); a tiny model "
+        "can run faster on fewer threads, so each trainer is shown at each",
+    )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    thread_counts = [int(n) for n in str(args.threads).split(",")]
     logging.basicConfig(level=logging.ERROR)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     rows = load_rows(args.data)
+    torch.set_num_threads(thread_counts[0])
     ours = PlugtuneBench(args, rows)
-    runs = [Run(ours.round().name, [], [], []), Run("", [], [], []), Run("", [], [], [])]
+    runs = {t: [Run("", [], [], []) for _ in range(3)] for t in thread_counts}
     try:
         for _ in range(args.rounds):
-            results = [
-                ours.round(),
-                run_trl(args, rows, checkpointing=True),
-                run_trl(args, rows, checkpointing=False),
-            ]
-            for total, result in zip(runs, results, strict=True):
-                total.name = result.name
-                total.extend(result)
+            for threads in thread_counts:
+                torch.set_num_threads(threads)
+                results = [
+                    ours.round(),
+                    run_trl(args, rows, checkpointing=True),
+                    run_trl(args, rows, checkpointing=False),
+                ]
+                for total, result in zip(runs[threads], results, strict=True):
+                    total.name = result.name
+                    total.extend(result)
     finally:
         ours.close()
     print(table(runs, args))

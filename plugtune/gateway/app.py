@@ -49,13 +49,14 @@ def build_app(service: CompletionService, resolve: KeyResolver, version: Callabl
         return model_list(service.model_name, created)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> dict[str, Any]:
+    async def chat_completions(request: Request) -> JSONResponse:
         """An OpenAI chat completion from the current policy; tokens go to the key's trajectory."""
         builder = authorize(request)
         body = await _parse(request)
         lock = call_locks.setdefault(builder.trajectory_id, asyncio.Lock())
         async with lock:
-            return await service.complete(builder, body, version())
+            # Already plain JSON types: a JSONResponse skips FastAPI's generic encoder (every request).
+            return JSONResponse(await service.complete(builder, body, version()))
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -94,22 +94,27 @@ def sample_batch(
     Rows with a seed draw from their own generator (so a seed reproduces a reply whatever else
     is in the batch); the others share one draw from ``shared``.
     """
-    temps_B = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
-    logps_BV = torch.log_softmax(logits_BV.float() / temps_B[:, None], -1)
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    scaled_BV = logits_BV.float()
+    if len(set(temps)) == 1:  # the usual case (one job, one temperature): a scalar divide
+        scaled_BV = scaled_BV / temps[0] if temps[0] != 1.0 else scaled_BV
+    else:
+        scaled_BV = scaled_BV / torch.tensor(temps)[:, None]
+    logps_BV = torch.log_softmax(scaled_BV, -1)
     tokens_B = logps_BV.argmax(-1)
     for b, p in enumerate(params):
         if p.temperature > 0 and p.top_p < 1.0:
             logps_BV[b] = top_p_logps(logps_BV[b], p.top_p)
     unseeded = [b for b, p in enumerate(params) if p.temperature > 0 and generators[b] is None]
     if unseeded:
-        probs_UV = logps_BV[unseeded].exp()
+        probs_UV = (logps_BV if len(unseeded) == len(params) else logps_BV[unseeded]).exp()
         tokens_B[unseeded] = torch.multinomial(probs_UV, 1, generator=shared)[:, 0]
     for b, p in enumerate(params):
         generator = generators[b]
         if p.temperature > 0 and generator is not None:
             tokens_B[b] = torch.multinomial(logps_BV[b].exp(), 1, generator=generator)[0]
     logps_B = logps_BV.gather(-1, tokens_B[:, None])[:, 0]
-    return [int(t) for t in tokens_B], [float(x) for x in logps_B]
+    return [int(t) for t in tokens_B.tolist()], [float(x) for x in logps_B.tolist()]
 
 
 def top_p_logps(logps_V: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -138,6 +143,7 @@ class GenerationEngine:
         batch_gap_s: float = 0.005,
         batch_window_s: float = 0.05,
         open_callers: Callable[[], int] | None = None,
+        threads: int | None = 1,
     ) -> None:
         self._model = model
         self._eos = set(eos_token_ids)
@@ -149,6 +155,7 @@ class GenerationEngine:
         self._batch_gap_s = batch_gap_s
         self._batch_window_s = batch_window_s
         self._open_callers = open_callers
+        self._threads = threads
         self._outstanding = 0  # submitted requests whose future is not done yet
         self._outstanding_lock = threading.Lock()
         self._shared = torch.Generator().manual_seed(secrets.randbits(63))
@@ -193,6 +200,13 @@ class GenerationEngine:
         return self._outstanding >= self._open_callers() > 0
 
     def _work(self) -> None:
+        if self._threads is not None:
+            # torch's intra-op thread count is per calling thread once set: this one is the engine's.
+            # One is the default because a second OpenMP team in the process makes libgomp throttle
+            # every team's spin-wait (more OpenMP threads than cores), which slows the trainer's
+            # backward by half on a small machine, and decoding a few tokens per row gains little
+            # from threads; pass more for a large model generating on a many-core CPU.
+            torch.set_num_threads(self._threads)
         while True:
             first = self._queue.get()
             if first is None:

@@ -31,7 +31,8 @@ class PolicyGateway:
     so a trainer in the main thread keeps working. The engine decodes from the very ``model``
     object the trainer updates; the trainer holds ``weights_lock`` while it changes the weights
     and then calls ``set_policy_version``. Generation runs under ``torch.no_grad`` in whatever
-    train/eval mode the model is in (the gateway never switches it: that would race the trainer).
+    train/eval mode the model is in (the gateway never switches it: that would race the trainer),
+    on ``generation_threads`` torch intra-op threads of its own (None: torch's default).
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class PolicyGateway:
         port: int = 0,
         max_batch_size: int = 64,
         max_context: int | None = None,
+        generation_threads: int | None = 1,
     ) -> None:
         self.model_name = model_name
         self.host, self.port = host, port
@@ -60,6 +62,7 @@ class PolicyGateway:
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             max_batch_size=max_batch_size,
             open_callers=lambda: len(self._traces),
+            threads=generation_threads,
         )
         context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
         self._service = CompletionService(self._renderer, self.engine, model_name, int(context))

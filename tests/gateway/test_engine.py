@@ -221,3 +221,27 @@ def test_a_finished_row_is_answered_while_longer_rows_still_decode(demo_model: A
     finally:
         model.release.set()
         engine.stop()
+
+
+def test_the_engine_decodes_on_its_own_thread_count_and_leaves_the_callers(
+    demo_model: Any, tokenizer: Any
+) -> None:
+    seen: list[int] = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.config = demo_model, demo_model.config
+
+        def forward(self, **kwargs: Any) -> Any:
+            seen.append(torch.get_num_threads())
+            return self.inner(**kwargs)
+
+    before = torch.get_num_threads()
+    engine = make_engine(Probe(), tokenizer)
+    try:
+        engine.submit(prompt(tokenizer, "1+1=?"), SamplingParams(max_tokens=2, temperature=0.0)).result(60)
+    finally:
+        engine.stop()
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before

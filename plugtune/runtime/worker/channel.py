@@ -6,6 +6,7 @@ plugin logged is never lost when the process dies right after.
 
 from __future__ import annotations
 
+import _socket
 import contextvars
 import io
 import logging
@@ -16,6 +17,10 @@ import time
 from typing import Any
 
 from plugtune.runtime.protocol import LOG, pack
+
+# The C method: the outbound counter patches ``socket.socket``'s for the plugin's own sockets; this
+# one is the instance's channel to the supervisor (and not network traffic).
+_send = _socket.socket.send
 
 #: (call_id, trajectory_id) of the call running in this task or thread.
 CURRENT_CALL: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
@@ -51,18 +56,20 @@ class Channel:
             self.send_bytes(data)
 
     def send_bytes(self, payload: bytes) -> None:
-        data = memoryview(payload)
+        data: bytes | memoryview = payload
         with self._lock:
             if self.closed:
                 return
             try:
                 while data:
                     try:
-                        sent = self.sock.send(data)
+                        sent = _send(self.sock, data)
                     except BlockingIOError:
                         select.select([], [self.sock], [], 1.0)
                         continue
-                    data = data[sent:]
+                    if sent == len(data):
+                        return
+                    data = memoryview(data)[sent:]
             except OSError:
                 self.closed = True
 

@@ -106,6 +106,8 @@ async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[
             store.set_plugin_status(job_id, failed, "failed", failure_reason=str(stop.error))
             raise
         finally:
+            for jf in functions:
+                jf.fn.flush_metrics()
             logs, points = drain.take()
             store.write_batch(job_id, logs=logs, metrics=points)
             for jf in functions:  # the others ended with the attempt, without a fault of their own

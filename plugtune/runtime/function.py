@@ -97,6 +97,10 @@ class Function:
         """The sampled series so far (one point per metric per period)."""
         return list(self.recorder.points)
 
+    def flush_metrics(self) -> None:
+        """Close the current metrics window now, so a short run still leaves its points."""
+        self.recorder.flush()
+
     def logs(self) -> list[LogLine]:
         """Every line this function's instances (and the runtime about them) wrote, oldest first."""
         return self.deployment.logs()

@@ -41,6 +41,8 @@ def test_a_job_that_succeeds_stores_trajectories_metrics_logs_and_checkpoints(
     assert "reward/mean" in store.metric_names(job_id)
     assert store.logs(job_id, plugin="answer", text="answered", limit=1)
     assert [p.status for p in store.list_plugins(job_id)] == ["completed", "completed"]
+    for plugin in ("answer", "exact"):  # even a short job leaves each plugin's resource metrics
+        assert {"exec_qps", "memory_percent", "instances"} <= set(store.metric_names(job_id, plugin))
     assert (home.home / "jobs" / str(job_id) / "final" / "config.json").is_file()
 
 

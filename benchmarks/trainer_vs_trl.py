@@ -8,8 +8,15 @@ official request path of a job, in-process plugins instead of the function runti
 batches the concurrent requests, the demo grader scores, and the trainer steps. TRL generates with
 ``model.generate`` on the whole batch and calls the same grading logic as a reward function.
 
+Every trainer runs at each torch intra-op thread count of ``--threads`` (default 1 and 2: a model
+this small is not always faster on more threads, and a shared machine's load moves the answer),
+in interleaved rounds. TRL runs with its defaults (gradient checkpointing on) and with
+checkpointing off. plugtune's gateway decodes on one intra-op thread of its own (its default), the
+trainer on the count measured. The headline divides plugtune's best tokens/s by the fastest TRL
+run over both TRL configurations and all thread counts.
+
 Prints seconds per step and sampled tokens per second of each (warm-up steps excluded) and the
-ratio. Needs the ``bench`` extra (trl). Run: ``.venv/bin/python benchmarks/trainer_vs_trl.py``.
+ratios. Needs the ``bench`` extra (trl). Run: ``.venv/bin/python benchmarks/trainer_vs_trl.py``.
 """
 
 from __future__ import annotations
@@ -253,7 +260,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=ROOT / "plugtune/demo/model")
     parser.add_argument("--data", type=Path, default=ROOT / "plugtune/demo/data/train.jsonl")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--batch", type=int, default=4)

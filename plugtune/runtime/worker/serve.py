@@ -107,9 +107,9 @@ def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = Non
 
 
 class AsyncServer:
-    """Calls run on the instance's event loop, each started at once in the loop turn that read it
-    (see :mod:`.eager`); a call that suspends continues as a task. At most ``max_concurrency`` run
-    at once; more wait in a backlog (a cancel removes them)."""
+    """Calls run on the instance's event loop; a call that arrives while nothing else runs starts at
+    once in the loop turn that read it (see :mod:`.eager`) and continues as a task if it awaits.
+    At most ``max_concurrency`` run at once; more wait in a backlog (a cancel removes them)."""
 
     def __init__(self, runner: CallRunner, channel: Channel, concurrency: int, code_root: str) -> None:
         self.runner = runner
@@ -183,20 +183,26 @@ class AsyncServer:
             self.done.set_result(None)
 
     def _start(self, call: tuple[str, Any, Any, Any]) -> None:
+        """Start a call: at once when nothing else runs (the latency of a lone call), else as a task
+        (a burst of calls that all await is cheaper as plain tasks)."""
         call_id, ctx, args, fault = call
+        coro = self.runner.run_async(call_id, ctx, args, fault, self._alone)
         self.running += 1
-        self.eager = (call_id, ctx[6])
-        try:
-            coro = self.runner.run_async(call_id, ctx, args, fault, self._alone)
-            task = start_eagerly(self.loop, coro, contextvars.copy_context())
-        except BaseException:
-            self.running -= 1
-            raise
-        finally:
-            self.eager = None
-        if task is None:
-            self.running -= 1
-            return
+        if self.running > 1:
+            task = self.loop.create_task(coro)
+        else:
+            self.eager = (call_id, ctx[6])
+            try:
+                started = start_eagerly(self.loop, coro, contextvars.copy_context())
+            except BaseException:
+                self.running -= 1
+                raise
+            finally:
+                self.eager = None
+            if started is None:
+                self.running -= 1
+                return
+            task = started
         self.tasks[task] = (call_id, ctx[6])
         self.by_id[call_id] = task
         task.add_done_callback(self._task_done)

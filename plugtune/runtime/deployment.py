@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import os
 import socket
 import time
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ASYNC_CANCEL_GRACE_S = 1.0
+DEADLINE_SLOT_S = 0.005  # calls' deadlines are kept in slots this long (one timer per slot)
 MAX_LOG_LINES = 20_000
 
 
@@ -66,6 +68,7 @@ class LocalDeployment:
         self.creating: set[Instance] = set()
         self.background: set[asyncio.Task[None]] = set()
         self.last_scale_up = time.monotonic()
+        self._deadlines: dict[int, dict[str, tuple[Instance, CallRequest, float]]] = {}
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -374,16 +377,31 @@ class LocalDeployment:
                 return got
             instance = got
         pending = instance.start_call(request.call_id, trajectory_id, message)
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(
-            max(0.0, deadline - time.monotonic()), self._expire, instance, request, started
-        )
+        watched = self._watch_deadline(deadline - time.monotonic(), instance, request, started)
         try:
             result = await pending.future
         finally:
-            timer.cancel()
+            watched.pop(request.call_id, None)
             self._wake()
         return result
+
+    def _watch_deadline(
+        self, remaining_s: float, instance: Instance, request: CallRequest, started: float
+    ) -> dict[str, tuple[Instance, CallRequest, float]]:
+        """Expire the call when ``remaining_s`` has passed (up to DEADLINE_SLOT_S late). Calls whose
+        deadlines fall in the same slot share one timer, so a call costs two dict operations."""
+        loop = asyncio.get_running_loop()
+        slot = math.ceil((loop.time() + max(0.0, remaining_s)) / DEADLINE_SLOT_S)
+        calls = self._deadlines.get(slot)
+        if calls is None:
+            calls = self._deadlines[slot] = {}
+            loop.call_at(slot * DEADLINE_SLOT_S, self._expire_slot, slot)
+        calls[request.call_id] = (instance, request, started)
+        return calls
+
+    def _expire_slot(self, slot: int) -> None:
+        for instance, request, started in self._deadlines.pop(slot, {}).values():
+            self._expire(instance, request, started)
 
     def _expire(self, instance: Instance, request: CallRequest, started: float) -> None:
         pending = instance.expire(request.call_id, request.timeout_s)

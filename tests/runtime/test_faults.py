@@ -4,6 +4,7 @@ logs written before it, and the next call on the same function succeeds."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -165,3 +166,13 @@ async def test_recycle_kills_children_under_rlimit_fallback_too() -> None:
                 break
             await asyncio.sleep(0.02)
         assert not _alive(child)
+
+
+async def test_timeout_fires_close_to_timeout_s(rt: LocalRuntime) -> None:
+    fn = await rt.deploy(entry("faults.py", "awaits_forever"))  # timeout_s=0.5
+    started = time.perf_counter()
+    with pytest.raises(PluginCallError) as info:
+        await fn.invoke(ctx(), sample(fail=True), trajectory())
+    elapsed = time.perf_counter() - started
+    assert info.value.cause == Cause.TIMEOUT.value
+    assert 0.5 <= elapsed < 0.75, elapsed  # deadlines share timers in 5 ms slots: never early

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from plugtune.errors import ErrorType, Owner, PluginCallError
-from plugtune.sdk import Context, Kind, PluginSpec, Sample, Status, Trajectory
+from plugtune.sdk import Context, Kind, PluginSpec, Policy, Sample, Status, Trajectory
 from plugtune.trainer.protocols import Caller, PluginFunction, PolicyServer
 from plugtune.trainer.rewards import final_reward
 from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
@@ -59,6 +59,7 @@ class _Slot:
     rollout_index: int
     trajectory_id: str = ""
     attempt: int = 0
+    policy: Policy | None = None  # opened before the group starts, for its first attempt
     trace: TokenTrace = EMPTY_TRACE
     messages: list[dict[str, Any]] = field(default_factory=list)
     status: str = "success"
@@ -85,7 +86,9 @@ class _FreshTrajectoryRollout:
 
     async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
         self.slot.attempt += 1
-        policy = self.server.open(self.slot.trajectory_id)  # a retry's record starts empty
+        policy, self.slot.policy = self.slot.policy, None
+        if policy is None:
+            policy = self.server.open(self.slot.trajectory_id)  # a retry's record starts empty
         return await self.fn.invoke(ctx, policy, *args)
 
 
@@ -101,7 +104,11 @@ class GroupRunner:
     ) -> list[TrajectoryRecord]:
         """Roll out ``group_size`` trajectories of ``sample`` concurrently and grade them."""
         group_id = f"s{step}-p{sample.index}"
-        slots = [_Slot(rollout_index=i) for i in range(group_size)]
+        slots = [_Slot(rollout_index=i, trajectory_id=f"{group_id}-r{i}") for i in range(group_size)]
+        # Open every trajectory before any rollout runs: the policy server then knows how many
+        # requests are coming and can start generating as soon as all of them are in.
+        for slot in slots:
+            slot.policy = self.server.open(slot.trajectory_id)
         started = time.perf_counter()
         await gather_or_cancel([self._rollout(step, sample, slot, group_id) for slot in slots])
         rolled = time.perf_counter()
@@ -117,7 +124,6 @@ class GroupRunner:
         return records
 
     async def _rollout(self, step: int, sample: Sample, slot: _Slot, group_id: str) -> None:
-        slot.trajectory_id = f"{group_id}-r{slot.rollout_index}"
         adapter = _FreshTrajectoryRollout(self.plugins.rollout, self.server, slot)
         ctx = self._context(step, sample, slot, self.plugins.rollout)
         started = time.perf_counter()
@@ -139,8 +145,9 @@ class GroupRunner:
 
     def _collect(self, slot: _Slot, started: float) -> None:
         slot.timing["rollout_s"] = time.perf_counter() - started
+        trace = _take(self.server, slot.trajectory_id)  # also closes a trajectory never called
         if slot.attempt:
-            slot.trace = _take(self.server, slot.trajectory_id)
+            slot.trace = trace
 
     async def _grade(self, step: int, sample: Sample, slots: list[_Slot]) -> None:
         live = [s for s in slots if s.ok]

@@ -239,3 +239,20 @@ async def test_a_caller_that_stops_the_job_leaves_the_evidence_in_the_policy_ser
     trace = trainer.server.take(seen[0])  # what the rollout got from the policy before it crashed
     assert sum(trace.response_mask) > 0 and trace.messages[-1]["role"] == "assistant"
     assert trainer.step_count == 0 and all(torch.equal(before[k], v) for k, v in params(trainer).items())
+
+
+async def test_the_policy_server_knows_the_steps_fan_out_before_a_rollout_asks(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=3)
+    server = trainer.server
+    assert isinstance(server, InProcessPolicyServer)
+    open_at_first_call: list[int] = []
+    chat = server.chat
+
+    def counting_chat(key: str, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
+        open_at_first_call.append(len(server._open))
+        return chat(key, messages, **params)
+
+    server.chat = counting_chat  # type: ignore[method-assign]
+    result = await trainer.step()
+    assert open_at_first_call and open_at_first_call[0] == 6  # every trajectory of the step
+    assert len(result.records) == 6 and not server._open  # and each was closed after its rollout

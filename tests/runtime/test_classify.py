@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import FrozenInstanceError, fields
 
 import pytest
 
@@ -10,8 +11,15 @@ from plugtune.errors import Cause
 from plugtune.runtime.backend import Failed, Happened
 from plugtune.runtime.classify import CAUSES, InvalidReturn, classify, validate
 from plugtune.runtime.faults import FaultInjection
-from plugtune.runtime.protocol import FrameReader, encode_result, encode_status, pack
-from plugtune.sdk import GraderResult, Kind, RolloutResult, Status
+from plugtune.runtime.protocol import (
+    FrameReader,
+    decode_args,
+    encode_args,
+    encode_result,
+    encode_status,
+    pack,
+)
+from plugtune.sdk import GraderResult, Kind, Policy, RolloutResult, Sample, Sampling, Status, Trajectory
 
 
 def test_every_fact_has_exactly_one_cause() -> None:
@@ -91,3 +99,46 @@ def test_fault_injection_is_seeded_and_follows_rates() -> None:
     assert 0.25 < seq.count("500") / 2000 < 0.35 and 0.07 < seq.count("eof") / 2000 < 0.13
     with pytest.raises(ValueError, match="between 0 and 1"):
         FaultInjection({"oom": 1.5})
+
+
+def test_arguments_survive_the_wire_exactly() -> None:
+    # decode_args builds the frozen records straight from the decoded fields: every field must travel
+    sample = Sample(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "function", "function": {"name": "f"}}],
+        extra={"answer": "42", "n": [1, 2]},
+        index=7,
+        sampling=Sampling(temperature=0.3, top_p=0.9, max_tokens=12),
+    )
+    trajectories = [
+        Trajectory(
+            "t1",
+            [{"role": "assistant", "content": "42"}],
+            tools=[{"x": 1}],
+            metrics={"m": 1.5},
+            extra={"e": 1},
+        ),
+        Trajectory("t2", []),
+    ]
+    policy = Policy(base_url="http://127.0.0.1:1/v1", api_key="k", model="m", timeout_s=3.0)
+    cases = [
+        (Kind.GRADER, (sample, trajectories[0])),
+        (Kind.GROUP_GRADER, (sample, trajectories)),
+        (Kind.ROLLOUT, (policy, sample)),
+    ]
+    for kind, args in cases:
+        (message,) = FrameReader().feed(pack(["call", encode_args(kind, args)]))
+        first, second = decode_args(kind, message[1])
+        if kind is Kind.ROLLOUT:
+            assert first.__dict__ == policy.__dict__ and second == sample
+        else:
+            assert first == sample and second == args[1]
+    decoded = decode_args(
+        Kind.GRADER, FrameReader().feed(pack([encode_args(Kind.GRADER, cases[0][1])]))[0][0]
+    )
+    assert {f.name for f in fields(Sample)} == set(vars(decoded[0]))
+    assert {f.name for f in fields(Trajectory)} == set(vars(decoded[1]))
+    assert {f.name for f in fields(Sampling)} == set(vars(decoded[0].sampling))
+    assert hash(decoded[0].sampling) == hash(sample.sampling)
+    with pytest.raises(FrozenInstanceError):
+        decoded[1].trajectory_id = "changed"  # type: ignore[misc]

@@ -154,16 +154,16 @@ class Instance:
 
     def on_message(self, message: list[Any]) -> None:
         op = message[0]
-        if op == p.LOG:
-            _, when, level, text, source, call_id, trajectory_id = message
-            self._log(LogLine(when, level, self.plugin, text, source, call_id, trajectory_id, self.id))
-        elif op == p.OK:
+        if op == p.OK:
             _, call_id, value, metrics = message
             pending = self.pending.pop(call_id, None)
             self._settled(call_id)
             if pending is not None and not pending.future.done():
                 latency = (time.perf_counter() - pending.started) * 1000
                 pending.future.set_result(Returned(value, metrics, pending.logs, self.id, latency))
+        elif op == p.LOG:
+            _, when, level, text, source, call_id, trajectory_id = message
+            self._log(LogLine(when, level, self.plugin, text, source, call_id, trajectory_id, self.id))
         elif op == p.ERR:
             self._on_error(*message[1:])
         elif op == p.READY:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +26,6 @@ KeyResolver = Callable[[str], TraceBuilder | None]
 def build_app(service: CompletionService, resolve: KeyResolver, version: Callable[[], int]) -> FastAPI:
     app = FastAPI(title="plugtune policy gateway", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
-    call_locks: dict[str, asyncio.Lock] = {}
 
     def authorize(request: Request) -> TraceBuilder:
         header = request.headers.get("authorization", "")
@@ -53,8 +51,7 @@ def build_app(service: CompletionService, resolve: KeyResolver, version: Callabl
         """An OpenAI chat completion from the current policy; tokens go to the key's trajectory."""
         builder = authorize(request)
         body = await _parse(request)
-        lock = call_locks.setdefault(builder.trajectory_id, asyncio.Lock())
-        async with lock:
+        async with builder.call_lock:
             # Already plain JSON types: a JSONResponse skips FastAPI's generic encoder (every request).
             return JSONResponse(await service.complete(builder, body, version()))
 

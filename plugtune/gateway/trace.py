@@ -9,6 +9,7 @@ environment segment, and counts a rewrite.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class TraceBuilder:
     ended_with_eos: bool = False
     has_reply: bool = False  # the record ends with a policy reply (the last call did not fail)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    call_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one HTTP call at a time
 
     def full_ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from plugtune.types import MetricPoint
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 3
+LIVE_TAIL_S = 1.0  # how often plugin logs reach the store while a step runs
 
 
 class Cancelled(Exception):  # noqa: N818
@@ -151,28 +153,71 @@ async def _train(
             store.delete_after_step(job_id, checkpoint.step)
         store.update_job(job_id, steps_total=config.steps, steps_done=trainer.step_count)
         with StoreWriter(store, job_id) as writer:
-            while trainer.step_count < config.steps:
-                try:
-                    result = await trainer.step()
-                except JobStop as stop:
-                    writer.add_trajectories(failed_record(stop, gateway, trainer.step_count + 1))
-                    writer.flush()
-                    raise
-                examples = dict(caller.examples)
-                calls, errors, worst_plugin = caller.reset_counts()
-                logs, points = drain.take()
-                writer.add_trajectories([dataclasses.replace(r, code_hash=hashes) for r in result.records])
-                writer.add_metrics(_training_points(result.step, result.metrics))
-                writer.add_metrics(points)
-                writer.add_logs(logs)
-                if result.step % config.save_every_n_steps == 0 or result.step == config.steps:
-                    path = trainer.save_checkpoint(out / "checkpoints" / f"step-{result.step:06d}")
-                    writer.flush()  # the checkpoint's trajectories are durable before it is recorded
-                    store.add_checkpoint(job_id, result.step, str(path))
-                writer.flush()
-                store.update_job(job_id, steps_done=result.step)
-                _check_breaker(calls, errors, worst_plugin, examples, spec.circuit_breaker)
+            tail = asyncio.create_task(_drain_every(drain, writer, LIVE_TAIL_S))
+            try:
+                await _steps(_Loop(store, job_id, trainer, caller, drain, writer, hashes, out, gateway, spec))
+            finally:
+                tail.cancel()
         trainer.save_final(out / "final")
+
+
+async def _drain_every(drain: Drain, writer: StoreWriter, period_s: float) -> None:
+    """Hand plugin logs and metrics to the store while a step runs, for the console's live tail."""
+    while True:
+        await asyncio.sleep(period_s)
+        logs, points = drain.take()
+        writer.add_logs(logs)
+        writer.add_metrics(points)
+
+
+@dataclass
+class _Loop:
+    """What the step loop writes through: the trainer, the failure policy's caller, the store."""
+
+    store: Store
+    job_id: int
+    trainer: Any
+    caller: PolicyCaller
+    drain: Drain
+    writer: StoreWriter
+    hashes: dict[str, str]
+    out: Path
+    gateway: Any
+    spec: Any
+
+
+async def _steps(loop: _Loop) -> None:
+    store, job_id, trainer, caller, drain, writer = (
+        loop.store,
+        loop.job_id,
+        loop.trainer,
+        loop.caller,
+        loop.drain,
+        loop.writer,
+    )
+    hashes, out, gateway, spec = loop.hashes, loop.out, loop.gateway, loop.spec
+    config = spec.hyperparameters
+    while trainer.step_count < config.steps:
+        try:
+            result = await trainer.step()
+        except JobStop as stop:
+            writer.add_trajectories(failed_record(stop, gateway, trainer.step_count + 1))
+            writer.flush()
+            raise
+        examples = dict(caller.examples)
+        calls, errors, worst_plugin = caller.reset_counts()
+        logs, points = drain.take()
+        writer.add_trajectories([dataclasses.replace(r, code_hash=hashes) for r in result.records])
+        writer.add_metrics(_training_points(result.step, result.metrics))
+        writer.add_metrics(points)
+        writer.add_logs(logs)
+        if result.step % config.save_every_n_steps == 0 or result.step == config.steps:
+            path = trainer.save_checkpoint(out / "checkpoints" / f"step-{result.step:06d}")
+            writer.flush()  # the checkpoint's trajectories are durable before it is recorded
+            store.add_checkpoint(job_id, result.step, str(path))
+        writer.flush()
+        store.update_job(job_id, steps_done=result.step)
+        _check_breaker(calls, errors, worst_plugin, examples, spec.circuit_breaker)
 
 
 def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
@@ -205,7 +250,6 @@ def _check_breaker(
         code_hash=example.code_hash if example else "",
     )
     raise JobStop(error, "circuit breaker")
-
 
 
 if __name__ == "__main__":

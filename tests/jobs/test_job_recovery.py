@@ -137,3 +137,29 @@ def _wait_for(store: Store, job_id: int, status: str, timeout_s: float = 120) ->
             return
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} did not become {status}: {store.get_job(job_id)}")
+
+
+def test_plugin_logs_reach_the_store_while_a_step_is_still_running(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    slow = """
+import time
+from plugtune import rollout
+
+@rollout
+def answer(ctx, policy, sample):
+    ctx.logger.info("thinking about %s", sample.index)
+    time.sleep(4)
+    policy.chat(sample.messages, max_tokens=2)
+"""
+    job_id, _ = create_job(store, make_job(tmp_path / "tail", rollout=slow, hyper={"steps": 1}))
+    seen_mid_step: list[bool] = []
+
+    def progress(jid: int) -> None:
+        job = store.get_job(jid)
+        if job is not None and job.status == "running" and job.steps_done == 0 and not seen_mid_step:
+            if store.logs(jid, text="thinking about", limit=1):
+                seen_mid_step.append(True)
+
+    assert run_job(store, home, job_id, progress=progress) == "succeeded"
+    assert seen_mid_step, "the live tail saw the plugin's line before the step ended"

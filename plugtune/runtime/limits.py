@@ -117,7 +117,10 @@ class CgroupV1Limits(Limits):
             _write(dirs["pids"] / "pids.max", str(max(1024, concurrency + 256)))
         return InstanceLimits(
             memory_mb=memory_mb,
-            cgroup_procs=[str(d / "cgroup.procs") for d in dirs.values()],
+            # The single-threaded child writes "0" to each `tasks` file: moving only the calling
+            # thread skips the kernel's global threadgroup lock that a write to cgroup.procs
+            # takes (0.4 ms instead of 12-18 ms here); its only thread is the whole process.
+            cgroup_procs=[str(d / "tasks") for d in dirs.values()],
             memory_dir=dirs["memory"],
             dirs=list(dirs.values()),
             version=1,

@@ -48,8 +48,8 @@ def enter_limits(config: dict[str, Any]) -> None:
     """Move this process into its cgroups and set its rlimits (first thing, before any work)."""
     pid = str(os.getpid())
     for procs in config.get("cgroup_procs", []):
-        with open(procs, "w") as f:
-            f.write(pid)
+        with open(procs, "w") as f:  # v1 `tasks` takes "0" (this thread); cgroup.procs takes the pid
+            f.write("0" if procs.endswith("/tasks") else pid)
     data = config.get("rlimit_data")
     if data:
         resource.setrlimit(resource.RLIMIT_DATA, (int(data), int(data)))

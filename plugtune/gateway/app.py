@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,23 +23,109 @@ logger = logging.getLogger(__name__)
 #: Finds the trajectory an API key belongs to (None for unknown keys).
 KeyResolver = Callable[[str], TraceBuilder | None]
 
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-def build_app(service: CompletionService, resolve: KeyResolver, version: Callable[[], int]) -> FastAPI:
+CHAT_PATH = "/v1/chat/completions"
+
+
+def build_app(service: CompletionService, resolve: KeyResolver, version: Callable[[], int]) -> AsgiApp:
+    """The gateway's ASGI app: chat completions on a direct path, everything else through FastAPI.
+
+    Every rollout call goes through ``POST /v1/chat/completions``; FastAPI's middleware, routing and
+    dependency solving cost more per call than the rest of the request handling together, so that
+    one route is served by a plain ASGI handler with the same answers (and the same errors).
+    """
+    slow = _fastapi_app(service, resolve, version)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == CHAT_PATH:
+            await _chat(scope, receive, send, service, resolve, version)
+        else:
+            await slow(scope, receive, send)
+
+    return app
+
+
+async def _chat(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    service: CompletionService,
+    resolve: KeyResolver,
+    version: Callable[[], int],
+) -> None:
+    status, body = 200, b""
+    try:
+        builder = _authorize(_header(scope, b"authorization"), resolve)
+        request = _validate(await _read_body(receive))
+        async with builder.call_lock:
+            answer = await service.complete(builder, request, version())
+        body = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    except ApiError as exc:
+        status, body = exc.status, json.dumps(exc.body()).encode()
+    except Exception as exc:  # noqa: BLE001 - the caller gets an OpenAI-shaped 500, the server goes on
+        logger.error("policy gateway failed on %s", CHAT_PATH, exc_info=exc)
+        error = ApiError(500, f"the policy gateway failed: {type(exc).__name__}: {exc}", "server_error")
+        status, body = 500, json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "the client disconnected before sending the whole request body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _authorize(header: str, resolve: KeyResolver) -> TraceBuilder:
+    key = header[len("Bearer ") :].strip() if header.lower().startswith("bearer ") else ""
+    builder = resolve(key) if key else None
+    if builder is None:
+        raise ApiError(
+            401,
+            "Incorrect API key provided: each rollout must use the key of its own trajectory "
+            "(policy.api_key); this one is unknown or its trajectory has finished.",
+            code="invalid_api_key",
+        )
+    return builder
+
+
+def _validate(body: bytes) -> ChatCompletionRequest:
+    try:
+        raw = json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return ChatCompletionRequest.model_validate(raw)
+    except ValidationError as exc:
+        raise _invalid(list(exc.errors())) from exc
+
+
+def _fastapi_app(service: CompletionService, resolve: KeyResolver, version: Callable[[], int]) -> FastAPI:
     app = FastAPI(title="plugtune policy gateway", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
     def authorize(request: Request) -> TraceBuilder:
-        header = request.headers.get("authorization", "")
-        key = header[len("Bearer ") :].strip() if header.lower().startswith("bearer ") else ""
-        builder = resolve(key) if key else None
-        if builder is None:
-            raise ApiError(
-                401,
-                "Incorrect API key provided: each rollout must use the key of its own trajectory "
-                "(policy.api_key); this one is unknown or its trajectory has finished.",
-                code="invalid_api_key",
-            )
-        return builder
+        return _authorize(request.headers.get("authorization", ""), resolve)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -46,13 +133,12 @@ def build_app(service: CompletionService, resolve: KeyResolver, version: Callabl
         authorize(request)
         return model_list(service.model_name, created)
 
-    @app.post("/v1/chat/completions")
+    @app.post(CHAT_PATH)
     async def chat_completions(request: Request) -> JSONResponse:
-        """An OpenAI chat completion from the current policy; tokens go to the key's trajectory."""
+        """An OpenAI chat completion (``build_app`` serves POSTs directly; this route names the path)."""
         builder = authorize(request)
-        body = await _parse(request)
+        body = _validate(await request.body())
         async with builder.call_lock:
-            # Already plain JSON types: a JSONResponse skips FastAPI's generic encoder (every request).
             return JSONResponse(await service.complete(builder, body, version()))
 
     @app.exception_handler(ApiError)
@@ -75,19 +161,6 @@ def build_app(service: CompletionService, resolve: KeyResolver, version: Callabl
         return JSONResponse(error.body(), status_code=500)
 
     return app
-
-
-async def _parse(request: Request) -> ChatCompletionRequest:
-    try:
-        raw = await request.json()
-    except ValueError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    try:
-        return ChatCompletionRequest.model_validate(raw)
-    except ValidationError as exc:
-        raise _invalid(list(exc.errors())) from exc
 
 
 def _invalid(errors: list[Any]) -> ApiError:

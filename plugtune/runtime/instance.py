@@ -59,6 +59,9 @@ class Instance:
         self.pending: dict[str, Pending] = {}
         self.loop = asyncio.get_running_loop()
         self.ready: asyncio.Future[float] = self.loop.create_future()
+        # An instance killed before anyone waited for it (a spare at shutdown) has nobody to read
+        # its start failure; reading it here keeps asyncio from reporting it as lost at exit.
+        self.ready.add_done_callback(_consume)
         self.exit_code: asyncio.Future[int | None] = self.loop.create_future()
         self.output_done: asyncio.Future[None] = self.loop.create_future()
         self.tail: collections.deque[str] = collections.deque(maxlen=60)
@@ -299,3 +302,8 @@ def _describe_exit(code: int | None) -> str:
             name = f"signal {-code}"
         return f"killed by {name}"
     return f"exited with status {code}"
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -1,10 +1,9 @@
 """Trajectory records to training tensors, and the policy's logits on their responses.
 
 The rollouts of a GRPO group start from the same prompt, so each distinct prompt is run through
-the model once and its key/value cache is shared by every response that continues it
-(gradients flow back through the shared cache). Responses are right-padded; position ``t`` of
-the ``*_BR`` tensors is response token ``t``. Prompts are right-padded too, so no attention row
-is ever fully masked.
+the model once: the forward packs the prompt and all its responses into one row, with an
+attention mask that keeps the responses apart (see ``response_logits``). Responses are
+right-padded in the ``*_BR`` tensors; position ``t`` is response token ``t``.
 """
 
 from __future__ import annotations
@@ -14,12 +13,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from plugtune.types import TrajectoryRecord
-
-#: transformers renamed ``past_key_values`` to ``cache``; use whichever this version has.
-CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -69,28 +64,64 @@ def build_batch(records: Sequence[TrajectoryRecord], pad_id: int) -> TrainBatch:
 
 
 def response_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float) -> torch.Tensor:
-    """Logits ``[B, R, V]`` that predict each response token, divided by the sampling temperature."""
-    prompt_len_G = batch.prompt_attention_GP.sum(-1)
-    prompt_out = model(
-        input_ids=batch.prompt_ids_GP, attention_mask=batch.prompt_attention_GP, use_cache=True
-    )
-    cache = getattr(prompt_out, CACHE_KWARG)
-    num_prompts = batch.prompt_ids_GP.shape[0]
-    last_GV = prompt_out.logits[torch.arange(num_prompts), prompt_len_G - 1]
-    index_B = batch.prompt_index_B
-    cache.reorder_cache(index_B)  # one cache row per response, sharing the prompt's graph
-    width = batch.response_ids_BR.shape[1]
-    attention_BL = torch.cat([batch.prompt_attention_GP[index_B], batch.response_attention_BR], dim=1)
-    positions_BR = prompt_len_G[index_B].unsqueeze(-1) + torch.arange(width).unsqueeze(0)
+    """Logits ``[B, R, V]`` that predict each response token, divided by the sampling temperature.
+
+    One forward over one packed row per distinct prompt: the prompt, then each of its responses
+    back to back. A 4D attention mask lets every response token see the prompt and its own earlier
+    tokens only, and its positions continue the prompt's, so each response is computed exactly as if
+    it followed the prompt alone; the prompt is computed once and no compute goes to padding between
+    responses (gradients from all responses meet in the shared prompt positions).
+    """
+    packed = _pack(batch)
     out = model(
-        input_ids=batch.response_ids_BR,
-        attention_mask=attention_BL,
-        position_ids=positions_BR,
-        use_cache=True,
-        **{CACHE_KWARG: cache},
+        input_ids=packed.ids_GL,
+        attention_mask=packed.attention_G1LL,
+        position_ids=packed.positions_GL,
+        use_cache=False,
     )
-    logits_BRV = torch.cat([last_GV[index_B].unsqueeze(1), out.logits[:, :-1]], dim=1)
+    logits_BRV = out.logits[packed.row_B[:, None], packed.source_BR]
     return logits_BRV.float() / temperature
+
+
+@dataclass(frozen=True)
+class _Packed:
+    ids_GL: torch.Tensor
+    positions_GL: torch.Tensor
+    attention_G1LL: torch.Tensor  # True where a query position may attend a key position
+    row_B: torch.Tensor  # the packed row of each response
+    source_BR: torch.Tensor  # the packed position whose logits predict response token t
+
+
+def _pack(batch: TrainBatch) -> _Packed:
+    prompt_lens = batch.prompt_attention_GP.sum(-1).tolist()
+    response_lens = batch.response_attention_BR.sum(-1).tolist()
+    prompts = batch.prompt_ids_GP.tolist()
+    responses = batch.response_ids_BR.tolist()
+    width = batch.response_ids_BR.shape[1]
+    ids: list[list[int]] = [p[:n] for p, n in zip(prompts, prompt_lens, strict=True)]
+    positions: list[list[int]] = [list(range(n)) for n in prompt_lens]
+    segments: list[list[int]] = [[0] * n for n in prompt_lens]  # 0: the prompt, b + 1: response b
+    source: list[list[int]] = []
+    row = batch.prompt_index_B.tolist()
+    for b, (g, n) in enumerate(zip(row, response_lens, strict=True)):
+        start = len(ids[g])
+        source.append([prompt_lens[g] - 1] + [start + t for t in range(n - 1)] + [0] * (width - n))
+        ids[g] += responses[b][:n]
+        positions[g] += range(prompt_lens[g], prompt_lens[g] + n)
+        segments[g] += [b + 1] * n
+    length = max(len(x) for x in ids)
+    ids_GL = torch.tensor([x + [0] * (length - len(x)) for x in ids], dtype=torch.long)
+    positions_GL = torch.tensor([x + [0] * (length - len(x)) for x in positions], dtype=torch.long)
+    seg_GL = torch.tensor([x + [-1] * (length - len(x)) for x in segments], dtype=torch.long)
+    causal_LL = torch.ones(length, length, dtype=torch.bool).tril()
+    same_GLL = (seg_GL[:, :, None] == seg_GL[:, None, :]) | (seg_GL[:, None, :] == 0)
+    return _Packed(
+        ids_GL=ids_GL,
+        positions_GL=positions_GL,
+        attention_G1LL=(same_GLL & causal_LL)[:, None],
+        row_B=torch.tensor(row, dtype=torch.long),
+        source_BR=torch.tensor(source, dtype=torch.long),
+    )
 
 
 def _right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

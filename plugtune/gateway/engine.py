@@ -4,8 +4,10 @@ One worker thread takes every pending request (up to ``max_batch_size``; it stop
 the burst pauses, or at once when every open caller has a request in), prefills each distinct
 prompt once (the rollouts of a GRPO group share theirs), and decodes the rows step by step from
 one KV cache; each row stops on its own at an end-of-sequence token, a stop string or its token
-budget, is answered at once and leaves the cache. The whole batch runs under the weights lock, so
-it sees one version of the weights from start to end, and records that version.
+budget and leaves the cache; finished rows are answered together, after at most
+``hold_finished_s`` (checked once per decode step) or when the batch ends. The whole batch runs
+under the weights lock, so it sees one version of the weights from start to end, and records
+that version.
 
 Sampling is per row: temperature (0 = greedy), top-p, and an optional seed. The log-prob recorded
 for each token is its log-probability under the distribution it was actually sampled from (after
@@ -156,6 +158,7 @@ class GenerationEngine:
         batch_window_s: float = 0.05,
         open_callers: Callable[[], int] | None = None,
         threads: int | None = 1,
+        hold_finished_s: float = 0.02,
     ) -> None:
         self._model = model
         self._eos = set(eos_token_ids)
@@ -168,6 +171,7 @@ class GenerationEngine:
         self._batch_window_s = batch_window_s
         self._open_callers = open_callers
         self._threads = threads
+        self._hold_finished_s = hold_finished_s
         self._outstanding = 0  # submitted requests whose future is not done yet
         self._outstanding_lock = threading.Lock()
         self._shared = torch.Generator().manual_seed(secrets.randbits(63))
@@ -273,20 +277,41 @@ class GenerationEngine:
             )
         )
 
-    @torch.no_grad()
     def _decode_batch(self, batch: list[_Pending], deliver: Callable[[_Row], None]) -> None:
-        """Decode the batch; each row is handed to ``deliver`` as soon as it is finished."""
+        """Decode the batch; a finished row is handed to ``deliver`` within ``hold_finished_s``.
+
+        Finished rows wait (at most ``hold_finished_s``, or until the batch ends) and are then
+        answered together: answering a row wakes the HTTP server and the caller, whose work competes
+        with decoding for the interpreter, and a short batch finishes sooner without them; in a long
+        batch an early row still goes on after at most that delay.
+        """
+        held: list[_Row] = []
+        try:
+            self._decode_rows(batch, held, deliver)
+        finally:
+            for row in held:
+                deliver(row)
+
+    @torch.no_grad()
+    def _decode_rows(self, batch: list[_Pending], held: list[_Row], deliver: Callable[[_Row], None]) -> None:
+        """Decode the batch, appending each row to ``held`` when it finishes; deliver and empty it
+        whenever its oldest row has waited ``hold_finished_s``."""
         device = next(self._model.parameters()).device
         live = [_Row(p, _generator(p.params.seed)) for p in batch]  # in the cache's batch order
         logits_BV, past, mask_BT, last_pos_B = self._prefill(batch, device)
+        oldest = 0.0
         for _ in range(max(p.params.max_tokens for p in batch)):
             next_B = self._step(live, logits_BV)
             keep = [b for b, row in enumerate(live) if not row.is_done]
-            for row in live:
-                if row.is_done:
-                    deliver(row)  # its caller goes on while the longer rows decode
+            if not held:
+                oldest = time.monotonic()
+            held.extend(row for row in live if row.is_done)
             if not keep:
                 return
+            if held and time.monotonic() - oldest >= self._hold_finished_s:
+                for row in held:
+                    deliver(row)  # its caller goes on while the longer rows decode
+                held.clear()
             if len(keep) < len(live):  # finished rows leave the cache: they would cost a forward each step
                 index_K = torch.tensor(keep, device=device)
                 past.batch_select_indices(index_K)

@@ -208,7 +208,9 @@ class GatedModel(torch.nn.Module):
 
 def test_a_finished_row_is_answered_while_longer_rows_still_decode(demo_model: Any, tokenizer: Any) -> None:
     model = GatedModel(demo_model, tokenizer.eos_token_id, gate_at=3)
-    engine = make_engine(model, tokenizer, batch_gap_s=30.0, batch_window_s=60.0, open_callers=lambda: 2)
+    engine = make_engine(
+        model, tokenizer, batch_gap_s=30.0, batch_window_s=60.0, open_callers=lambda: 2, hold_finished_s=0.0
+    )
     try:
         p = prompt(tokenizer, "What is 3+4?")
         short = engine.submit(p, SamplingParams(max_tokens=1, temperature=0.0))
@@ -218,6 +220,24 @@ def test_a_finished_row_is_answered_while_longer_rows_still_decode(demo_model: A
         model.release.set()
         assert len(long.result(timeout=30).token_ids) == 6
         assert long.result().token_ids[:1] == short.result().token_ids
+    finally:
+        model.release.set()
+        engine.stop()
+
+
+def test_finished_rows_are_held_back_within_hold_finished_s(demo_model: Any, tokenizer: Any) -> None:
+    model = GatedModel(demo_model, tokenizer.eos_token_id, gate_at=3)
+    engine = make_engine(
+        model, tokenizer, batch_gap_s=30.0, batch_window_s=60.0, open_callers=lambda: 2, hold_finished_s=60.0
+    )
+    try:
+        p = prompt(tokenizer, "What is 3+4?")
+        short = engine.submit(p, SamplingParams(max_tokens=1, temperature=0.0))
+        long = engine.submit(p, SamplingParams(max_tokens=6, temperature=0.0))
+        assert model.reached.wait(30)
+        assert not short.done() and not long.done()  # the short row waits for the batch (or the hold)
+        model.release.set()
+        assert len(short.result(timeout=30).token_ids) == 1 and len(long.result(timeout=30).token_ids) == 6
     finally:
         model.release.set()
         engine.stop()

@@ -71,16 +71,33 @@ def response_logits(model: PreTrainedModel, batch: TrainBatch, temperature: floa
     tokens only, and its positions continue the prompt's, so each response is computed exactly as if
     it followed the prompt alone; the prompt is computed once and no compute goes to padding between
     responses (gradients from all responses meet in the shared prompt positions).
+
+    Custom 4D masks are taken by the ``sdpa`` and ``eager`` attentions; with any other (flash
+    attention, say) each response gets a row of its own after a copy of its prompt. A sliding-window
+    layer sees the whole packed row, which differs only past the window.
     """
-    packed = _pack(batch)
+    attention = mask_kind(model)
+    packed = _pack(batch, shared=attention != "rows")
+    mask = packed.attention_G1LL
+    if attention == "eager":  # an additive mask
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+    elif attention == "rows":
+        mask = packed.attention_G1LL[:, 0].any(1).long()  # one row per response: a padding mask
     out = model(
         input_ids=packed.ids_GL,
-        attention_mask=packed.attention_G1LL,
+        attention_mask=mask,
         position_ids=packed.positions_GL,
         use_cache=False,
     )
     logits_BRV = out.logits[packed.row_B[:, None], packed.source_BR]
     return logits_BRV.float() / temperature
+
+
+def mask_kind(model: PreTrainedModel) -> str:
+    """How ``response_logits`` masks: a boolean (``sdpa``) or additive (``eager``) 4D mask, or ``rows``."""
+    attention = getattr(model.config, "_attn_implementation", None)
+    return attention if attention in ("sdpa", "eager") else "rows"
 
 
 @dataclass(frozen=True)
@@ -92,17 +109,21 @@ class _Packed:
     source_BR: torch.Tensor  # the packed position whose logits predict response token t
 
 
-def _pack(batch: TrainBatch) -> _Packed:
+def _pack(batch: TrainBatch, shared: bool) -> _Packed:
+    """Rows of prompt then responses (all of a prompt's responses if ``shared``, else one each)."""
     prompt_lens = batch.prompt_attention_GP.sum(-1).tolist()
     response_lens = batch.response_attention_BR.sum(-1).tolist()
     prompts = batch.prompt_ids_GP.tolist()
     responses = batch.response_ids_BR.tolist()
     width = batch.response_ids_BR.shape[1]
+    row = batch.prompt_index_B.tolist()
+    if not shared:
+        prompts, prompt_lens = [prompts[g] for g in row], [prompt_lens[g] for g in row]
+        row = list(range(len(row)))
     ids: list[list[int]] = [p[:n] for p, n in zip(prompts, prompt_lens, strict=True)]
     positions: list[list[int]] = [list(range(n)) for n in prompt_lens]
     segments: list[list[int]] = [[0] * n for n in prompt_lens]  # 0: the prompt, b + 1: response b
     source: list[list[int]] = []
-    row = batch.prompt_index_B.tolist()
     for b, (g, n) in enumerate(zip(row, response_lens, strict=True)):
         start = len(ids[g])
         source.append([prompt_lens[g] - 1] + [start + t for t in range(n - 1)] + [0] * (width - n))

@@ -46,8 +46,16 @@ def test_build_batch_dedupes_prompts_and_skips_untrainable() -> None:
         build_batch(records[3:], pad_id=0)
 
 
-def test_shared_prompt_forward_matches_full_forward(tiny_model_path: Path) -> None:
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "rows"])
+def test_shared_prompt_forward_matches_full_forward(
+    tiny_model_path: Path, attention: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugtune.trainer import batch as batch_module
+
     model = load_model(tiny_model_path).model
+    if attention != "sdpa":  # eager takes an additive 4D mask; flash attention & co. a row per response
+        model.config._attn_implementation = "eager"
+    monkeypatch.setattr(batch_module, "mask_kind", lambda _: attention)
     g = torch.Generator().manual_seed(0)
 
     def ids(n: int) -> list[int]:

@@ -159,6 +159,7 @@ class GenerationEngine:
         open_callers: Callable[[], int] | None = None,
         threads: int | None = 1,
         hold_finished_s: float = 0.02,
+        mask_4d: bool = True,
     ) -> None:
         self._model = model
         self._eos = set(eos_token_ids)
@@ -178,6 +179,9 @@ class GenerationEngine:
         # Prefill needs the logits of the last prompt position only (most models can skip the rest).
         accepts = inspect.signature(model.forward).parameters
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        self._mask_4d = attention if mask_4d and attention in ("sdpa", "eager") else None
+        self._dtype = next(model.parameters()).dtype
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.batches_run = 0
@@ -321,13 +325,27 @@ class GenerationEngine:
             last_pos_B = last_pos_B + 1
             out = self._model(
                 input_ids=next_B[:, None].to(device),
-                attention_mask=mask_BT,
+                attention_mask=self._decode_mask(mask_BT),
                 position_ids=last_pos_B[:, None],
                 use_cache=True,
                 **{CACHE_KWARG: past},
             )
             past = getattr(out, CACHE_KWARG)
             logits_BV = out.logits[:, -1, :]
+
+    def _decode_mask(self, mask_BT: torch.Tensor) -> torch.Tensor:
+        """The attention mask of one decode step, ready-made in 4D where the attention takes it.
+
+        One new query per row may see every non-padding key, so the 4D mask is the padding mask
+        itself (boolean for ``sdpa``, additive for ``eager``); given it, the model skips building a
+        causal mask on every step. Other attentions get the 2D mask.
+        """
+        if self._mask_4d == "sdpa":
+            return mask_BT.bool()[:, None, None, :]
+        if self._mask_4d == "eager":
+            additive = torch.zeros(mask_BT.shape, dtype=self._dtype, device=mask_BT.device)
+            return additive.masked_fill_(mask_BT == 0, torch.finfo(self._dtype).min)[:, None, None, :]
+        return mask_BT
 
     def _prefill(
         self, batch: list[_Pending], device: torch.device

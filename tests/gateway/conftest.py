@@ -31,9 +31,9 @@ class ScriptedModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> Any:
         out = self.inner(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         if kwargs.get("cache", kwargs.get("past_key_values")) is None:
-            self._prefill_width = attention_mask.shape[1]
+            self._prefill_width = attention_mask.shape[-1]
             self._script = self.scripts.pop(0) if self.scripts else []
-        step = attention_mask.shape[1] - self._prefill_width
+        step = attention_mask.shape[-1] - self._prefill_width  # a 2D or a 4D mask: keys last
         target = self._script[step] if step < len(self._script) else self.eos_id
         out.logits[:, -1, target] += 100.0
         return out

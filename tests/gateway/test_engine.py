@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from typing import Any
 
+import pytest
 import torch
 
 from plugtune.gateway import GenerationEngine, SamplingParams
@@ -265,3 +267,27 @@ def test_the_engine_decodes_on_its_own_thread_count_and_leaves_the_callers(
         engine.stop()
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_ready_made_4d_decode_mask_decodes_as_the_2d_one(
+    demo_model: Any, tokenizer: Any, attention: str
+) -> None:
+    model = copy.deepcopy(demo_model)
+    model.config._attn_implementation = attention
+    replies, kinds = [], []
+    for mask_4d in (True, False):
+        engine = make_engine(model, tokenizer, mask_4d=mask_4d)
+        kinds.append(engine._mask_4d)
+        try:
+            futures = [
+                engine.submit(prompt(tokenizer, q), SamplingParams(max_tokens=6, temperature=0.0))
+                for q in ("1+1=?", "What is 12+30? Answer now.")  # different lengths: left padding
+            ]
+            replies.append([f.result(timeout=60) for f in futures])
+        finally:
+            engine.stop()
+    assert kinds == [attention, None]
+    for with_4d, with_2d in zip(*replies, strict=True):
+        assert with_4d.token_ids == with_2d.token_ids
+        assert with_4d.logprobs == pytest.approx(with_2d.logprobs, abs=1e-4)

@@ -271,10 +271,12 @@ class LocalDeployment:
         return True
 
     def drop_spare(self, reason: str) -> None:
+        """Give up the spare, the warm one or one still starting, and its quota slot, now."""
         spare, self.spare = self.spare, None
-        if spare is not None:
-            spare.kill(reason)
-            self._release(spare)
+        starting = [i for i in self.creating if i not in self.instances]  # a spare being made
+        for instance in ([spare] if spare is not None else []) + starting:
+            instance.kill(reason)
+            self._release(instance)
 
     # ---- calls ------------------------------------------------------------------------------
 

@@ -139,6 +139,14 @@ async def test_instance_quota_spares_yield_then_create_fault() -> None:
         assert (await second.invoke(ctx(), sample(), trajectory())).value == 0.0
 
 
+async def test_a_spare_still_starting_gives_its_quota_slot_to_a_serving_instance() -> None:
+    async with LocalRuntime(quota=Quota(max_instances=2)) as rt:
+        slow = await rt.deploy(entry("slow_start.py", "score"))  # its spare now takes 0.8 s to start
+        fast = await rt.deploy(entry("basic.py", "noop"))  # needs the slot the starting spare holds
+        assert (await fast.invoke(ctx(), sample(), trajectory())).value == 0.0
+        assert (await slow.invoke(ctx(), sample(), trajectory())).value == 1.0
+
+
 @pytest.mark.parametrize(
     ("file", "says"),
     [

@@ -29,6 +29,7 @@ from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
 from plugtune.trainer.objective import LossParts
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
 from plugtune.trainer.rewards import group_advantages, summary
+from plugtune.trainer.spin import SpinQuieter
 from plugtune.types import TrajectoryRecord
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class GRPOTrainer:
         self.reference = _frozen_copy(model) if config.kl_coef > 0 else None
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.spin = SpinQuieter()
         self.step_count = 0
         checkpoint.seed_everything(config.seed)
         server.set_policy_version(self.step_count)
@@ -83,6 +85,7 @@ class GRPOTrainer:
             [self.runner.run(step, s, self.config.group_size, self.step_count) for s in samples]
         )
         plugins_s = time.perf_counter() - started
+        self.spin.release()  # the backward's threads spin-wait between regions as usual
         records = [r for group in groups for r in _with_advantages(group)]
 
         batches = micro_batches(records, self.pad_id, self.vocab_size)
@@ -91,6 +94,7 @@ class GRPOTrainer:
         if batches:
             parts = self._backward(batches, step, records)
             grad_norm = self._apply(step, records, batches)
+            self.spin.quiet()  # ... but not through the next rollouts
         self.step_count = step
         self.server.set_policy_version(self.step_count)
 

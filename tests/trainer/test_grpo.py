@@ -256,3 +256,27 @@ async def test_the_policy_server_knows_the_steps_fan_out_before_a_rollout_asks(t
     result = await trainer.step()
     assert open_at_first_call and open_at_first_call[0] == 6  # every trajectory of the step
     assert len(result.records) == 6 and not server._open  # and each was closed after its rollout
+
+
+async def test_spin_quieting_after_each_step_changes_no_result(
+    tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugtune.trainer import spin
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(spin, "_usable_cpus", lambda: 2)
+    torch.set_num_threads(2)
+    try:
+        plain = make_trainer(tiny_model_path)
+        monkeypatch.setattr(plain.spin, "applies", lambda: False)
+        quiet = make_trainer(tiny_model_path)
+        for _ in range(2):
+            a, b = await plain.step(), await quiet.step()
+            assert quiet.spin.started == torch.backends.openmp.is_available()  # quieted after the step
+            assert not plain.spin.started
+            assert [r.response_ids for r in a.records] == [r.response_ids for r in b.records]
+        quiet.spin.release()
+        for k, v in params(plain).items():
+            torch.testing.assert_close(params(quiet)[k], v, rtol=0, atol=0)
+    finally:
+        torch.set_num_threads(before)

@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from plugtune.types import ErrorRecord
+
 
 class ErrorType(str, enum.Enum):
     INTERNAL = "internal error"
@@ -175,6 +177,21 @@ class PluginCallError(PlugtuneError):
     def __str__(self) -> str:
         where = f" [{self.plugin}]" if self.plugin else ""
         return f"{self.cause}{where}: {self.message}"
+
+    def record(self, *, trajectory_id: str = "", attempt: int = 1) -> ErrorRecord:
+        """This failure as the record kept on its trajectory."""
+        return ErrorRecord(
+            type=self.type,
+            owner=self.owner,
+            cause=self.cause,
+            message=self.message,
+            hint=self.hint,
+            plugin=self.plugin,
+            call_id=self.call_id,
+            trajectory_id=self.trajectory_id or trajectory_id,
+            attempt=attempt,
+            traceback=self.traceback,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

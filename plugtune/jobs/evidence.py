@@ -6,7 +6,7 @@ from typing import Any
 
 from plugtune.jobs.caller import JobStop
 from plugtune.sdk import Sample, Trajectory
-from plugtune.types import ErrorRecord, TrajectoryRecord
+from plugtune.types import TrajectoryRecord
 
 
 def failed_record(stop: JobStop, server: Any, step: int) -> list[TrajectoryRecord]:
@@ -32,18 +32,7 @@ def failed_record(stop: JobStop, server: Any, step: int) -> list[TrajectoryRecor
     else:
         messages = list(sample.messages) if sample is not None else []
     e = stop.error
-    error = ErrorRecord(
-        type=e.type,
-        owner=e.owner,
-        cause=e.cause,
-        message=e.message,
-        hint=e.hint,
-        plugin=e.plugin,
-        call_id=e.call_id,
-        trajectory_id=ctx.trajectory_id,
-        attempt=ctx.attempt,
-        traceback=e.traceback,
-    )
+    error = e.record(trajectory_id=ctx.trajectory_id, attempt=ctx.attempt)
     return [
         TrajectoryRecord(
             trajectory_id=ctx.trajectory_id,

@@ -279,18 +279,7 @@ def _fail(slot: _Slot, error: ErrorRecord) -> None:
 
 
 def _error_of(exc: PluginCallError, slot: _Slot) -> ErrorRecord:
-    return ErrorRecord(
-        type=exc.type,
-        owner=exc.owner,
-        cause=exc.cause,
-        message=exc.message,
-        hint=exc.hint,
-        plugin=exc.plugin,
-        call_id=exc.call_id,
-        trajectory_id=exc.trajectory_id or slot.trajectory_id,
-        attempt=max(slot.attempt, 1),
-        traceback=exc.traceback,
-    )
+    return exc.record(trajectory_id=slot.trajectory_id, attempt=max(slot.attempt, 1))
 
 
 def _number(value: Any) -> float | None:

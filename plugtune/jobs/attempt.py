@@ -155,7 +155,7 @@ async def _train(
         with StoreWriter(store, job_id) as writer:
             tail = asyncio.create_task(_drain_every(drain, writer, LIVE_TAIL_S))
             try:
-                await _steps(_Loop(store, job_id, trainer, caller, drain, writer, hashes, out, gateway, spec))
+                await _Loop(store, job_id, trainer, caller, drain, writer, hashes, out, gateway, spec).run()
             finally:
                 tail.cancel()
         trainer.save_final(out / "final")
@@ -185,39 +185,30 @@ class _Loop:
     gateway: Any
     spec: Any
 
-
-async def _steps(loop: _Loop) -> None:
-    store, job_id, trainer, caller, drain, writer = (
-        loop.store,
-        loop.job_id,
-        loop.trainer,
-        loop.caller,
-        loop.drain,
-        loop.writer,
-    )
-    hashes, out, gateway, spec = loop.hashes, loop.out, loop.gateway, loop.spec
-    config = spec.hyperparameters
-    while trainer.step_count < config.steps:
-        try:
-            result = await trainer.step()
-        except JobStop as stop:
-            writer.add_trajectories(failed_record(stop, gateway, trainer.step_count + 1))
+    async def run(self) -> None:
+        """Train the remaining steps, writing each step's records before the next starts."""
+        trainer, caller, writer, config = self.trainer, self.caller, self.writer, self.spec.hyperparameters
+        while trainer.step_count < config.steps:
+            try:
+                result = await trainer.step()
+            except JobStop as stop:
+                writer.add_trajectories(failed_record(stop, self.gateway, trainer.step_count + 1))
+                writer.flush()
+                raise
+            examples = dict(caller.examples)
+            calls, errors, worst_plugin = caller.reset_counts()
+            logs, points = self.drain.take()
+            writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
+            writer.add_metrics(_training_points(result.step, result.metrics))
+            writer.add_metrics(points)
+            writer.add_logs(logs)
+            if result.step % config.save_every_n_steps == 0 or result.step == config.steps:
+                path = trainer.save_checkpoint(self.out / "checkpoints" / f"step-{result.step:06d}")
+                writer.flush()  # the checkpoint's trajectories are durable before it is recorded
+                self.store.add_checkpoint(self.job_id, result.step, str(path))
             writer.flush()
-            raise
-        examples = dict(caller.examples)
-        calls, errors, worst_plugin = caller.reset_counts()
-        logs, points = drain.take()
-        writer.add_trajectories([dataclasses.replace(r, code_hash=hashes) for r in result.records])
-        writer.add_metrics(_training_points(result.step, result.metrics))
-        writer.add_metrics(points)
-        writer.add_logs(logs)
-        if result.step % config.save_every_n_steps == 0 or result.step == config.steps:
-            path = trainer.save_checkpoint(out / "checkpoints" / f"step-{result.step:06d}")
-            writer.flush()  # the checkpoint's trajectories are durable before it is recorded
-            store.add_checkpoint(job_id, result.step, str(path))
-        writer.flush()
-        store.update_job(job_id, steps_done=result.step)
-        _check_breaker(calls, errors, worst_plugin, examples, spec.circuit_breaker)
+            self.store.update_job(self.job_id, steps_done=result.step)
+            _check_breaker(calls, errors, worst_plugin, examples, self.spec.circuit_breaker)
 
 
 def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:

@@ -174,7 +174,8 @@ def schedule_retry(store: Store, settings: Settings, job_id: int, error: dict[st
 
 def bundle(store: Store, settings: Settings, job_id: int) -> Path:
     job = store.get_job(job_id)
-    assert job is not None
+    if job is None:
+        raise LookupError(f"there is no job {job_id} to bundle")
     code = {p.code_hash: store.get_code(p.code_hash) for p in store.list_plugins(job_id) if p.code_hash}
     logs = [row.to_dict() for row in store.logs(job_id, limit=500)]
     return write_bundle(

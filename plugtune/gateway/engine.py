@@ -7,7 +7,8 @@ one KV cache; each row stops on its own at an end-of-sequence token, a stop stri
 budget and leaves the cache; finished rows are answered together, after at most
 ``hold_finished_s`` (checked once per decode step) or when the batch ends. The whole batch runs
 under the weights lock, so it sees one version of the weights from start to end, and records
-that version.
+that version. The model runs through ``plugtune.gateway.decoding``: a fused decoder for the Llama
+family, the model's own forward otherwise (``engine.decoder.description`` says which, and why).
 
 Sampling is per row: temperature (0 = greedy), top-p, and an optional seed. The log-prob recorded
 for each token is its log-probability under the distribution it was actually sampled from (after
@@ -16,7 +17,6 @@ temperature and top-p); for greedy rows, under the model's unscaled distribution
 
 from __future__ import annotations
 
-import inspect
 import logging
 import queue
 import secrets
@@ -28,13 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from plugtune.gateway.decoding import decoder_for
 
 logger = logging.getLogger(__name__)
-
-
-# transformers renamed ``past_key_values`` to ``cache`` during v5 (the old name warns).
-CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -160,6 +157,7 @@ class GenerationEngine:
         threads: int | None = 1,
         hold_finished_s: float = 0.02,
         mask_4d: bool = True,
+        fused: bool = True,
     ) -> None:
         self._model = model
         self._eos = set(eos_token_ids)
@@ -176,12 +174,7 @@ class GenerationEngine:
         self._outstanding = 0  # submitted requests whose future is not done yet
         self._outstanding_lock = threading.Lock()
         self._shared = torch.Generator().manual_seed(secrets.randbits(63))
-        # Prefill needs the logits of the last prompt position only (most models can skip the rest).
-        accepts = inspect.signature(model.forward).parameters
-        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
-        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-        self._mask_4d = attention if mask_4d and attention in ("sdpa", "eager") else None
-        self._dtype = next(model.parameters()).dtype
+        self.decoder = decoder_for(model, pad_token_id, fused=fused, mask_4d=mask_4d)
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.batches_run = 0
@@ -189,6 +182,7 @@ class GenerationEngine:
 
     def start(self) -> None:
         if self._thread is None:
+            logger.info("generation engine: %s", self.decoder.description)
             self._thread = threading.Thread(target=self._work, name="plugtune-generation", daemon=True)
             self._thread.start()
 
@@ -300,12 +294,14 @@ class GenerationEngine:
     def _decode_rows(self, batch: list[_Pending], held: list[_Row], deliver: Callable[[_Row], None]) -> None:
         """Decode the batch, appending each row to ``held`` when it finishes; deliver and empty it
         whenever its oldest row has waited ``hold_finished_s``."""
-        device = next(self._model.parameters()).device
-        live = [_Row(p, _generator(p.params.seed)) for p in batch]  # in the cache's batch order
-        logits_BV, past, mask_BT, last_pos_B = self._prefill(batch, device)
+        live = [_Row(p, _generator(p.params.seed)) for p in batch]  # in the session's row order
+        # The rollouts of a GRPO group send the same prompt: it is prefilled once for all of them.
+        distinct: dict[tuple[int, ...], int] = {}
+        row_prompt = [distinct.setdefault(tuple(p.prompt_ids), len(distinct)) for p in batch]
+        session = self.decoder.start(list(distinct), row_prompt, max(p.params.max_tokens for p in batch))
         oldest = 0.0
-        for _ in range(max(p.params.max_tokens for p in batch)):
-            next_B = self._step(live, logits_BV)
+        while True:
+            tokens = self._step(live, session.logits)
             keep = [b for b, row in enumerate(live) if not row.is_done]
             if not held:
                 oldest = time.monotonic()
@@ -317,69 +313,11 @@ class GenerationEngine:
                     deliver(row)  # its caller goes on while the longer rows decode
                 held.clear()
             if len(keep) < len(live):  # finished rows leave the cache: they would cost a forward each step
-                index_K = torch.tensor(keep, device=device)
-                past.batch_select_indices(index_K)
-                mask_BT, last_pos_B, next_B = mask_BT[index_K], last_pos_B[index_K], next_B[keep]
-                live = [live[b] for b in keep]
-            mask_BT = torch.cat([mask_BT, torch.ones_like(mask_BT[:, :1])], dim=1)
-            last_pos_B = last_pos_B + 1
-            out = self._model(
-                input_ids=next_B[:, None].to(device),
-                attention_mask=self._decode_mask(mask_BT),
-                position_ids=last_pos_B[:, None],
-                use_cache=True,
-                **{CACHE_KWARG: past},
-            )
-            past = getattr(out, CACHE_KWARG)
-            logits_BV = out.logits[:, -1, :]
+                session.keep(keep)
+                live, tokens = [live[b] for b in keep], [tokens[b] for b in keep]
+            session.step(tokens)
 
-    def _decode_mask(self, mask_BT: torch.Tensor) -> torch.Tensor:
-        """The attention mask of one decode step, ready-made in 4D where the attention takes it.
-
-        One new query per row may see every non-padding key, so the 4D mask is the padding mask
-        itself (boolean for ``sdpa``, additive for ``eager``); given it, the model skips building a
-        causal mask on every step. Other attentions get the 2D mask.
-        """
-        if self._mask_4d == "sdpa":
-            return mask_BT.bool()[:, None, None, :]
-        if self._mask_4d == "eager":
-            additive = torch.zeros(mask_BT.shape, dtype=self._dtype, device=mask_BT.device)
-            return additive.masked_fill_(mask_BT == 0, torch.finfo(self._dtype).min)[:, None, None, :]
-        return mask_BT
-
-    def _prefill(
-        self, batch: list[_Pending], device: torch.device
-    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-        """Run each distinct prompt once and give every request a cache row of its prompt.
-
-        The rollouts of a GRPO group send the same prompt: prefilling it once per group instead of
-        once per request saves most of the prompt compute; the rows then decode independently.
-        Returns the next-token logits, the cache, the attention mask and last positions, per request.
-        """
-        distinct: dict[tuple[int, ...], int] = {}
-        index = [distinct.setdefault(tuple(p.prompt_ids), len(distinct)) for p in batch]
-        width = max(len(prompt) for prompt in distinct)
-        ids_GT = torch.full((len(distinct), width), self._pad, dtype=torch.long)
-        mask_GT = torch.zeros((len(distinct), width), dtype=torch.long)
-        for g, prompt in enumerate(distinct):
-            ids_GT[g, width - len(prompt) :] = torch.tensor(prompt)
-            mask_GT[g, width - len(prompt) :] = 1
-        ids_GT, mask_GT = ids_GT.to(device), mask_GT.to(device)
-        positions_GT = (mask_GT.cumsum(-1) - 1).clamp(min=0)
-        out = self._model(
-            input_ids=ids_GT,
-            attention_mask=mask_GT,
-            position_ids=positions_GT,
-            use_cache=True,
-            **self._last_logits_only,
-        )
-        past = getattr(out, CACHE_KWARG)
-        index_B = torch.tensor(index, device=device)
-        if len(distinct) < len(batch):
-            past.batch_select_indices(index_B)
-        return out.logits[:, -1, :][index_B], past, mask_GT[index_B], positions_GT[index_B, -1]
-
-    def _step(self, live: list[_Row], logits_BV: torch.Tensor) -> torch.Tensor:
+    def _step(self, live: list[_Row], logits_BV: torch.Tensor) -> list[int]:
         """Sample the next token of every live row."""
         tokens, logps = sample_batch(
             logits_BV.cpu(),
@@ -391,7 +329,7 @@ class GenerationEngine:
             row.tokens.append(token)
             row.logprobs.append(logp)
             self._finish_if_done(row, token)
-        return torch.tensor(tokens, dtype=torch.long)
+        return tokens
 
     def _finish_if_done(self, row: _Row, token: int) -> None:
         if token in self._eos:

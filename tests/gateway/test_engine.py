@@ -277,8 +277,8 @@ def test_a_ready_made_4d_decode_mask_decodes_as_the_2d_one(
     model.config._attn_implementation = attention
     replies, kinds = [], []
     for mask_4d in (True, False):
-        engine = make_engine(model, tokenizer, mask_4d=mask_4d)
-        kinds.append(engine._mask_4d)
+        engine = make_engine(model, tokenizer, mask_4d=mask_4d, fused=False)
+        kinds.append(engine.decoder.mask_4d)  # type: ignore[attr-defined]
         try:
             futures = [
                 engine.submit(prompt(tokenizer, q), SamplingParams(max_tokens=6, temperature=0.0))

@@ -23,6 +23,7 @@ class Gateway(ThreadingHTTPServer):
         self.drop_after_reply = False  # close the connection silently, as an idle timeout does
         self.delay_s = 0.0
         self.status = 200
+        self.framing = "length"  # how the reply's body is delimited: length | chunked | eof | garbage
 
     @property
     def base_url(self) -> str:
@@ -49,12 +50,26 @@ class Handler(BaseHTTPRequestHandler):
             message = {"role": "assistant", "content": f"seen {len(body['messages'])}"}
             payload = json.dumps({"choices": [{"message": message}], "auth": self.headers["Authorization"]})
             payload = payload.encode()
+        framing = self.server.framing
+        if framing == "garbage":
+            self.wfile.write(b"SMTP ready\r\n\r\n")
+            self.close_connection = True
+            return
         self.send_response(self.server.status)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
+        if framing == "length":
+            self.send_header("Content-Length", str(len(payload)))
+        elif framing == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self.wfile.write(payload)
-        self.close_connection = self.server.drop_after_reply
+        if framing == "chunked":
+            for i in range(0, len(payload), 7):
+                piece = payload[i : i + 7]
+                self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.wfile.write(payload)
+        self.close_connection = self.server.drop_after_reply or framing == "eof"
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -129,3 +144,21 @@ async def test_achat_runs_off_the_event_loop(gateway: Gateway) -> None:
     policy = Policy(gateway.base_url, "key")
     reply = await policy.achat([*ASK, {"role": "assistant", "content": "2"}, *ASK])
     assert Policy.content(reply) == "seen 3"
+
+
+@pytest.mark.parametrize("framing", ["chunked", "eof"])
+def test_replies_in_chunks_or_to_the_end_of_the_connection_are_read_whole(
+    gateway: Gateway, framing: str
+) -> None:
+    gateway.framing = framing
+    policy = Policy(gateway.base_url, "key")
+    for _ in range(2):  # the second call reuses the connection (chunked) or opens a new one (eof)
+        reply = policy.chat(ASK * 3)
+        assert Policy.content(reply) == "seen 3" and reply["auth"] == "Bearer key"
+    assert len(set(gateway.ports())) == (1 if framing == "chunked" else 2)
+
+
+def test_a_reply_that_is_not_http_is_a_policy_error(gateway: Gateway) -> None:
+    gateway.framing = "garbage"
+    with pytest.raises(PolicyError, match="cannot reach the policy gateway.*SMTP ready"):
+        Policy(gateway.base_url, "key").chat(ASK)

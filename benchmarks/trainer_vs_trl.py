@@ -3,9 +3,9 @@
 Both run in this process, one after the other, on the demo model and task (exact-match arithmetic)
 with the same hyperparameters: ``batch`` prompts x ``group`` completions per step, up to
 ``max-tokens`` new tokens, temperature 1, no KL, AdamW at the same learning rate, token-level loss.
-plugtune goes its real path: the demo rollout plugin asks the policy gateway over HTTP (the
-official request path of a job, in-process plugins instead of the function runtime), the gateway
-batches the concurrent requests, the demo grader scores, and the trainer steps. TRL generates with
+plugtune goes a job's path: the demo rollout and grader are deployed to the function runtime
+(worker processes under their limits), the rollout asks the policy gateway over HTTP, the gateway
+batches the concurrent requests, the grader scores, and the trainer steps. TRL generates with
 ``model.generate`` on the whole batch and calls the same grading logic as a reward function.
 
 Every trainer runs at each torch intra-op thread count of ``--threads`` (default 1 and 2: a model
@@ -96,21 +96,37 @@ class PlugtuneBench:
             learning_rate=args.lr,
             seed=args.seed,
         )
-        fan_out = (
-            args.batch * args.group
-        )  # the plugins' runtime sized for the job's fan-out, as TRL has no cap
-        plugins = Plugins(
-            rollout=InProcessFunction(demo_rollout.answer, concurrency=fan_out),
-            graders=[InProcessFunction(demo_grader.exact_match, concurrency=fan_out)],
-        )
+        fan_out = args.batch * args.group  # the plugins sized for the job's fan-out, as TRL has no cap
+        self.loop = asyncio.new_event_loop()
+        self.runtime: Any = None
+        if args.plugins == "runtime":
+            from plugtune.runtime import LocalRuntime
+
+            self.runtime = LocalRuntime()
+            self.loop.run_until_complete(self.runtime.start())
+            settings = {"max_concurrency": fan_out, "max_instances": 1}
+            plugins = Plugins(
+                rollout=self.loop.run_until_complete(
+                    self.runtime.deploy(f"{demo_rollout.__file__}:answer", runtime=settings)
+                ),
+                graders=[
+                    self.loop.run_until_complete(
+                        self.runtime.deploy(f"{demo_grader.__file__}:exact_match", runtime=settings)
+                    )
+                ],
+            )
+        else:
+            plugins = Plugins(
+                rollout=InProcessFunction(demo_rollout.answer, concurrency=fan_out),
+                graders=[InProcessFunction(demo_grader.exact_match, concurrency=fan_out)],
+            )
         self.server, self.stop = make_policy_server(args.policy, lm)
         self.trainer = GRPOTrainer(lm.model, lm.tokenizer, self.server, plugins, rows, config)
-        self.loop = asyncio.new_event_loop()
         self.round(warmup_only=True)
 
     def round(self, warmup_only: bool = False) -> Run:
         """``warmup`` untimed steps (as each TRL run has), then ``steps`` timed ones."""
-        run = Run(f"plugtune ({self.args.policy} policy)", [], [], [])
+        run = Run(f"plugtune ({self.args.policy} policy, {self.args.plugins} plugins)", [], [], [])
         for i in range(self.args.warmup + (0 if warmup_only else self.args.steps)):
             cpu = time.process_time()
             m = self.loop.run_until_complete(self.trainer.step()).metrics
@@ -123,6 +139,8 @@ class PlugtuneBench:
 
     def close(self) -> None:
         self.stop()
+        if self.runtime is not None:
+            self.loop.run_until_complete(self.runtime.close())
         self.loop.close()
 
 
@@ -269,6 +287,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policy", choices=["gateway", "inprocess"], default="gateway")
+    parser.add_argument(
+        "--plugins",
+        choices=["runtime", "inprocess"],
+        default="runtime",
+        help="runtime: the demo plugins deployed to the function runtime, as a job runs them (default); "
+        "inprocess: called in this process's threads",
+    )
     parser.add_argument(
         "--threads",
         default=",".join(str(n) for n in range(1, min(2, os.cpu_count() or 1) + 1)),

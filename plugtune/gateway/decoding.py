@@ -331,15 +331,15 @@ class _FusedSession:
         for k_GHPD, v_GHPD in zip(keys, values, strict=True):
             k = torch.empty(shape, dtype=self.dtype, device=self.device)
             v = torch.empty(shape, dtype=self.dtype, device=self.device)
-            k[:, :, :width] = k_GHPD[index_B]
-            v[:, :, :width] = v_GHPD[index_B]
+            k[:, :, :width] = k_GHPD.index_select(0, index_B)  # (index_select: a fraction of [index_B])
+            v[:, :, :width] = v_GHPD.index_select(0, index_B)
             self.keys.append(k)
             self.values.append(v)
         self.valid_BT = torch.ones((rows, self.room), dtype=torch.bool, device=self.device)
-        self.valid_BT[:, :width] = valid_GT[index_B]
-        self.pos_B = positions_GT[index_B, -1]
+        self.valid_BT[:, :width] = valid_GT.index_select(0, index_B)
+        self.pos_B = positions_GT[:, -1].index_select(0, index_B)
         self.column = width  # where the next fed token's key and value go
-        self.logits = logits_GV[index_B]
+        self.logits = logits_GV.index_select(0, index_B)
 
     def _prefill(
         self, ids_GT: torch.Tensor, valid_GT: torch.Tensor, positions_GT: torch.Tensor
@@ -351,7 +351,8 @@ class _FusedSession:
         # A padding query sees itself too: a row with no key at all would give NaN (and NaN keys).
         eye_PP = torch.eye(P, dtype=torch.bool, device=self.device)
         mask_G1PP = ((causal_PP[None] & valid_GT[:, None, :]) | eye_PP[None])[:, None]
-        cos_G1PD, sin_G1PD = self.cos[positions_GT][:, None], self.sin[positions_GT][:, None]
+        cos_G1PD = F.embedding(positions_GT, self.cos)[:, None]
+        sin_G1PD = F.embedding(positions_GT, self.sin)[:, None]
         h = F.embedding(ids_GT, d.inner.embed_tokens.weight)
         keys, values = [], []
         for layer in d.layers:
@@ -377,7 +378,10 @@ class _FusedSession:
         H, KV, D = d.heads, d.kv_heads, d.head_dim
         rows = len(tokens)
         self.pos_B = self.pos_B + 1
-        cos_B1D, sin_B1D = self.cos[self.pos_B][:, None], self.sin[self.pos_B][:, None]
+        cos_B1D, sin_B1D = (
+            F.embedding(self.pos_B, self.cos)[:, None],
+            F.embedding(self.pos_B, self.sin)[:, None],
+        )
         mask_B11T = self.valid_BT[:, None, None, : c + 1]
         h = F.embedding(
             torch.tensor(tokens, dtype=torch.long, device=self.device), d.inner.embed_tokens.weight
@@ -410,9 +414,12 @@ class _FusedSession:
 
     def keep(self, rows: list[int]) -> None:
         index_K = torch.tensor(rows, device=self.device)
-        self.keys = [k[index_K] for k in self.keys]
-        self.values = [v[index_K] for v in self.values]
-        self.valid_BT, self.pos_B = self.valid_BT[index_K], self.pos_B[index_K]
+        self.keys = [k.index_select(0, index_K) for k in self.keys]
+        self.values = [v.index_select(0, index_K) for v in self.values]
+        self.valid_BT, self.pos_B = (
+            self.valid_BT.index_select(0, index_K),
+            self.pos_B.index_select(0, index_K),
+        )
 
     def _grow(self) -> None:
         """Double the caches' room (a long reply; most batches never get here)."""

@@ -71,11 +71,8 @@ def decoder_for(model: Any, pad_token_id: int, fused: bool = True, mask_4d: bool
 def left_padded(prompts: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and a 0/1 mask, each prompt right-aligned to the longest."""
     width = max(len(p) for p in prompts)
-    ids_GT = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask_GT = torch.zeros((len(prompts), width), dtype=torch.long)
-    for g, prompt in enumerate(prompts):
-        ids_GT[g, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask_GT[g, width - len(prompt) :] = 1
+    ids_GT = torch.tensor([[pad] * (width - len(p)) + [*p] for p in prompts], dtype=torch.long)
+    mask_GT = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
     return ids_GT, mask_GT
 
 

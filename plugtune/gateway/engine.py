@@ -105,9 +105,10 @@ def sample_batch(
         if p.temperature > 0 and p.top_p < 1.0:
             logps_BV[b] = top_p_logps(logps_BV[b], p.top_p)
     unseeded = [b for b, p in enumerate(params) if p.temperature > 0 and generators[b] is None]
-    if unseeded:
-        probs_UV = (logps_BV if len(unseeded) == len(params) else logps_BV[unseeded]).exp()
-        tokens_B[unseeded] = draw(probs_UV, shared)
+    if len(unseeded) == len(params):  # the usual case: every row draws from the shared generator
+        tokens_B = draw(logps_BV.exp(), shared)
+    elif unseeded:
+        tokens_B[unseeded] = draw(logps_BV[unseeded].exp(), shared)
     for b, p in enumerate(params):
         generator = generators[b]
         if p.temperature > 0 and generator is not None:

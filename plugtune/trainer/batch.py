@@ -146,12 +146,10 @@ def _pack(batch: TrainBatch, shared: bool) -> _Packed:
 
 
 def _right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids and a 0/1 mask, right-padded (each built by one ``torch.tensor`` call on padded lists)."""
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-        attention[i, : len(s)] = 1
+    ids = torch.tensor([[*s, *[pad_id] * (width - len(s))] for s in seqs], dtype=torch.long)
+    attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)
     return ids, attention
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ class Run:
     step_s: list[float]
     tokens: list[int]
     rewards: list[float]
-    cpu_s: list[float] = field(default_factory=list)  # process CPU time (all threads) per step
+    cpu_s: list[float] = field(default_factory=list)  # CPU time per step: all threads, plugin processes too
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,10 +129,10 @@ class PlugtuneBench:
         """``warmup`` untimed steps (as each TRL run has), then ``steps`` timed ones."""
         run = Run(f"plugtune ({self.args.policy} policy, {self.args.plugins} plugins)", [], [], [])
         for i in range(self.args.warmup + (0 if warmup_only else self.args.steps)):
-            cpu = time.process_time()
+            cpu = cpu_seconds()
             m = self.loop.run_until_complete(self.trainer.step()).metrics
             if i >= self.args.warmup:
-                run.cpu_s.append(time.process_time() - cpu)
+                run.cpu_s.append(cpu_seconds() - cpu)
                 run.step_s.append(m["time/step_s"])
                 run.tokens.append(int(m["tokens/policy"]))
                 run.rewards.append(m["reward/mean"])
@@ -142,6 +143,19 @@ class PlugtuneBench:
         if self.runtime is not None:
             self.loop.run_until_complete(self.runtime.close())
         self.loop.close()
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children (the plugins' worker processes) so far."""
+    me = psutil.Process()
+    total = time.process_time()
+    for child in me.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # it exited meanwhile
+            continue
+        total += times.user + times.system
+    return total
 
 
 def make_policy_server(kind: str, lm: Any) -> tuple[Any, Any]:

@@ -110,13 +110,25 @@ class GroupRunner:
         for slot in slots:
             slot.policy = self.server.open(slot.trajectory_id)
         started = time.perf_counter()
-        await gather_or_cancel([self._rollout(step, sample, slot, group_id) for slot in slots])
-        rolled = time.perf_counter()
-        if not any(s.discard for s in slots):
-            await self._grade(step, sample, slots)
+        rolled = started
+        discard = False
+
+        async def roll_and_grade(slot: _Slot) -> None:
+            # A trajectory's single graders run as soon as its rollout ends (they need nothing
+            # else); the group's graders run once every rollout has ended.
+            nonlocal rolled, discard
+            await self._rollout(step, sample, slot, group_id)
+            rolled = max(rolled, time.perf_counter())
+            discard = discard or slot.discard
+            if slot.ok and not discard:
+                await self._grade_single(step, sample, slot)
+
+        await gather_or_cancel([roll_and_grade(slot) for slot in slots])
+        discard = any(s.discard for s in slots)
+        if not discard:
+            await self._grade_groups(step, sample, slots)
         graded = time.perf_counter()
         weights = self.plugins.weights()
-        discard = any(s.discard for s in slots)
         records = []
         for slot in slots:
             slot.timing.update(rollouts_s=rolled - started, graders_s=graded - rolled)
@@ -149,18 +161,18 @@ class GroupRunner:
         if slot.attempt:
             slot.trace = trace
 
-    async def _grade(self, step: int, sample: Sample, slots: list[_Slot]) -> None:
+    async def _grade_single(self, step: int, sample: Sample, slot: _Slot) -> None:
+        trajectory = self._trajectory(sample, slot)
+        await gather_or_cancel(
+            [self._grade_one(step, sample, slot, fn, trajectory) for fn in self.plugins.graders]
+        )
+
+    async def _grade_groups(self, step: int, sample: Sample, slots: list[_Slot]) -> None:
         live = [s for s in slots if s.ok]
         trajectories = {s.rollout_index: self._trajectory(sample, s) for s in live}
-        calls: list[Awaitable[None]] = [
-            self._grade_one(step, sample, slot, fn, trajectories[slot.rollout_index])
-            for fn in self.plugins.graders
-            for slot in live
-        ]
-        calls += [
-            self._grade_group(step, sample, live, fn, trajectories) for fn in self.plugins.group_graders
-        ]
-        await gather_or_cancel(calls)
+        await gather_or_cancel(
+            [self._grade_group(step, sample, live, fn, trajectories) for fn in self.plugins.group_graders]
+        )
 
     async def _grade_one(
         self, step: int, sample: Sample, slot: _Slot, fn: PluginFunction, trajectory: Trajectory
@@ -241,7 +253,7 @@ class GroupRunner:
             messages=slot.messages,
             tools=list(sample.tools),
             reward=final_reward(slot.components, weights) if status == "success" else None,
-            reward_components=dict(slot.components),
+            reward_components={} if discard else dict(slot.components),  # a discarded group keeps no grade
             status=status,
             stop_reason=trace.finish_reason,
             errors=list(slot.errors),

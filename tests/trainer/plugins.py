@@ -40,3 +40,26 @@ def huge(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
 def longest(ctx: Context, sample: Sample, trajectories: list[Trajectory]) -> list[Any]:
     lengths = [len(t.completion) for t in trajectories]
     return [1.0 if n == max(lengths) else 0.0 for n in lengths]
+
+
+#: (event, rollout index, time) of the plugins below, for ordering tests.
+EVENTS: list[tuple[str, int, float]] = []
+
+
+@rollout
+def slow_first(ctx: Context, policy: Policy, sample: Sample) -> None:
+    """Rollout 0 of each group takes a second longer than its siblings."""
+    import time
+
+    policy.chat(sample.messages, max_tokens=4)
+    if ctx.rollout_index == 0:
+        time.sleep(1.0)
+    EVENTS.append(("rollout ended", ctx.rollout_index, time.monotonic()))
+
+
+@grader
+def stamp(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    import time
+
+    EVENTS.append(("graded", ctx.rollout_index, time.monotonic()))
+    return 1.0

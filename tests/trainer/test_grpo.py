@@ -280,3 +280,25 @@ async def test_spin_quieting_after_each_step_changes_no_result(
             torch.testing.assert_close(params(quiet)[k], v, rtol=0, atol=0)
     finally:
         torch.set_num_threads(before)
+
+
+async def test_a_trajectory_is_graded_as_soon_as_its_rollout_ends(tiny_model_path: Path) -> None:
+    p.EVENTS.clear()
+    trainer = make_trainer(tiny_model_path, batch_size=1, group_size=3, graders=[p.stamp])
+    trainer.runner.plugins = Plugins(
+        rollout=InProcessFunction(p.slow_first), graders=[InProcessFunction(p.stamp)]
+    )
+    result = await trainer.step()
+    at = {(event, index): t for event, index, t in p.EVENTS}
+    slowest_ended = at[("rollout ended", 0)]
+    assert at[("graded", 1)] < slowest_ended and at[("graded", 2)] < slowest_ended  # not after the group
+    assert at[("graded", 0)] > slowest_ended
+    assert all(r.reward_components == {"stamp": 1.0} for r in result.records)
+
+
+async def test_a_discarded_group_keeps_no_grade(tiny_model_path: Path) -> None:
+    rows = [{"messages": [{"role": "user", "content": "d"}], "extra": {"mode": "discard"}}]
+    trainer = make_trainer(tiny_model_path, rows=rows, batch_size=1, group_size=3)
+    result = await trainer.step()
+    assert {r.status for r in result.records} == {"discard"}
+    assert all(r.reward is None and r.reward_components == {} for r in result.records)

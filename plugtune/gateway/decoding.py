@@ -2,15 +2,13 @@
 
 Two decoders share one interface (``Decoder.start`` gives a ``DecodeSession``):
 
-- ``FusedDecoder``, for the Llama family (``llama``, ``mistral``, ``qwen2``: RMSNorm, rotary
-  positions, grouped-query attention, SwiGLU MLP). It runs the model's own weights through a
-  short, fixed sequence of torch calls per layer: query/key/value as one matrix product, gate/up
-  as another (copies rebuilt for every batch, on a model small enough for that to cost
-  microseconds; on larger ones the products run apart), the residual adds
-  folded into the output products, a key/value cache with room to grow in place (no per-step
-  concatenation, no cache objects), and the attention mask as a slice of one preallocated mask.
-  On a small model a Hugging Face forward costs several times that in Python (decorators, output
-  objects, mask building, cache bookkeeping), and decoding is a loop of small forwards.
+- ``FusedDecoder``, for the models ``plugtune.llama_family`` covers (``llama``, ``mistral``,
+  ``qwen2``): the prompts through that module's forward, then per token a short, fixed sequence
+  of torch calls over the model's own weights with the residual adds folded into the output
+  products, a key/value cache with room to grow in place (no per-step concatenation, no cache
+  objects), and the attention mask as a slice of one preallocated mask. On a small model a
+  Hugging Face forward costs several times that in Python (decorators, output objects, mask
+  building, cache bookkeeping), and decoding is a loop of small forwards.
 - ``HFDecoder``, for every other model: the model's own ``forward`` with its ``DynamicCache``.
 
 ``decoder_for(model)`` picks one and says why (``Decoder.description``); the fused decoder's
@@ -20,22 +18,18 @@ logits equal the Hugging Face forward's to float rounding (tests compare them on
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual name
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from plugtune import llama_family
+from plugtune.llama_family import Layer, LlamaFamily, rms
+
 # transformers renamed ``past_key_values`` to ``cache`` during v5 (the old name warns).
 CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-FUSED_FAMILIES = ("llama", "mistral", "qwen2")
-
-#: Largest total size of the fused matrix copies that are rebuilt for every batch.
-FUSE_BYTES = 64 * 2**20
 
 
 class DecodeSession(Protocol):
@@ -58,9 +52,9 @@ class Decoder(Protocol):
 
 
 def decoder_for(model: Any, pad_token_id: int, fused: bool = True, mask_4d: bool = True) -> Decoder:
-    """The fused decoder where the model is one of ``FUSED_FAMILIES`` in a form it covers, else HF's."""
+    """The fused decoder where ``plugtune.llama_family`` covers the model, else the model's forward."""
     if fused:
-        reason = FusedDecoder.unsupported(model)
+        reason = llama_family.unsupported(model)
         if reason is None:
             return FusedDecoder(model)
     else:
@@ -152,151 +146,22 @@ class _HFSession:
         return self.mask_BT
 
 
-# --- the Llama family, fused ------------------------------------------------------------------
-
-
-@dataclass
-class _Projection:
-    """Several linear maps of one input, concatenated: one product when ``weight`` is fused."""
-
-    weight: torch.Tensor | None  # the maps' weights stacked, when fused
-    bias: torch.Tensor | None
-    parts: list[Any]  # the nn.Linear modules, when not fused
-
-    @staticmethod
-    def of(linears: list[Any], fuse: bool) -> _Projection:
-        if not fuse:
-            return _Projection(None, None, linears)
-        biases = [m.bias for m in linears]
-        bias = torch.cat(biases) if all(b is not None for b in biases) else None
-        return _Projection(torch.cat([m.weight for m in linears]), bias, [])
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is not None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.cat([F.linear(x, m.weight, m.bias) for m in self.parts], -1)
-
-
-@dataclass
-class _Layer:
-    norm1: torch.Tensor
-    norm2: torch.Tensor
-    eps1: float
-    eps2: float
-    qkv: _Projection  # -> [..., (heads + 2 kv_heads) * head_dim]
-    w_o_t: torch.Tensor  # o_proj's weight, transposed (a view) for addmm
-    b_o: torch.Tensor | None
-    gate_up: _Projection  # -> [..., 2 * intermediate]
-    w_down_t: torch.Tensor
+# --- the Llama family, fused -------------------------------------------------------------------
 
 
 class FusedDecoder:
-    """The Llama-family forward as a fixed sequence of torch calls over the model's own weights."""
+    """Decoding on ``plugtune.llama_family``: prefill with its forward, then one short step per token."""
 
     def __init__(self, model: Any) -> None:
-        cfg = model.config
-        self.model = model
-        self.inner = model.model
-        attn = self.inner.layers[0].self_attn
-        self.head_dim = int(attn.head_dim)
-        self.heads = int(attn.q_proj.weight.shape[0]) // self.head_dim
-        self.kv_heads = int(attn.k_proj.weight.shape[0]) // self.head_dim
-        self.scale = float(getattr(attn, "scaling", self.head_dim**-0.5))
-        self.gqa = self.heads != self.kv_heads
-        self.intermediate = int(self.inner.layers[0].mlp.gate_proj.weight.shape[0])
-        rope = self.inner.rotary_emb
-        self.inv_freq = rope.inv_freq.detach().float().clone()
-        self.rope_scale = float(getattr(rope, "attention_scaling", 1.0))
-        self.final_eps = _eps(self.inner.norm)
-        self.layers: list[_Layer] = []
-        # Fusing copies the query/key/value and gate/up matrices; on a model this small the copies
-        # are rebuilt for every batch (microseconds; no stale copy after an optimizer step), on a
-        # larger one the products run separately (each already big enough to amortise its call).
-        layer0 = self.inner.layers[0]
-        per_layer = sum(
-            w.numel() * w.element_size()
-            for w in (
-                *(p.weight for p in (layer0.self_attn.q_proj, layer0.self_attn.k_proj)),
-                layer0.self_attn.v_proj.weight,
-                layer0.mlp.gate_proj.weight,
-                layer0.mlp.up_proj.weight,
-            )
-        )
-        self.fuse = per_layer * len(self.inner.layers) <= FUSE_BYTES
-        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.description = f"fused {cfg.model_type} decoder (static key/value cache, fused projections)"
-
-    @staticmethod
-    def unsupported(model: Any) -> str | None:
-        """Why the fused decoder cannot run ``model`` exactly (None when it can)."""
-        cfg = getattr(model, "config", None)
-        family = getattr(cfg, "model_type", None)
-        if family not in FUSED_FAMILIES:
-            return f"model type {family!r} is not one of {', '.join(FUSED_FAMILIES)}"
-        inner = getattr(model, "model", None)
-        layers = getattr(inner, "layers", None)
-        if inner is None or not layers or getattr(model, "lm_head", None) is None:
-            return f"the {type(model).__name__} object is not a plain {family} causal LM"
-        act = getattr(cfg, "hidden_act", "silu")
-        if act != "silu":
-            return f"hidden_act {act!r} (the fused MLP is SwiGLU)"
-        rope = getattr(inner, "rotary_emb", None)
-        rope_type = getattr(rope, "rope_type", "default")
-        if rope is None or not hasattr(rope, "inv_freq") or rope_type in ("dynamic", "longrope"):
-            return f"rotary embedding type {rope_type!r} changes with the sequence length"
-        window = getattr(cfg, "sliding_window", None)
-        layer_types = set(getattr(cfg, "layer_types", None) or [])
-        if window is not None and (family == "mistral" or "sliding_attention" in layer_types):
-            return f"sliding-window attention ({window} tokens)"
-        for layer in layers:
-            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-            if attn is None or mlp is None or hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-                return f"a {type(layer).__name__} layer is not the plain {family} layer"
-            if getattr(mlp, "gate_proj", None) is None or mlp.gate_proj.bias is not None:
-                return "the MLP is not a bias-free SwiGLU"
-        if getattr(model.lm_head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None):
-            return "the output head has a bias or soft-capping"
-        return None
+        self.f = LlamaFamily(model)
+        self.fuse = self.f.fuse
+        self.layers: list[Layer] = []
+        self.description = f"fused {self.f.family} decoder (static key/value cache, fused projections)"
 
     def start(self, prompts: Sequence[Sequence[int]], row_prompt: list[int], max_new: int) -> _FusedSession:
         with torch.no_grad():  # the weights as they are now (the caller holds the weights lock)
-            self.layers = [self._layer(layer) for layer in self.inner.layers]
+            self.layers = self.f.layers()
         return _FusedSession(self, prompts, row_prompt, max_new)
-
-    def cos_sin(
-        self, positions: int, dtype: torch.dtype, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary tables for positions ``0 .. positions-1``: cos, and sin with its first half negated.
-
-        ``x * cos + rotate_half(x) * sin`` equals ``x * cos + roll(x, half) * sin_signed``; a roll
-        is one call where rotate_half is three.
-        """
-        have = self._cos_sin
-        if have is None or have[0].shape[0] < positions or have[0].dtype != dtype:
-            size = max(positions, 2 * (have[0].shape[0] if have is not None else 256))
-            freqs = torch.arange(size, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
-            half = freqs.shape[-1]
-            cos = torch.cat([freqs, freqs], -1).cos() * self.rope_scale
-            sin = torch.cat([freqs, freqs], -1).sin() * self.rope_scale
-            sin[:, :half] = -sin[:, :half]
-            self._cos_sin = have = (cos.to(dtype=dtype, device=device), sin.to(dtype=dtype, device=device))
-        return have
-
-    def _layer(self, layer: Any) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        gate_up = [mlp.gate_proj, mlp.up_proj]
-        return _Layer(
-            norm1=layer.input_layernorm.weight,
-            norm2=layer.post_attention_layernorm.weight,
-            eps1=_eps(layer.input_layernorm),
-            eps2=_eps(layer.post_attention_layernorm),
-            qkv=_Projection.of(qkv, self.fuse),
-            w_o_t=attn.o_proj.weight.t(),
-            b_o=attn.o_proj.bias,
-            gate_up=_Projection.of(gate_up, self.fuse),
-            w_down_t=mlp.down_proj.weight.t(),
-        )
 
 
 class _FusedSession:
@@ -310,20 +175,24 @@ class _FusedSession:
     def __init__(
         self, d: FusedDecoder, prompts: Sequence[Sequence[int]], row_prompt: list[int], max_new: int
     ) -> None:
-        self.d = d
-        emb = d.inner.embed_tokens.weight
+        self.d, f = d, d.f
+        emb = f.inner.embed_tokens.weight
         self.device, self.dtype = emb.device, emb.dtype
         ids_GT, mask_GT = left_padded(prompts, 0)
         ids_GT, valid_GT = ids_GT.to(self.device), mask_GT.to(self.device).bool()
         positions_GT = (mask_GT.cumsum(-1) - 1).clamp(min=0).to(self.device)
         self.width = width = ids_GT.shape[1]
         self.room = width + min(max(max_new, 1), 64)
-        self.cos, self.sin = d.cos_sin(int(positions_GT.max()) + max_new + 1, self.dtype, self.device)
-        keys, values, logits_GV = self._prefill(ids_GT, valid_GT, positions_GT)
+        self.cos, self.sin = f.cos_sin(int(positions_GT.max()) + max_new + 1, self.dtype, self.device)
+        causal_PP = torch.ones((width, width), dtype=torch.bool, device=self.device).tril()
+        # A padding query sees itself too: a row with no key at all would give NaN (and NaN keys).
+        eye_PP = torch.eye(width, dtype=torch.bool, device=self.device)
+        mask_G1PP = ((causal_PP[None] & valid_GT[:, None, :]) | eye_PP[None])[:, None]
+        normed, keys, values = f.forward(ids_GT, positions_GT, mask_G1PP, d.layers, keep_kv=True)
 
         index_B = torch.tensor(row_prompt, device=self.device)
         rows = len(row_prompt)
-        shape = (rows, d.kv_heads, self.room, d.head_dim)
+        shape = (rows, f.kv_heads, self.room, f.head_dim)
         self.keys, self.values = [], []
         for k_GHPD, v_GHPD in zip(keys, values, strict=True):
             k = torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -336,55 +205,23 @@ class _FusedSession:
         self.valid_BT[:, :width] = valid_GT.index_select(0, index_B)
         self.pos_B = positions_GT[:, -1].index_select(0, index_B)
         self.column = width  # where the next fed token's key and value go
-        self.logits = logits_GV.index_select(0, index_B)
-
-    def _prefill(
-        self, ids_GT: torch.Tensor, valid_GT: torch.Tensor, positions_GT: torch.Tensor
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-        d = self.d
-        G, P = ids_GT.shape
-        H, KV, D = d.heads, d.kv_heads, d.head_dim
-        causal_PP = torch.ones((P, P), dtype=torch.bool, device=self.device).tril()
-        # A padding query sees itself too: a row with no key at all would give NaN (and NaN keys).
-        eye_PP = torch.eye(P, dtype=torch.bool, device=self.device)
-        mask_G1PP = ((causal_PP[None] & valid_GT[:, None, :]) | eye_PP[None])[:, None]
-        cos_G1PD = F.embedding(positions_GT, self.cos)[:, None]
-        sin_G1PD = F.embedding(positions_GT, self.sin)[:, None]
-        h = F.embedding(ids_GT, d.inner.embed_tokens.weight)
-        keys, values = [], []
-        for layer in d.layers:
-            x = _rms(h, layer.norm1, layer.eps1)
-            qkv_GnPD = layer.qkv(x).view(G, P, H + 2 * KV, D).transpose(1, 2)
-            qk = qkv_GnPD[:, : H + KV]
-            qk = qk * cos_G1PD + torch.roll(qk, D // 2, -1) * sin_G1PD
-            q, k, v = qk[:, :H], qk[:, H:], qkv_GnPD[:, H + KV :]
-            out_GHPD = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask_G1PP, scale=d.scale, enable_gqa=d.gqa
-            )
-            h = h + F.linear(out_GHPD.transpose(1, 2).reshape(G, P, H * D), layer.w_o_t.t(), layer.b_o)
-            h = h + self._mlp(_rms(h, layer.norm2, layer.eps2), layer)
-            keys.append(k)
-            values.append(v)
-        return keys, values, self._head(h[:, -1])
+        self.logits = f.head(normed[:, -1]).index_select(0, index_B)
 
     def step(self, tokens: list[int]) -> None:
-        d = self.d
+        f = self.d.f
         if self.column == self.room:
             self._grow()
         c = self.column
-        H, KV, D = d.heads, d.kv_heads, d.head_dim
+        H, KV, D = f.heads, f.kv_heads, f.head_dim
         rows = len(tokens)
         self.pos_B = self.pos_B + 1
-        cos_B1D, sin_B1D = (
-            F.embedding(self.pos_B, self.cos)[:, None],
-            F.embedding(self.pos_B, self.sin)[:, None],
-        )
+        cos_B1D = F.embedding(self.pos_B, self.cos)[:, None]
+        sin_B1D = F.embedding(self.pos_B, self.sin)[:, None]
         mask_B11T = self.valid_BT[:, None, None, : c + 1]
-        h = F.embedding(
-            torch.tensor(tokens, dtype=torch.long, device=self.device), d.inner.embed_tokens.weight
-        )
-        for layer, keys, values in zip(d.layers, self.keys, self.values, strict=True):
-            x = _rms(h, layer.norm1, layer.eps1)
+        ids_B = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        h = F.embedding(ids_B, f.inner.embed_tokens.weight)
+        for layer, keys, values in zip(self.d.layers, self.keys, self.values, strict=True):
+            x = rms(h, layer.norm1, layer.eps1)
             qkv_BnD = layer.qkv(x).view(rows, H + 2 * KV, D)
             qk = qkv_BnD[:, : H + KV]
             qk = qk * cos_B1D + torch.roll(qk, D // 2, -1) * sin_B1D
@@ -395,28 +232,25 @@ class _FusedSession:
                 keys[:, :, : c + 1],
                 values[:, :, : c + 1],
                 attn_mask=mask_B11T,
-                scale=d.scale,
-                enable_gqa=d.gqa,
+                scale=f.scale,
+                enable_gqa=f.gqa,
             )
             h = torch.addmm(h, out_BH1D.view(rows, H * D), layer.w_o_t)
             if layer.b_o is not None:
                 h = h + layer.b_o
-            x = _rms(h, layer.norm2, layer.eps2)
-            gate_up = layer.gate_up(x)
+            gate_up = layer.gate_up(rms(h, layer.norm2, layer.eps2))
             h = torch.addmm(
-                h, F.silu(gate_up[:, : d.intermediate]) * gate_up[:, d.intermediate :], layer.w_down_t
+                h, F.silu(gate_up[:, : f.intermediate]) * gate_up[:, f.intermediate :], layer.w_down_t
             )
         self.column = c + 1
-        self.logits = self._head(h)
+        self.logits = f.head(rms(h, f.inner.norm.weight, f.final_eps))
 
     def keep(self, rows: list[int]) -> None:
         index_K = torch.tensor(rows, device=self.device)
         self.keys = [k.index_select(0, index_K) for k in self.keys]
         self.values = [v.index_select(0, index_K) for v in self.values]
-        self.valid_BT, self.pos_B = (
-            self.valid_BT.index_select(0, index_K),
-            self.pos_B.index_select(0, index_K),
-        )
+        self.valid_BT = self.valid_BT.index_select(0, index_K)
+        self.pos_B = self.pos_B.index_select(0, index_K)
 
     def _grow(self) -> None:
         """Double the caches' room (a long reply; most batches never get here)."""
@@ -425,25 +259,3 @@ class _FusedSession:
         self.values = [F.pad(v, (0, 0, 0, extra)) for v in self.values]
         self.valid_BT = F.pad(self.valid_BT, (0, extra), value=True)
         self.room += extra
-
-    def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        gate, up = layer.gate_up(x).chunk(2, -1)
-        return F.linear(F.silu(gate) * up, layer.w_down_t.t())
-
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        d = self.d
-        return F.linear(_rms(h, d.inner.norm.weight, d.final_eps), d.model.lm_head.weight)
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as the Llama family computes it: normalise in float32, scale in the model's dtype."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
-
-
-def _eps(norm: Any) -> float:
-    eps = getattr(norm, "variance_epsilon", None)
-    if eps is None:
-        eps = getattr(norm, "eps", 1e-6)
-    return float(eps) if eps is not None and math.isfinite(float(eps)) else 1e-6

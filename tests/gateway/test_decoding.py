@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from plugtune.gateway import decoding
+from plugtune import llama_family
 from plugtune.gateway.decoding import FusedDecoder, HFDecoder, decoder_for
 
 from .test_engine import make_engine, prompt
@@ -64,7 +64,7 @@ def test_the_fused_decoder_gives_the_models_own_logits(
     family: str, extra: dict[str, Any], fuse: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not fuse:  # as for a model too large to copy its matrices per batch
-        monkeypatch.setattr(decoding, "FUSE_BYTES", 0)
+        monkeypatch.setattr(llama_family, "FUSE_BYTES", 0)
     model = tiny(family, **extra)
     decoder = decoder_for(model, pad_token_id=0)
     assert isinstance(decoder, FusedDecoder) and decoder.fuse is fuse, decoder.description
@@ -103,9 +103,9 @@ def test_models_it_does_not_cover_fall_back_to_their_own_forward_and_say_why(
     family: str, extra: dict[str, Any], why: str
 ) -> None:
     if family == "qwen3":
-        decoding_families = (*decoding.FUSED_FAMILIES, "qwen3")  # even were qwen3 listed: q_norm
+        families = (*llama_family.FAMILIES, "qwen3")  # even were qwen3 listed: q_norm
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(decoding, "FUSED_FAMILIES", decoding_families)
+            mp.setattr(llama_family, "FAMILIES", families)
             decoder = decoder_for(tiny(family, **extra), pad_token_id=0)
     else:
         decoder = decoder_for(tiny(family, **extra), pad_token_id=0)

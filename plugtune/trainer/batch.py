@@ -8,12 +8,15 @@ right-padded in the ``*_BR`` tensors; position ``t`` is response token ``t``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from plugtune import llama_family
 from plugtune.types import TrajectoryRecord
 
 
@@ -72,17 +75,26 @@ def response_logits(model: PreTrainedModel, batch: TrainBatch, temperature: floa
     it followed the prompt alone; the prompt is computed once and no compute goes to padding between
     responses (gradients from all responses meet in the shared prompt positions).
 
-    Custom 4D masks are taken by the ``sdpa`` and ``eager`` attentions; with any other (flash
-    attention, say) each response gets a row of its own after a copy of its prompt. A sliding-window
-    layer sees the whole packed row, which differs only past the window.
+    The forward is ``plugtune.llama_family``'s where it covers the model (the output head then runs
+    on the response positions only), else the model's own: custom 4D masks are taken by the
+    ``sdpa`` and ``eager`` attentions; with any other (flash attention, say) each response gets a
+    row of its own after a copy of its prompt. A sliding-window layer sees the whole packed row,
+    which differs only past the window.
     """
-    attention = mask_kind(model)
-    packed = _pack(batch, shared=attention != "rows")
+    kind = mask_kind(model)
+    packed = _pack(batch, shared=kind != "rows")
+    if kind == "fused":
+        family = _family(model)
+        normed_GLH, _, _ = family.forward(
+            packed.ids_GL, packed.positions_GL, packed.attention_G1LL, family.layers()
+        )
+        logits_BRV = family.head(normed_GLH[packed.row_B[:, None], packed.source_BR])
+        return logits_BRV.float() / temperature
     mask = packed.attention_G1LL
-    if attention == "eager":  # an additive mask
+    if kind == "eager":  # an additive mask
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
-    elif attention == "rows":
+    elif kind == "rows":
         mask = packed.attention_G1LL[:, 0].any(1).long()  # one row per response: a padding mask
     out = model(
         input_ids=packed.ids_GL,
@@ -95,9 +107,32 @@ def response_logits(model: PreTrainedModel, batch: TrainBatch, temperature: floa
 
 
 def mask_kind(model: PreTrainedModel) -> str:
-    """How ``response_logits`` masks: a boolean (``sdpa``) or additive (``eager``) 4D mask, or ``rows``."""
+    """How ``response_logits`` runs the model: ``fused`` (``plugtune.llama_family``, a boolean 4D
+    mask), or its own forward with a boolean (``sdpa``) or additive (``eager``) 4D mask, or ``rows``.
+
+    The fused forward is skipped where it would differ from the model's own in training:
+    gradient checkpointing (memory) and attention dropout.
+    """
+    dropout = float(getattr(model.config, "attention_dropout", 0.0) or 0.0)
+    if (
+        llama_family.unsupported(model) is None
+        and not getattr(model, "is_gradient_checkpointing", False)
+        and not (model.training and dropout > 0)
+    ):
+        return "fused"
     attention = getattr(model.config, "_attn_implementation", None)
     return attention if attention in ("sdpa", "eager") else "rows"
+
+
+_FAMILIES: weakref.WeakKeyDictionary[Any, llama_family.LlamaFamily] = weakref.WeakKeyDictionary()
+
+
+def _family(model: PreTrainedModel) -> llama_family.LlamaFamily:
+    """The model's ``LlamaFamily`` (kept with the model: it holds the rotary tables)."""
+    family = _FAMILIES.get(model)
+    if family is None:
+        family = _FAMILIES[model] = llama_family.LlamaFamily(model)
+    return family
 
 
 @dataclass(frozen=True)

@@ -46,14 +46,18 @@ def test_build_batch_dedupes_prompts_and_skips_untrainable() -> None:
         build_batch(records[3:], pad_id=0)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager", "rows"])
+@pytest.mark.parametrize("attention", ["fused", "sdpa", "eager", "rows"])
 def test_shared_prompt_forward_matches_full_forward(
     tiny_model_path: Path, attention: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from plugtune.trainer import batch as batch_module
 
     model = load_model(tiny_model_path).model
-    if attention != "sdpa":  # eager takes an additive 4D mask; flash attention & co. a row per response
+    assert batch_module.mask_kind(model) == "fused"  # a Llama: plugtune.llama_family covers it
+    if attention not in (
+        "fused",
+        "sdpa",
+    ):  # eager takes an additive 4D mask; flash attention & co. a row each
         model.config._attn_implementation = "eager"
     monkeypatch.setattr(batch_module, "mask_kind", lambda _: attention)
     g = torch.Generator().manual_seed(0)

@@ -101,7 +101,17 @@ class PolicyGateway:
             ) from exc
         self.port = sock.getsockname()[1]
         app = build_app(self._service, self._resolve, lambda: self._version)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        # No proxy-header middleware (rollouts call it directly) and no Server/Date headers: less
+        # work per request on the gateway's one thread.
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
+        )
         self._server = uvicorn.Server(config)
         self.engine.start()
         self._thread = threading.Thread(

@@ -169,7 +169,7 @@ class _FusedSession:
 
     Prompts are left-padded to one width ``P``; the token fed at step ``s`` writes cache column
     ``P + s`` of every live row, so a step's attention mask is a slice of one preallocated mask.
-    The caches start with room for 64 new tokens and double when full.
+    The caches start with room for 16 new tokens and double when full.
     """
 
     def __init__(
@@ -182,7 +182,7 @@ class _FusedSession:
         ids_GT, valid_GT = ids_GT.to(self.device), mask_GT.to(self.device).bool()
         positions_GT = (mask_GT.cumsum(-1) - 1).clamp(min=0).to(self.device)
         self.width = width = ids_GT.shape[1]
-        self.room = width + min(max(max_new, 1), 64)
+        self.room = width + min(max(max_new, 1), 16)  # most replies are short: grow when one is not
         self.cos, self.sin = f.cos_sin(int(positions_GT.max()) + max_new + 1, self.dtype, self.device)
         causal_PP = torch.ones((width, width), dtype=torch.bool, device=self.device).tril()
         # A padding query sees itself too: a row with no key at all would give NaN (and NaN keys).
@@ -190,22 +190,23 @@ class _FusedSession:
         mask_G1PP = ((causal_PP[None] & valid_GT[:, None, :]) | eye_PP[None])[:, None]
         normed, keys, values = f.forward(ids_GT, positions_GT, mask_G1PP, d.layers, keep_kv=True)
 
+        # Each distinct prompt's cache (with its room) is laid out once, then copied to its rows by
+        # one index_select (a fraction of indexing with [index_B], and no strided writes).
         index_B = torch.tensor(row_prompt, device=self.device)
-        rows = len(row_prompt)
-        shape = (rows, f.kv_heads, self.room, f.head_dim)
-        self.keys, self.values = [], []
-        for k_GHPD, v_GHPD in zip(keys, values, strict=True):
-            k = torch.empty(shape, dtype=self.dtype, device=self.device)
-            v = torch.empty(shape, dtype=self.dtype, device=self.device)
-            k[:, :, :width] = k_GHPD.index_select(0, index_B)  # (index_select: a fraction of [index_B])
-            v[:, :, :width] = v_GHPD.index_select(0, index_B)
-            self.keys.append(k)
-            self.values.append(v)
-        self.valid_BT = torch.ones((rows, self.room), dtype=torch.bool, device=self.device)
-        self.valid_BT[:, :width] = valid_GT.index_select(0, index_B)
+        self.keys = [self._rows(k_GHPD, index_B) for k_GHPD in keys]
+        self.values = [self._rows(v_GHPD, index_B) for v_GHPD in values]
+        valid_G = torch.ones((len(prompts), self.room), dtype=torch.bool, device=self.device)
+        valid_G[:, :width] = valid_GT
+        self.valid_BT = valid_G.index_select(0, index_B)
         self.pos_B = positions_GT[:, -1].index_select(0, index_B)
         self.column = width  # where the next fed token's key and value go
         self.logits = f.head(normed[:, -1]).index_select(0, index_B)
+
+    def _rows(self, prompt_GHPD: torch.Tensor, index_B: torch.Tensor) -> torch.Tensor:
+        G, heads, width, dim = prompt_GHPD.shape
+        cache_G = prompt_GHPD.new_empty((G, heads, self.room, dim))
+        cache_G[:, :, :width] = prompt_GHPD
+        return cache_G.index_select(0, index_B)
 
     def step(self, tokens: list[int]) -> None:
         f = self.d.f

@@ -4,11 +4,12 @@ One worker thread takes every pending request (up to ``max_batch_size``; it stop
 the burst pauses, or at once when every open caller has a request in), prefills each distinct
 prompt once (the rollouts of a GRPO group share theirs), and decodes the rows step by step from
 one KV cache; each row stops on its own at an end-of-sequence token, a stop string or its token
-budget and leaves the cache; finished rows are answered together, after at most
-``hold_finished_s`` (checked once per decode step) or when the batch ends. The whole batch runs
-under the weights lock, so it sees one version of the weights from start to end, and records
-that version. The model runs through ``plugtune.gateway.decoding``: a fused decoder for the Llama
-family, the model's own forward otherwise (``engine.decoder.description`` says which, and why).
+budget (finished rows leave the cache once they are a quarter of it); finished rows are answered
+together, after at most ``hold_finished_s`` (checked once per decode step) or when the batch
+ends. The whole batch runs under the weights lock, so it sees one version of the weights from
+start to end, and records that version. The model runs through ``plugtune.gateway.decoding``:
+a fused decoder for the Llama family, the model's own forward otherwise
+(``engine.decoder.description`` says which, and why).
 
 Sampling is per row: temperature (0 = greedy), top-p, and an optional seed. The log-prob recorded
 for each token is its log-probability under the distribution it was actually sampled from (after
@@ -302,35 +303,43 @@ class GenerationEngine:
         session = self.decoder.start(list(distinct), row_prompt, max(p.params.max_tokens for p in batch))
         oldest = 0.0
         while True:
-            tokens = self._step(live, session.logits)
-            keep = [b for b, row in enumerate(live) if not row.is_done]
+            tokens, finished = self._step(live, session.logits)
             if not held:
                 oldest = time.monotonic()
-            held.extend(row for row in live if row.is_done)
-            if not keep:
+            held.extend(finished)
+            active = [b for b, row in enumerate(live) if not row.is_done]
+            if not active:
                 return
             if held and time.monotonic() - oldest >= self._hold_finished_s:
                 for row in held:
                     deliver(row)  # its caller goes on while the longer rows decode
                 held.clear()
-            if len(keep) < len(live):  # finished rows leave the cache: they would cost a forward each step
-                session.keep(keep)
-                live, tokens = [live[b] for b in keep], [tokens[b] for b in keep]
+            # Finished rows leave the cache once they are a quarter of it: until then the forward
+            # they still cost is less than compacting the cache again.
+            if (len(live) - len(active)) * 4 >= len(live):
+                session.keep(active)
+                live, tokens = [live[b] for b in active], [tokens[b] for b in active]
             session.step(tokens)
 
-    def _step(self, live: list[_Row], logits_BV: torch.Tensor) -> list[int]:
-        """Sample the next token of every live row."""
+    def _step(self, live: list[_Row], logits_BV: torch.Tensor) -> tuple[list[int], list[_Row]]:
+        """Sample the next token of every row; returns the tokens to feed and the rows that just
+        finished (a row finished earlier that still sits in the cache samples, but keeps nothing)."""
         tokens, logps = sample_batch(
             logits_BV.cpu(),
             [row.pending.params for row in live],
             [row.generator for row in live],
             self._shared,
         )
+        finished = []
         for row, token, logp in zip(live, tokens, logps, strict=True):
+            if row.is_done:
+                continue
             row.tokens.append(token)
             row.logprobs.append(logp)
             self._finish_if_done(row, token)
-        return tokens
+            if row.is_done:
+                finished.append(row)
+        return tokens, finished
 
     def _finish_if_done(self, row: _Row, token: int) -> None:
         if token in self._eos:

@@ -70,7 +70,7 @@ def test_the_fused_decoder_gives_the_models_own_logits(
     assert isinstance(decoder, FusedDecoder) and decoder.fuse is fuse, decoder.description
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]  # different lengths: left padding
     row_prompt = [0, 0, 1, 0, 1]  # rows share their prompt's prefill
-    steps = 70  # past the cache's first 64 columns: it grows
+    steps = 70  # past the cache's first 16 new columns, and 32, and 64: it grows thrice
     generator = torch.Generator().manual_seed(1)
     fed = torch.randint(1, 97, (len(row_prompt), steps), generator=generator).tolist()
     live = list(range(len(row_prompt)))

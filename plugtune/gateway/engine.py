@@ -330,7 +330,7 @@ class GenerationEngine:
             [row.generator for row in live],
             self._shared,
         )
-        finished = []
+        finished: list[_Row] = []
         for row, token, logp in zip(live, tokens, logps, strict=True):
             if row.is_done:
                 continue

@@ -116,12 +116,19 @@ def mask_kind(model: PreTrainedModel) -> str:
     dropout = float(getattr(model.config, "attention_dropout", 0.0) or 0.0)
     if (
         llama_family.unsupported(model) is None
-        and not getattr(model, "is_gradient_checkpointing", False)
+        and not _checkpointing(model)
         and not (model.training and dropout > 0)
     ):
         return "fused"
     attention = getattr(model.config, "_attn_implementation", None)
     return attention if attention in ("sdpa", "eager") else "rows"
+
+
+def _checkpointing(model: PreTrainedModel) -> bool:
+    """Whether activation (gradient) checkpointing is on (transformers v5 renamed the property)."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 _FAMILIES: weakref.WeakKeyDictionary[Any, llama_family.LlamaFamily] = weakref.WeakKeyDictionary()

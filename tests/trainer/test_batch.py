@@ -101,3 +101,12 @@ def test_micro_batches_split_by_logits_budget(monkeypatch: pytest.MonkeyPatch) -
     assert [b.trajectory_ids for b in chunks] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
     monkeypatch.setattr(batch_module, "LOGITS_BUDGET", 2**40)
     assert len(batch_module.micro_batches(records, pad_id=0, vocab_size=10)) == 1
+
+
+def test_gradient_checkpointing_keeps_the_models_own_forward(tiny_model_path: Path) -> None:
+    from plugtune.trainer import batch as batch_module
+
+    model = load_model(tiny_model_path).model
+    assert batch_module.mask_kind(model) == "fused"
+    model.activation_checkpointing_enable()
+    assert batch_module.mask_kind(model) == "sdpa"

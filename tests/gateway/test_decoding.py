@@ -170,3 +170,19 @@ def engine_params(seed: int) -> Any:
     from plugtune.gateway import SamplingParams
 
     return SamplingParams(max_tokens=8, temperature=1.0, seed=seed)
+
+
+def test_a_bfloat16_model_decodes_like_its_own_forward() -> None:
+    model = tiny("llama", num_key_value_heads=2).to(torch.bfloat16)
+    decoder = decoder_for(model, pad_token_id=0)
+    assert isinstance(decoder, FusedDecoder)
+    prompt_ids, fed = [5, 6, 7, 8], [9, 10, 11]
+    with torch.no_grad():
+        session = decoder.start([prompt_ids], [0], max_new=4)
+        got = [session.logits[0].clone()]
+        for token in fed:
+            session.step([token])
+            got.append(session.logits[0].clone())
+    want = reference_logits(model, prompt_ids, fed)
+    assert torch.stack(got).dtype == torch.bfloat16
+    assert torch.allclose(torch.stack(got).float(), want.float(), atol=0.05, rtol=0.02)

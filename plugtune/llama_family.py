@@ -25,6 +25,8 @@ import torch.nn.functional as F  # noqa: N812 - the usual name
 
 FAMILIES = ("llama", "mistral", "qwen2")
 
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
 #: Largest total size of the fused matrix copies that are rebuilt for every ``layers()`` call.
 FUSE_BYTES = 64 * 2**20
 
@@ -54,7 +56,18 @@ def unsupported(model: Any) -> str | None:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if attn is None or mlp is None or hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
             return f"a {type(layer).__name__} layer is not the plain {family} layer"
-        if getattr(mlp, "gate_proj", None) is None or mlp.gate_proj.bias is not None:
+        projections = {
+            name: getattr(module, name, None)
+            for module, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, PROJECTIONS))
+            for name in names
+        }
+        for name, linear in projections.items():
+            # Exactly nn.Linear: an adapter (LoRA) or quantized layer computes more than its .weight.
+            if type(linear) is not torch.nn.Linear:
+                return (
+                    f"{name} is a {type(linear).__name__}, not a plain Linear (an adapter or quantization?)"
+                )
+        if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None or mlp.down_proj.bias is not None:
             return "the MLP is not a bias-free SwiGLU"
     if getattr(model.lm_head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None):
         return "the output head has a bias or soft-capping"

@@ -113,6 +113,22 @@ def test_models_it_does_not_cover_fall_back_to_their_own_forward_and_say_why(
     assert why in decoder.description
 
 
+def test_an_adapted_projection_keeps_the_models_own_forward() -> None:
+    class Adapted(torch.nn.Linear):  # as a LoRA layer: more than its .weight
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) + 1.0
+
+    model = tiny("llama")
+    old = model.model.layers[1].self_attn.v_proj
+    adapted = Adapted(old.in_features, old.out_features, bias=False)
+    adapted.weight = old.weight
+    model.model.layers[1].self_attn.v_proj = adapted
+    decoder = decoder_for(model, pad_token_id=0)
+    assert (
+        isinstance(decoder, HFDecoder) and "v_proj is Adapted, not a plain nn.Linear" in decoder.description
+    )
+
+
 def test_a_wrapped_model_and_the_switch_choose_the_hf_forward(demo_model: Any) -> None:
     class Wrapper(torch.nn.Module):
         def __init__(self) -> None:

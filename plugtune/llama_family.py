@@ -64,9 +64,7 @@ def unsupported(model: Any) -> str | None:
         for name, linear in projections.items():
             # Exactly nn.Linear: an adapter (LoRA) or quantized layer computes more than its .weight.
             if type(linear) is not torch.nn.Linear:
-                return (
-                    f"{name} is a {type(linear).__name__}, not a plain Linear (an adapter or quantization?)"
-                )
+                return f"{name} is {type(linear).__name__}, not a plain nn.Linear (an adapter or quantized?)"
         if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None or mlp.down_proj.bias is not None:
             return "the MLP is not a bias-free SwiGLU"
     if getattr(model.lm_head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None):

@@ -154,14 +154,16 @@ class FusedDecoder:
 
     def __init__(self, model: Any) -> None:
         self.f = LlamaFamily(model)
-        self.fuse = self.f.fuse
-        self.layers: list[Layer] = []
         self.description = f"fused {self.f.family} decoder (static key/value cache, fused projections)"
+
+    @property
+    def fuse(self) -> bool:
+        return self.f.fuse
 
     def start(self, prompts: Sequence[Sequence[int]], row_prompt: list[int], max_new: int) -> _FusedSession:
         with torch.no_grad():  # the weights as they are now (the caller holds the weights lock)
-            self.layers = self.f.layers()
-        return _FusedSession(self, prompts, row_prompt, max_new)
+            layers = self.f.layers()
+        return _FusedSession(self.f, layers, prompts, row_prompt, max_new)
 
 
 class _FusedSession:
@@ -173,22 +175,27 @@ class _FusedSession:
     """
 
     def __init__(
-        self, d: FusedDecoder, prompts: Sequence[Sequence[int]], row_prompt: list[int], max_new: int
+        self,
+        f: LlamaFamily,
+        layers: list[Layer],
+        prompts: Sequence[Sequence[int]],
+        row_prompt: list[int],
+        max_new: int,
     ) -> None:
-        self.d, f = d, d.f
+        self.f, self.layers = f, layers
         emb = f.inner.embed_tokens.weight
         self.device, self.dtype = emb.device, emb.dtype
         ids_GT, mask_GT = left_padded(prompts, 0)
         ids_GT, valid_GT = ids_GT.to(self.device), mask_GT.to(self.device).bool()
         positions_GT = (mask_GT.cumsum(-1) - 1).clamp(min=0).to(self.device)
-        self.width = width = ids_GT.shape[1]
+        width = ids_GT.shape[1]
         self.room = width + min(max(max_new, 1), 16)  # most replies are short: grow when one is not
         self.cos, self.sin = f.cos_sin(int(positions_GT.max()) + max_new + 1, self.dtype, self.device)
         causal_PP = torch.ones((width, width), dtype=torch.bool, device=self.device).tril()
         # A padding query sees itself too: a row with no key at all would give NaN (and NaN keys).
         eye_PP = torch.eye(width, dtype=torch.bool, device=self.device)
         mask_G1PP = ((causal_PP[None] & valid_GT[:, None, :]) | eye_PP[None])[:, None]
-        normed, keys, values = f.forward(ids_GT, positions_GT, mask_G1PP, d.layers, keep_kv=True)
+        normed, keys, values = f.forward(ids_GT, positions_GT, mask_G1PP, layers, keep_kv=True)
 
         # Each distinct prompt's cache (with its room) is laid out once, then copied to its rows by
         # one index_select (a fraction of indexing with [index_B], and no strided writes).
@@ -209,7 +216,7 @@ class _FusedSession:
         return cache_G.index_select(0, index_B)
 
     def step(self, tokens: list[int]) -> None:
-        f = self.d.f
+        f = self.f
         if self.column == self.room:
             self._grow()
         c = self.column
@@ -221,7 +228,7 @@ class _FusedSession:
         mask_B11T = self.valid_BT[:, None, None, : c + 1]
         ids_B = torch.tensor(tokens, dtype=torch.long, device=self.device)
         h = F.embedding(ids_B, f.inner.embed_tokens.weight)
-        for layer, keys, values in zip(self.d.layers, self.keys, self.values, strict=True):
+        for layer, keys, values in zip(self.layers, self.keys, self.values, strict=True):
             x = rms(h, layer.norm1, layer.eps1)
             qkv_BnD = layer.qkv(x).view(rows, H + 2 * KV, D)
             qk = qkv_BnD[:, : H + KV]

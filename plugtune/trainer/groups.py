@@ -168,6 +168,8 @@ class GroupRunner:
         )
 
     async def _grade_groups(self, step: int, sample: Sample, slots: list[_Slot]) -> None:
+        if not self.plugins.group_graders:
+            return
         live = [s for s in slots if s.ok]
         trajectories = {s.rollout_index: self._trajectory(sample, s) for s in live}
         await gather_or_cancel(

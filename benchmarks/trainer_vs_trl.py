@@ -27,11 +27,12 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ class Run:
     tokens: list[int]
     rewards: list[float]
     cpu_s: list[float] = field(default_factory=list)  # CPU time per step: all threads, plugin processes too
+    # (plugtune's: the round's CPU time shared out over its steps by their wall time)
 
     @property
     def tokens_per_s(self) -> float:
@@ -126,16 +128,30 @@ class PlugtuneBench:
         self.round(warmup_only=True)
 
     def round(self, warmup_only: bool = False) -> Run:
-        """``warmup`` untimed steps (as each TRL run has), then ``steps`` timed ones."""
+        """``warmup`` untimed steps (as each TRL run has), then ``steps`` timed ones, in one go.
+
+        Each step starts the next one's rollouts while it trains (the trainer's overlap): its time
+        is the wall time since the step before it returned. The round ends with no rollouts left
+        running, so nothing of plugtune's runs beside the TRL rounds.
+        """
         run = Run(f"plugtune ({self.args.policy} policy, {self.args.plugins} plugins)", [], [], [])
-        for i in range(self.args.warmup + (0 if warmup_only else self.args.steps)):
+        timed = 0 if warmup_only else self.args.steps
+
+        async def steps() -> float:
+            for _ in range(self.args.warmup):
+                await self.trainer.step()
             cpu = cpu_seconds()
-            m = self.loop.run_until_complete(self.trainer.step()).metrics
-            if i >= self.args.warmup:
-                run.cpu_s.append(cpu_seconds() - cpu)
+            for _ in range(timed):
+                m = (await self.trainer.step()).metrics
                 run.step_s.append(m["time/step_s"])
                 run.tokens.append(int(m["tokens/policy"]))
                 run.rewards.append(m["reward/mean"])
+            used = cpu_seconds() - cpu
+            await self.trainer.cancel_pending()
+            return used
+
+        cpu_s = self.loop.run_until_complete(steps())
+        run.cpu_s = [cpu_s * step_s / sum(run.step_s) for step_s in run.step_s] if timed else []
         return run
 
     def close(self) -> None:
@@ -166,6 +182,49 @@ def make_policy_server(kind: str, lm: Any) -> tuple[Any, Any]:
     gateway = PolicyGateway(lm.model, lm.tokenizer)
     gateway.start()
     return gateway, gateway.stop
+
+
+class TRLProcess:
+    """TRL runs in a process of its own, started once and asked for one run at a time.
+
+    plugtune's process has threads of its own (the gateway, the generation engine, the training
+    thread with its OpenMP team); an OpenMP team beside TRL's in one process makes libgomp throttle
+    every team's spin-wait on a small machine, which would slow TRL for reasons of ours.
+    """
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, *argv, "--serve-trl"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, threads: int, checkpointing: bool) -> Run:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"threads": threads, "checkpointing": checkpointing}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the TRL process ended (exit code {self.proc.wait()}); its errors are above")
+        return Run(**json.loads(line))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def serve_trl(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """The TRL process: one JSON request per line on stdin, one Run per line back."""
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # TRL's own prints go to stderr, not into the replies
+    for line in sys.stdin:
+        request = json.loads(line)
+        torch.set_num_threads(request["threads"])
+        run = run_trl(args, rows, checkpointing=request["checkpointing"])
+        replies.write(json.dumps(asdict(run)) + "\n")
+        replies.flush()
 
 
 def run_trl(args: argparse.Namespace, rows: list[dict[str, Any]], checkpointing: bool) -> Run:
@@ -314,12 +373,17 @@ def main() -> None:
         help="torch intra-op thread counts to measure every trainer at (comma-separated); a tiny model "
         "can run faster on fewer threads, so each trainer is shown at each",
     )
+    parser.add_argument("--serve-trl", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     thread_counts = [int(n) for n in str(args.threads).split(",")]
     logging.basicConfig(level=logging.ERROR)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     rows = load_rows(args.data)
+    if args.serve_trl:
+        serve_trl(args, rows)
+        return
+    trl = TRLProcess(sys.argv[1:])
     torch.set_num_threads(thread_counts[0])
     ours = PlugtuneBench(args, rows)
     runs = {t: [Run("", [], [], []) for _ in range(3)] for t in thread_counts}
@@ -329,14 +393,15 @@ def main() -> None:
                 torch.set_num_threads(threads)
                 results = [
                     ours.round(),
-                    run_trl(args, rows, checkpointing=True),
-                    run_trl(args, rows, checkpointing=False),
+                    trl.run(threads, checkpointing=True),
+                    trl.run(threads, checkpointing=False),
                 ]
                 for total, result in zip(runs[threads], results, strict=True):
                     total.name = result.name
                     total.extend(result)
     finally:
         ours.close()
+        trl.close()
     print(table(runs, args))
 
 

@@ -6,8 +6,9 @@ prompt once (the rollouts of a GRPO group share theirs), and decodes the rows st
 one KV cache; each row stops on its own at an end-of-sequence token, a stop string or its token
 budget (finished rows leave the cache once they are a quarter of it); finished rows are answered
 together, after at most ``hold_finished_s`` (checked once per decode step) or when the batch
-ends. The whole batch runs under the weights lock, so it sees one version of the weights from
-start to end, and records that version. The model runs through ``plugtune.gateway.decoding``:
+ends. A batch is gathered and decoded under the weights lock, so it sees one version of the
+weights from start to end, and records that version; requests that arrive while the trainer
+holds the lock wait for the new weights. The model runs through ``plugtune.gateway.decoding``:
 a fused decoder for the Llama family, the model's own forward otherwise
 (``engine.decoder.description`` says which, and why).
 
@@ -227,36 +228,44 @@ class GenerationEngine:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            window_ends = time.monotonic() + self._batch_window_s
-            stopping = False
-            # Requests of one training step arrive in a burst: gather until the burst pauses, or at
-            # once when every open trajectory has asked (the rest of the queue is taken as it is).
-            while len(batch) < self.max_batch_size:
-                wait_s = min(self._batch_gap_s, window_ends - time.monotonic())
-                if self._everyone_asked():
-                    wait_s = 0.0
-                try:
-                    item = self._queue.get(timeout=max(0.0, wait_s))
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                    break
-                batch.append(item)
-            # A caller that gave up (its HTTP request was cancelled) is skipped, not decoded.
-            batch = [p for p in batch if p.future.set_running_or_notify_cancel()]
-            if batch:
-                self._run(batch)
+            with self._lock:
+                # The batch is gathered under the weights lock: while the trainer updates the
+                # weights (the next step's rollouts are already asking), requests queue up, and
+                # they all go into one batch once the new weights are in.
+                batch, stopping = self._gather(first)
+                if batch:
+                    self._run(batch)
             if stopping:
                 return
 
+    def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
+        """``first`` and what follows it in the burst; True when the engine is asked to stop."""
+        batch = [first]
+        window_ends = time.monotonic() + self._batch_window_s
+        stopping = False
+        # Requests of one training step arrive in a burst: gather until the burst pauses, or at
+        # once when every open trajectory has asked (the rest of the queue is taken as it is).
+        while len(batch) < self.max_batch_size:
+            wait_s = min(self._batch_gap_s, window_ends - time.monotonic())
+            if self._everyone_asked():
+                wait_s = 0.0
+            try:
+                item = self._queue.get(timeout=max(0.0, wait_s))
+            except queue.Empty:
+                break
+            if item is None:
+                stopping = True
+                break
+            batch.append(item)
+        # A caller that gave up (its HTTP request was cancelled) is skipped, not decoded.
+        return [p for p in batch if p.future.set_running_or_notify_cancel()], stopping
+
     def _run(self, batch: list[_Pending]) -> None:
+        """Decode ``batch`` (the caller holds the weights lock) and answer every request."""
         self.batches_run += 1
+        version = self._version()
         try:
-            with self._lock:
-                version = self._version()
-                self._decode_batch(batch, lambda row: self._deliver(row, version, len(batch)))
+            self._decode_batch(batch, lambda row: self._deliver(row, version, len(batch)))
         except Exception as exc:  # noqa: BLE001 - every waiting caller must hear about it
             logger.exception("generation failed for a batch of %d", len(batch))
             for pending in batch:

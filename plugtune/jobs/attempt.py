@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from plugtune.errors import Cause, PluginCallError
-from plugtune.jobs.caller import JobStop, PolicyCaller
+from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evidence import failed_record
 from plugtune.jobs.plugins import Drain, as_plugins, deploy_all, record_deployed
@@ -187,6 +187,12 @@ class _Loop:
 
     async def run(self) -> None:
         """Train the remaining steps, writing each step's records before the next starts."""
+        try:
+            await self._steps()
+        finally:  # the next step's rollouts may already be running: they end with the attempt
+            await self.trainer.cancel_pending()
+
+    async def _steps(self) -> None:
         trainer, caller, writer, config = self.trainer, self.caller, self.writer, self.spec.hyperparameters
         while trainer.step_count < config.steps:
             try:
@@ -195,8 +201,7 @@ class _Loop:
                 writer.add_trajectories(failed_record(stop, self.gateway, trainer.step_count + 1))
                 writer.flush()
                 raise
-            examples = dict(caller.examples)
-            calls, errors, worst_plugin = caller.reset_counts()
+            counts = caller.take_counts(result.step)
             logs, points = self.drain.take()
             writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
             writer.add_metrics(_training_points(result.step, result.metrics))
@@ -208,7 +213,7 @@ class _Loop:
                 self.store.add_checkpoint(self.job_id, result.step, str(path))
             writer.flush()
             self.store.update_job(self.job_id, steps_done=result.step)
-            _check_breaker(calls, errors, worst_plugin, examples, self.spec.circuit_breaker)
+            _check_breaker(counts, self.spec.circuit_breaker)
 
 
 def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
@@ -221,19 +226,17 @@ def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
     ]
 
 
-def _check_breaker(
-    calls: int, errors: dict[str, int], plugin: str, examples: dict[str, PluginCallError], config: Any
-) -> None:
-    decision = breaker(calls, errors, config)
+def _check_breaker(counts: StepCounts, config: Any) -> None:
+    decision = breaker(counts.calls, dict(counts.errors), config)
     if not decision.trip:
         return
     causes = {c.value: c for c in Cause}
     cause = causes.get(decision.dominant_cause or "", Cause.ERROR_500)
-    example = examples.get(cause.value)
+    example = counts.examples.get(cause.value)
     error = PluginCallError(
         cause,
         decision.message + (f" First one: {example.message}" if example else ""),
-        plugin=example.plugin if example else plugin,
+        plugin=example.plugin if example else counts.worst_plugin,
         call_id=example.call_id if example else "",
         trajectory_id=example.trajectory_id if example else "",
         traceback=example.traceback if example else "",

@@ -41,38 +41,63 @@ class JobStop(Exception):  # noqa: N818 - a control-flow signal, not an error of
         self.args = args
 
 
-class PolicyCaller:
-    """Calls plugins under the job's ``failure_policy`` and counts calls and errors per step."""
+class StepCounts:
+    """One step's plugin calls, errors by cause and by plugin, and the first error of each cause."""
 
-    def __init__(self, failure: FailurePolicy) -> None:
-        self.failure = failure
+    def __init__(self) -> None:
         self.calls = 0
         self.errors: Counter[str] = Counter()
         self.by_plugin: Counter[str] = Counter()
-        self.examples: dict[str, PluginCallError] = {}  # the first error of each cause this step
+        self.examples: dict[str, PluginCallError] = {}
+
+    @property
+    def worst_plugin(self) -> str:
+        return self.by_plugin.most_common(1)[0][0] if self.by_plugin else ""
+
+
+class PolicyCaller:
+    """Calls plugins under the job's ``failure_policy`` and counts calls and errors per step.
+
+    Counts are kept by the step a call belongs to (``ctx.step``): the trainer starts the next
+    step's rollouts while it trains on this one, so calls of two steps can be in flight at once.
+    """
+
+    def __init__(self, failure: FailurePolicy) -> None:
+        self.failure = failure
         self.retries = 0
+        self._steps: dict[int, StepCounts] = {}
 
-    def reset_counts(self) -> tuple[int, dict[str, int], str]:
-        """This step's calls, errors by cause and most failing plugin; then start the next step."""
-        worst = self.by_plugin.most_common(1)[0][0] if self.by_plugin else ""
-        counts = (self.calls, dict(self.errors), worst)
-        self.calls, self.errors, self.by_plugin, self.examples = 0, Counter(), Counter(), {}
-        return counts
+    def counts(self, step: int) -> StepCounts:
+        """The counts of ``step`` so far (created empty)."""
+        return self._steps.setdefault(step, StepCounts())
 
-    def _count_error(self, plugin: str, cause: str, error: PluginCallError | None = None) -> None:
-        self.errors[cause] += 1
-        self.by_plugin[plugin] += 1
+    def take_counts(self, step: int) -> StepCounts:
+        """The counts of ``step`` and of any earlier step not taken yet, and forget them."""
+        total = StepCounts()
+        for s in sorted(k for k in self._steps if k <= step):
+            c = self._steps.pop(s)
+            total.calls += c.calls
+            total.errors.update(c.errors)
+            total.by_plugin.update(c.by_plugin)
+            for cause, error in c.examples.items():
+                total.examples.setdefault(cause, error)
+        return total
+
+    def _count_error(self, step: int, plugin: str, cause: str, error: PluginCallError | None = None) -> None:
+        counts = self.counts(step)
+        counts.errors[cause] += 1
+        counts.by_plugin[plugin] += 1
         if error is not None:
-            self.examples.setdefault(cause, error)
+            counts.examples.setdefault(cause, error)
 
     async def __call__(self, fn: PluginFunction, ctx: Context, *args: Any) -> CallOutcome:
         attempt = 1
         while True:
-            self.calls += 1
+            self.counts(ctx.step).calls += 1
             try:
                 outcome = await fn.invoke(dataclasses.replace(ctx, attempt=attempt), *args)
             except PluginCallError as exc:
-                self._count_error(exc.plugin or fn.spec.name, exc.cause, exc)
+                self._count_error(ctx.step, exc.plugin or fn.spec.name, exc.cause, exc)
                 kind = (
                     FailureKind.CREATE_FAULT
                     if exc.cause_enum is Cause.CREATE_FAULT
@@ -89,7 +114,7 @@ class PolicyCaller:
             kind_of_status = _STATUS_KINDS.get(outcome.status)
             if kind_of_status is None:
                 return outcome
-            self._count_error(fn.spec.name, Cause.ERROR_500.value)
+            self._count_error(ctx.step, fn.spec.name, Cause.ERROR_500.value)
             decision = decide(kind_of_status, attempt, self.failure)
             if isinstance(decision, RetryCall):
                 attempt, self.retries = decision.attempt, self.retries + 1

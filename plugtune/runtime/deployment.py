@@ -141,6 +141,7 @@ class LocalDeployment:
             self.backend.ledger.release(runtime.memory_mb)
             raise DeployFailed(f"could not create the instance's cgroup: {exc}") from None
         instance = Instance(instance_id, self.plugin, limits, self.log_lines.append, self._on_end)
+        instance.on_freed = self._wake  # an abandoned call ended: its slot is free for a waiter
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         config = {
@@ -382,6 +383,9 @@ class LocalDeployment:
         watched = self._watch_deadline(deadline - time.monotonic(), instance, request, started)
         try:
             result = await pending.future
+        except asyncio.CancelledError:
+            instance.abandon(request.call_id)  # its slot frees when the instance answers
+            raise
         finally:
             watched.pop(request.call_id, None)
             self._wake()

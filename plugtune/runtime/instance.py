@@ -57,6 +57,10 @@ class Instance:
         self.on_end = on_end
         self.pid = 0
         self.pending: dict[str, Pending] = {}
+        # Calls whose caller stopped waiting (its task was cancelled): they hold their slot until
+        # the instance answers, and ``on_freed`` tells the deployment when one does.
+        self.abandoned: set[str] = set()
+        self.on_freed: Callable[[], None] = lambda: None
         self.loop = asyncio.get_running_loop()
         self.ready: asyncio.Future[float] = self.loop.create_future()
         # An instance killed before anyone waited for it (a spare at shutdown) has nobody to read
@@ -145,6 +149,13 @@ class Instance:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
+    def abandon(self, call_id: str) -> None:
+        """The caller stopped waiting: ask the instance to cancel the call. A sync call's thread
+        runs on, so the call keeps its slot until the instance answers (then ``on_freed``)."""
+        if call_id in self.pending:
+            self.abandoned.add(call_id)
+            self.send([p.CANCEL, call_id])
+
     def expire(self, call_id: str, timeout_s: float) -> Pending | None:
         """The caller's deadline passed: stop waiting, ask the instance to cancel the call."""
         pending = self.pending.pop(call_id, None)
@@ -195,6 +206,9 @@ class Instance:
         timer = self.cancel_timers.pop(call_id, None)
         if timer is not None:
             timer.cancel()
+        if call_id in self.abandoned:
+            self.abandoned.discard(call_id)
+            self.on_freed()
 
     def _log(self, line: LogLine) -> None:
         if not self.ready.done():

@@ -6,7 +6,7 @@ Outcome handling (Ark semantics, DESIGN §2): a rollout or grader that reports `
 Retries belong to the caller the jobs layer passes in; each attempt of a rollout reopens its
 trajectory id in the policy server, so a failed attempt's tokens never reach the loss. When the
 caller raises anything else (to stop the job), the step ends and the policy server keeps the
-trajectory's record for the caller's evidence.
+trajectory's record for the caller's evidence; a cancelled group closes its trajectories.
 """
 
 from __future__ import annotations
@@ -123,10 +123,15 @@ class GroupRunner:
             if slot.ok and not discard:
                 await self._grade_single(step, sample, slot)
 
-        await gather_or_cancel([roll_and_grade(slot) for slot in slots])
-        discard = any(s.discard for s in slots)
-        if not discard:
-            await self._grade_groups(step, sample, slots)
+        try:
+            await gather_or_cancel([roll_and_grade(slot) for slot in slots])
+            discard = any(s.discard for s in slots)
+            if not discard:
+                await self._grade_groups(step, sample, slots)
+        except asyncio.CancelledError:
+            for slot in slots:  # the policy server forgets them (a step started ahead, cancelled)
+                _take(self.server, slot.trajectory_id)
+            raise
         graded = time.perf_counter()
         weights = self.plugins.weights()
         records = []

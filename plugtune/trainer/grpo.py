@@ -7,11 +7,13 @@ its TrajectoryRecords so the jobs layer can store them.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -36,6 +38,16 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class _Rollouts:
+    """One step's groups, running: started ahead (during the previous step's training) or not."""
+
+    step: int
+    task: asyncio.Future[list[list[TrajectoryRecord]]]
+    started: float
+    cursor_before: DataCursor  # the data cursor before this step's prompts were drawn
+
+
+@dataclass(frozen=True)
 class StepResult:
     step: int  # 1-based number of the step just applied
     metrics: dict[str, float]
@@ -56,6 +68,7 @@ class GRPOTrainer:
         *,
         caller: Caller = call_once,
         job_id: str = "",
+        overlap: bool = True,
     ) -> None:
         self.model, self.tokenizer, self.server, self.config = model, tokenizer, server, config
         self.rows = rows
@@ -71,53 +84,129 @@ class GRPOTrainer:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.spin = SpinQuieter()
+        self.overlap = overlap
+        self._training = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plugtune-training")
+        self._next: _Rollouts | None = None  # the next step's rollouts, started while this one trained
+        self._last_end: float | None = None
         self.step_count = 0
         checkpoint.seed_everything(config.seed)
         server.set_policy_version(self.step_count)
 
     async def step(self) -> StepResult:
-        """Run one GRPO step; raises LossNanError (and applies nothing) on a non-finite loss or grad."""
-        started = time.perf_counter()
-        step = self.step_count + 1
-        samples = [self._sample(i, row) for i, row in self.cursor.batch(self.rows, self.config.batch_size)]
+        """Run one GRPO step; raises LossNanError (and applies nothing) on a non-finite loss or grad.
 
-        groups = await gather_or_cancel(
-            [self.runner.run(step, s, self.config.group_size, self.step_count) for s in samples]
-        )
-        plugins_s = time.perf_counter() - started
-        self.spin.release()  # the backward's threads spin-wait between regions as usual
+        With ``overlap`` the next step's rollouts start as soon as this step's training holds the
+        weights lock (its samples drawn, its plugins called, its requests sent), and their
+        generation waits for the updated weights: every token is still sampled from the newest
+        policy, and the step after this one finds part of its plugin work done.
+        """
+        called = time.perf_counter()
+        step = self.step_count + 1
+        rollouts, self._next = self._next, None
+        prefetched = rollouts is not None and rollouts.step == step
+        if rollouts is None or not prefetched:
+            rollouts = self._start_rollouts(step)
+        groups = await rollouts.task
+        rolled = time.perf_counter()
         records = [r for group in groups for r in _with_advantages(group)]
 
         batches = micro_batches(records, self.pad_id, self.vocab_size)
         parts: LossParts | None = None
         grad_norm = 0.0
         if batches:
-            parts = self._backward(batches, step, records)
-            grad_norm = self._apply(step, records, batches)
-            self.spin.quiet()  # ... but not through the next rollouts
+            parts, grad_norm = await self._train(batches, step, records)
+        else:
+            self.server.set_policy_version(step)
         self.step_count = step
-        self.server.set_policy_version(self.step_count)
 
         metrics = _metrics(records, parts, grad_norm, sum(len(b.trajectory_ids) for b in batches))
-        step_s = time.perf_counter() - started
+        ended = time.perf_counter()
+        began = self._last_end if prefetched and self._last_end is not None else called
+        self._last_end = ended
         metrics.update(
-            {"time/plugins_s": plugins_s, "time/train_s": step_s - plugins_s, "time/step_s": step_s}
+            {
+                "time/plugins_s": rolled - called,
+                "time/overlapped_s": called - rollouts.started if prefetched else 0.0,
+                "time/train_s": ended - rolled,
+                "time/step_s": ended - began,
+            }
         )
         return StepResult(step=step, metrics=metrics, records=records)
 
     async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:
         """Run the remaining steps, writing a checkpoint every ``save_every_n_steps``."""
-        while self.step_count < self.config.steps:
-            result = await self.step()
-            if checkpoint_dir is not None and result.step % self.config.save_every_n_steps == 0:
-                self.save_checkpoint(checkpoint_dir / checkpoint.step_dir_name(result.step))
-            yield result
+        try:
+            while self.step_count < self.config.steps:
+                result = await self.step()
+                if checkpoint_dir is not None and result.step % self.config.save_every_n_steps == 0:
+                    self.save_checkpoint(checkpoint_dir / checkpoint.step_dir_name(result.step))
+                yield result
+        finally:
+            await self.cancel_pending()
+
+    async def cancel_pending(self) -> None:
+        """Cancel the next step's rollouts if they were started ahead (their trajectories close)."""
+        rollouts, self._next = self._next, None
+        if rollouts is not None:
+            rollouts.task.cancel()
+            await asyncio.gather(rollouts.task, return_exceptions=True)
+
+    def _start_rollouts(self, step: int) -> _Rollouts:
+        """Draw ``step``'s prompts and start their groups (``group_size`` rollouts each, then graders)."""
+        cursor_before = copy.copy(self.cursor)  # a checkpoint of the step before resumes from here
+        samples = [self._sample(i, row) for i, row in self.cursor.batch(self.rows, self.config.batch_size)]
+        groups = [self.runner.run(step, s, self.config.group_size, step - 1) for s in samples]
+        task = asyncio.ensure_future(gather_or_cancel(groups))
+        return _Rollouts(step, task, time.perf_counter(), cursor_before)
+
+    async def _train(
+        self, batches: list[TrainBatch], step: int, records: list[TrajectoryRecord]
+    ) -> tuple[LossParts, float]:
+        """Backward and optimizer step on the training thread, under the weights lock.
+
+        The event loop stays free meanwhile: once the lock is held, the next step's rollouts start
+        (``overlap``), and their first request to the policy waits for this step's weights.
+        """
+        loop = asyncio.get_running_loop()
+        locked = asyncio.Event()
+        threads = torch.get_num_threads()  # the caller's setting, for the training thread too
+
+        def train() -> tuple[LossParts, float]:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            with self.server.weights_lock:
+                loop.call_soon_threadsafe(locked.set)
+                self.spin.release()  # the backward's threads spin-wait between regions as usual
+                parts = self._backward(batches, step, records)
+                grad_norm = self._apply(step, records, batches)
+                self.server.set_policy_version(step)
+                self.spin.quiet()  # ... but not through the next rollouts
+            return parts, grad_norm
+
+        job = loop.run_in_executor(self._training, train)
+        try:
+            if self.overlap and step < self.config.steps:
+                waiter = asyncio.ensure_future(locked.wait())
+                either: list[asyncio.Future[Any]] = [waiter, job]
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if locked.is_set() and not job.done():
+                    self._next = self._start_rollouts(step + 1)
+            return await job
+        except BaseException:
+            await self.cancel_pending()  # the step they follow is not applied
+            raise
 
     def save_checkpoint(self, path: Path) -> Path:
-        return checkpoint.save(path, self.model, self.tokenizer, self.optimizer, self.cursor, self.step_count)
+        """Write the state after the last applied step; rollouts started ahead are not in it (a
+        resumed run draws the same prompts again)."""
+        cursor = self._next.cursor_before if self._next is not None else self.cursor
+        return checkpoint.save(path, self.model, self.tokenizer, self.optimizer, cursor, self.step_count)
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore weights, optimizer, data cursor, RNG states and step from ``path``."""
+        if self._next is not None:
+            raise RuntimeError("load_checkpoint before stepping (or after cancel_pending())")
         with self.server.weights_lock:
             self.step_count = checkpoint.load(path, self.model, self.optimizer, self.cursor)
         self.server.set_policy_version(self.step_count)
@@ -151,8 +240,7 @@ class GRPOTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         if not torch.isfinite(grad_norm):
             self._raise_nan(f"the gradient norm is {grad_norm.item()}", step, records, batches)
-        with self.server.weights_lock:
-            self.optimizer.step()
+        self.optimizer.step()  # the caller holds the weights lock
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm.item())
 

@@ -117,6 +117,11 @@ class InProcessPolicy(Policy):
         return dict(self.server.chat(self.api_key, messages, **params))
 
 
+#: ``generate`` samples from torch's process-wide generator: two servers (say, a trainer's next
+#: step started ahead beside another trainer's) must not reseed it under each other.
+_GLOBAL_RNG = threading.Lock()
+
+
 class InProcessPolicyServer:
     """Samples from ``model`` with ``generate`` (one request at a time) and records token traces.
 
@@ -170,7 +175,7 @@ class InProcessPolicyServer:
         self._calls[key] = self._calls.get(key, 0) + 1
         call_seed = zlib.crc32(f"{self.seed}:{key}:{self._calls[key]}".encode())
         # a seed per trajectory and call: samples do not depend on the order threads get here
-        with self.weights_lock, torch.no_grad(), torch.random.fork_rng():
+        with self.weights_lock, _GLOBAL_RNG, torch.no_grad(), torch.random.fork_rng():
             torch.manual_seed(call_seed)
             out = self.model.generate(
                 torch.tensor([prompt]),

@@ -35,8 +35,10 @@ async def test_a_failing_call_is_retried_then_succeeds() -> None:
     outcome = await caller(fn, Context())
     assert outcome.status == "success"
     assert fn.attempts == [1, 2, 3]
-    calls, errors, worst = caller.reset_counts()
-    assert (calls, errors, worst) == (3, {"EOF": 1, "Timeout": 1}, "g.py:g")
+    counts = caller.take_counts(0)
+    assert (counts.calls, dict(counts.errors), counts.worst_plugin) == (3, {"EOF": 1, "Timeout": 1}, "g.py:g")
+    assert counts.examples["EOF"].message == "scripted EOF"
+    assert caller.take_counts(0).calls == 0  # taken once
 
 
 async def test_exhausted_retries_fail_the_job_with_the_last_cause() -> None:
@@ -74,3 +76,15 @@ async def test_discard_comes_back_at_once() -> None:
     fn = Scripted("discard")
     assert (await PolicyCaller(FailurePolicy())(fn, Context())).status == "discard"
     assert fn.attempts == [1]
+
+
+async def test_counts_are_kept_by_the_step_a_call_belongs_to() -> None:
+    """The next step's rollouts start while this step trains: their calls are not this step's."""
+    caller = PolicyCaller(FailurePolicy(max_attempts=1, on_exhausted="drop_sample"))
+    await caller(Scripted("success"), Context(step=1))
+    with pytest.raises(PluginCallError):
+        await caller(Scripted(Cause.TIMEOUT), Context(step=2))
+    first = caller.take_counts(1)
+    assert (first.calls, dict(first.errors)) == (1, {})
+    second = caller.take_counts(2)
+    assert (second.calls, dict(second.errors), second.worst_plugin) == (1, {"Timeout": 1}, "g.py:g")

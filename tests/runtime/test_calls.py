@@ -256,3 +256,20 @@ async def test_sync_call_that_arrives_during_a_long_inline_call_starts_at_once()
         assert (await long).instance_id == short.instance_id
         for _ in range(3):  # alone again, one after another
             assert (await fn.invoke(ctx(), sample(sleep=0.01), trajectory())).metrics["running"] == 1
+
+
+async def test_a_cancelled_call_frees_its_slot_when_the_instance_answers() -> None:
+    """A caller that stops waiting (its task cancelled) must not leave the next caller waiting for
+    a slot until its deadline: the slot is free once the abandoned sync call ends."""
+    one = Runtime(timeout_s=5, max_concurrency=1, max_instances=1)
+    async with LocalRuntime(spare_instances=False) as rt:
+        fn = await rt.deploy(entry("basic.py", "slow_sync"), runtime=one)
+        abandoned = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.3), trajectory()))
+        await asyncio.sleep(0.1)  # it runs on the only slot
+        waiting = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.0), trajectory()))
+        await asyncio.sleep(0.05)
+        abandoned.cancel()
+        started = time.monotonic()
+        out = await asyncio.wait_for(waiting, 4.0)
+        assert out.status == "success" and time.monotonic() - started < 2.0
+        assert abandoned.cancelled()

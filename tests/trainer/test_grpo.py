@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +256,70 @@ async def test_the_policy_server_knows_the_steps_fan_out_before_a_rollout_asks(t
     server.chat = counting_chat  # type: ignore[method-assign]
     result = await trainer.step()
     assert open_at_first_call and open_at_first_call[0] == 6  # every trajectory of the step
-    assert len(result.records) == 6 and not server._open  # and each was closed after its rollout
+    assert len(result.records) == 6 and not any(t.startswith("s1-") for t in server._open)  # closed after it
+    await trainer.cancel_pending()  # the next step's rollouts, started ahead, close theirs
+    assert not server._open
+
+
+async def test_the_next_steps_rollouts_start_during_training_and_sample_the_new_weights(
+    tiny_model_path: Path,
+) -> None:
+    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=3, steps=2)
+    server = trainer.server
+    assert isinstance(server, InProcessPolicyServer)
+    next_step_asked = threading.Event()
+    sampled_at_version: list[int] = []
+    chat, generate, backward = server.chat, server.model.generate, trainer._backward
+
+    def noting_chat(key: str, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
+        if key.startswith("s2-"):
+            next_step_asked.set()  # then it waits for the weights lock, held by the training
+        return chat(key, messages, **params)
+
+    def noting_generate(*args: Any, **kwargs: Any) -> Any:
+        sampled_at_version.append(server.version)  # under the weights lock
+        return generate(*args, **kwargs)
+
+    def backward_once_the_next_step_asked(*args: Any) -> Any:
+        if trainer.step_count == 0:  # step 1's training goes on only once step 2 asked the policy
+            assert next_step_asked.wait(30), "the next step's rollouts did not start during training"
+        return backward(*args)
+
+    server.chat = noting_chat  # type: ignore[method-assign]
+    server.model.generate = noting_generate  # type: ignore[method-assign]
+    trainer._backward = backward_once_the_next_step_asked  # type: ignore[method-assign]
+    first = await trainer.step()
+    second = await trainer.step()
+    assert first.metrics["time/overlapped_s"] == 0.0 and second.metrics["time/overlapped_s"] > 0
+    # every step-2 token was sampled after step 1's update (policy version 1), none before it
+    assert sampled_at_version == [0] * 6 + [1] * 6
+    assert {r.policy_version for r in second.records} == {1}
+    assert trainer._next is None  # no step 3 to start ahead
+    assert {r.sample_index for r in second.records}.isdisjoint({r.sample_index for r in first.records})
+
+
+async def test_a_checkpoint_taken_with_the_next_step_started_resumes_with_its_prompts(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=2, steps=3)
+    await trainer.step()
+    assert trainer._next is not None  # step 2 started ahead, its prompts drawn
+    trainer.save_checkpoint(tmp_path / "step-1")
+    straight = await trainer.step()
+    await trainer.cancel_pending()
+
+    resumed = make_trainer(tiny_model_path, batch_size=2, group_size=2, steps=3)
+    resumed.load_checkpoint(tmp_path / "step-1")
+    again = await resumed.step()
+    await resumed.cancel_pending()
+    assert [r.sample_index for r in again.records] == [r.sample_index for r in straight.records]
+
+
+async def test_a_nan_step_cancels_the_next_steps_rollouts(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, graders=[p.huge])
+    with pytest.raises(LossNanError):
+        await trainer.step()
+    assert trainer._next is None and not trainer.server._open  # type: ignore[attr-defined]
 
 
 async def test_spin_quieting_after_each_step_changes_no_result(

@@ -1,12 +1,15 @@
 """plugtune's GRPO trainer against TRL's GRPOTrainer: same model, data, batch, group size and max tokens.
 
-Both run in this process, one after the other, on the demo model and task (exact-match arithmetic)
+Both run on this machine, one after the other, on the demo model and task (exact-match arithmetic)
 with the same hyperparameters: ``batch`` prompts x ``group`` completions per step, up to
 ``max-tokens`` new tokens, temperature 1, no KL, AdamW at the same learning rate, token-level loss.
 plugtune goes a job's path: the demo rollout and grader are deployed to the function runtime
 (worker processes under their limits), the rollout asks the policy gateway over HTTP, the gateway
 batches the concurrent requests, the grader scores, and the trainer steps. TRL generates with
 ``model.generate`` on the whole batch and calls the same grading logic as a reward function.
+
+TRL runs in a process of its own (started once), so that plugtune's threads (the gateway, the
+generation engine, the training thread's OpenMP team) never share a process with it.
 
 Every trainer runs at each torch intra-op thread count of ``--threads`` (default 1 and 2: a model
 this small is not always faster on more threads, and a shared machine's load moves the answer),
@@ -98,6 +101,7 @@ class PlugtuneBench:
             max_new_tokens=args.max_tokens,
             learning_rate=args.lr,
             seed=args.seed,
+            overlap_rollouts=args.overlap,
         )
         fan_out = args.batch * args.group  # the plugins sized for the job's fan-out, as TRL has no cap
         self.loop = asyncio.new_event_loop()
@@ -130,11 +134,12 @@ class PlugtuneBench:
     def round(self, warmup_only: bool = False) -> Run:
         """``warmup`` untimed steps (as each TRL run has), then ``steps`` timed ones, in one go.
 
-        Each step starts the next one's rollouts while it trains (the trainer's overlap): its time
-        is the wall time since the step before it returned. The round ends with no rollouts left
-        running, so nothing of plugtune's runs beside the TRL rounds.
+        A step's time is the trainer's ``time/step_s`` (with ``--overlap``, the wall time since the
+        step before it returned). The round ends with no rollouts left running, so nothing of
+        plugtune's runs beside the TRL rounds.
         """
-        run = Run(f"plugtune ({self.args.policy} policy, {self.args.plugins} plugins)", [], [], [])
+        overlap = ", overlap_rollouts" if self.args.overlap else ""
+        run = Run(f"plugtune ({self.args.policy} policy, {self.args.plugins} plugins{overlap})", [], [], [])
         timed = 0 if warmup_only else self.args.steps
 
         async def steps() -> float:
@@ -372,6 +377,11 @@ def main() -> None:
         default=",".join(str(n) for n in range(1, min(2, os.cpu_count() or 1) + 1)),
         help="torch intra-op thread counts to measure every trainer at (comma-separated); a tiny model "
         "can run faster on fewer threads, so each trainer is shown at each",
+    )
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="plugtune with overlap_rollouts (the next step's rollouts start while this one trains)",
     )
     parser.add_argument("--serve-trl", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

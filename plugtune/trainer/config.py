@@ -18,6 +18,10 @@ def _doc(text: str, lo: float, hi: float, *, lo_open: bool = False) -> dict[str,
     return {"doc": text, "min": lo, "max": hi, "min_exclusive": lo_open}
 
 
+def _flag(text: str) -> dict[str, Any]:
+    return {"doc": text, "flag": True}
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """GRPO hyperparameters. Every field's meaning and range is in ``TrainerConfig.docs()``."""
@@ -54,6 +58,15 @@ class TrainerConfig:
     )
     seed: int = field(
         default=0, metadata=_doc("Seed of data order, sampling and initialisation.", 0, 2**32 - 1)
+    )
+    overlap_rollouts: bool = field(
+        default=False,
+        metadata=_flag(
+            "Start the next step's rollouts while this step trains; their policy calls wait for the "
+            "new weights, so training stays on-policy. Pays off when rollouts work before they ask "
+            "the policy (environment set-up, tools); on a machine whose cores training already fills "
+            "it only adds contention."
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -99,6 +112,9 @@ class TrainerConfig:
         out = {}
         for f in fields(cls):
             m = f.metadata
+            if m.get("flag"):
+                out[f.name] = f"{m['doc']} Default {f.default!r} (true or false)."
+                continue
             lo = "(" if m["min_exclusive"] else "["
             out[f.name] = f"{m['doc']} Default {f.default!r}, range {lo}{m['min']:g}, {m['max']:g}]."
         return out
@@ -117,6 +133,10 @@ def _field_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
     for f in fields(TrainerConfig):
         value = values[f.name]
         m = f.metadata
+        if m.get("flag"):
+            if not isinstance(value, bool):
+                out.append((f.name, f"must be true or false, got {value!r}"))
+            continue
         if f.type == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 out.append((f.name, f"must be a whole number, got {value!r}"))

@@ -68,7 +68,6 @@ class GRPOTrainer:
         *,
         caller: Caller = call_once,
         job_id: str = "",
-        overlap: bool = True,
     ) -> None:
         self.model, self.tokenizer, self.server, self.config = model, tokenizer, server, config
         self.rows = rows
@@ -84,7 +83,7 @@ class GRPOTrainer:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.spin = SpinQuieter()
-        self.overlap = overlap
+        self.overlap = config.overlap_rollouts
         self._training = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plugtune-training")
         self._next: _Rollouts | None = None  # the next step's rollouts, started while this one trained
         self._last_end: float | None = None
@@ -95,8 +94,8 @@ class GRPOTrainer:
     async def step(self) -> StepResult:
         """Run one GRPO step; raises LossNanError (and applies nothing) on a non-finite loss or grad.
 
-        With ``overlap`` the next step's rollouts start as soon as this step's training holds the
-        weights lock (its samples drawn, its plugins called, its requests sent), and their
+        With ``overlap_rollouts`` the next step's rollouts start as soon as this step's training
+        holds the weights lock (its samples drawn, its plugins called, its requests sent), and their
         generation waits for the updated weights: every token is still sampled from the newest
         policy, and the step after this one finds part of its plugin work done.
         """
@@ -165,7 +164,7 @@ class GRPOTrainer:
         """Backward and optimizer step on the training thread, under the weights lock.
 
         The event loop stays free meanwhile: once the lock is held, the next step's rollouts start
-        (``overlap``), and their first request to the policy waits for this step's weights.
+        (``overlap_rollouts``), and their first request to the policy waits for this step's weights.
         """
         loop = asyncio.get_running_loop()
         locked = asyncio.Event()

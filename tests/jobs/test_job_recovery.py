@@ -68,8 +68,33 @@ def test_an_unexplained_interrupt_is_an_unknown_error_retried_automatically(
     assert store.get_job(job_id).auto_retries == 1  # type: ignore[union-attr]
 
 
-def test_the_circuit_breaker_stops_a_job_whose_plugins_mostly_fail(
+def test_an_overlapped_job_killed_mid_run_resumes_and_records_each_step_once(
     tmp_path: Path, store: Store, home: Settings
+) -> None:
+    """overlap_rollouts: step N+1's rollouts run while step N trains. An interrupted attempt is
+    retried from its last checkpoint with the same prompts; each step's trajectories are stored once."""
+    steps = 12
+    job_file = make_job(tmp_path / "o", hyper={"steps": steps, "overlap_rollouts": True})
+    job_id, _ = create_job(store, job_file)
+    kill = _kill_running_attempt(store, signal.SIGINT, after_steps=2)
+
+    def first_attempt_only(jid: int) -> None:
+        if len(store.list_attempts(jid)) == 1:
+            kill(jid)  # type: ignore[operator]
+
+    assert run_job(store, home, job_id, progress=first_attempt_only) == "succeeded"  # type: ignore[arg-type]
+    attempts = store.list_attempts(job_id)
+    assert len(attempts) == 2 and attempts[1].resumed_from_step >= 2, attempts
+    job = store.get_job(job_id)
+    assert job is not None and job.steps_done == steps
+    for step in range(1, steps + 1):
+        records = store.trajectories(job_id, step=step, limit=100)
+        assert len(records) == 4, (step, [r.trajectory_id for r in records])  # 2 prompts x 2 rollouts
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlapped"])
+def test_the_circuit_breaker_stops_a_job_whose_plugins_mostly_fail(
+    tmp_path: Path, store: Store, home: Settings, overlap: bool
 ) -> None:
     flaky = """
 from plugtune import grader
@@ -81,7 +106,7 @@ def exact(ctx, sample, trajectory):
     job_file = make_job(
         tmp_path / "cb",
         grader=flaky,
-        hyper={"steps": 5},
+        hyper={"steps": 5, "overlap_rollouts": overlap},
         extra={
             "failure_policy": {"max_attempts": 1, "on_exhausted": "drop_sample"},
             "circuit_breaker": {"max_error_share": 0.3, "min_calls": 2},

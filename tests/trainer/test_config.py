@@ -50,3 +50,7 @@ def test_constructor_rejects_illegal_values() -> None:
         TrainerConfig(kl_coef=float("nan"))
     with pytest.raises(InvalidValueError, match="whole number"):
         TrainerConfig(batch_size=True)
+    with pytest.raises(InvalidValueError, match=r"overlap_rollouts\]: must be true or false, got 'yes'"):
+        TrainerConfig.from_dict({"overlap_rollouts": "yes"})
+    assert TrainerConfig.from_dict({"overlap_rollouts": True}).overlap_rollouts is True
+    assert "true or false" in TrainerConfig.docs()["overlap_rollouts"]

@@ -243,7 +243,7 @@ async def test_a_caller_that_stops_the_job_leaves_the_evidence_in_the_policy_ser
 
 
 async def test_the_policy_server_knows_the_steps_fan_out_before_a_rollout_asks(tiny_model_path: Path) -> None:
-    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=3)
+    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=3, overlap_rollouts=True)
     server = trainer.server
     assert isinstance(server, InProcessPolicyServer)
     open_at_first_call: list[int] = []
@@ -264,7 +264,7 @@ async def test_the_policy_server_knows_the_steps_fan_out_before_a_rollout_asks(t
 async def test_the_next_steps_rollouts_start_during_training_and_sample_the_new_weights(
     tiny_model_path: Path,
 ) -> None:
-    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=3, steps=2)
+    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=3, steps=2, overlap_rollouts=True)
     server = trainer.server
     assert isinstance(server, InProcessPolicyServer)
     next_step_asked = threading.Event()
@@ -301,7 +301,7 @@ async def test_the_next_steps_rollouts_start_during_training_and_sample_the_new_
 async def test_a_checkpoint_taken_with_the_next_step_started_resumes_with_its_prompts(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=2, steps=3)
+    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=2, steps=3, overlap_rollouts=True)
     await trainer.step()
     assert trainer._next is not None  # step 2 started ahead, its prompts drawn
     trainer.save_checkpoint(tmp_path / "step-1")
@@ -316,10 +316,17 @@ async def test_a_checkpoint_taken_with_the_next_step_started_resumes_with_its_pr
 
 
 async def test_a_nan_step_cancels_the_next_steps_rollouts(tiny_model_path: Path) -> None:
-    trainer = make_trainer(tiny_model_path, graders=[p.huge])
+    trainer = make_trainer(tiny_model_path, graders=[p.huge], overlap_rollouts=True)
     with pytest.raises(LossNanError):
         await trainer.step()
     assert trainer._next is None and not trainer.server._open  # type: ignore[attr-defined]
+
+
+async def test_without_overlap_nothing_runs_between_steps(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, batch_size=2, group_size=2)
+    result = await trainer.step()
+    assert trainer._next is None and not trainer.server._open  # type: ignore[attr-defined]
+    assert result.metrics["time/overlapped_s"] == 0.0
 
 
 async def test_spin_quieting_after_each_step_changes_no_result(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -72,3 +73,39 @@ async def test_grpo_step_through_the_function_runtime_and_the_gateway(tmp_path: 
     for rec in result.records:
         assert rec.reward in (0.0, 1.0) and rec.messages[-1]["role"] == "assistant"
         assert rec.metrics.get("completion_tokens") == sum(rec.response_mask)
+
+
+@pytest.mark.skipif(not (DEMO / "model" / "config.json").is_file(), reason="the demo model is not built")
+async def test_overlapped_rollouts_through_the_runtime_sample_the_updated_weights(tmp_path: Path) -> None:
+    """With overlap_rollouts, step 2's plugins run during step 1's training, but every token of
+    step 2 comes from the weights after step 1 (the gateway records version 1 on its segments)."""
+    from plugtune.runtime import LocalRuntime
+
+    lm = load_model(DEMO / "model")
+    rows = [json.loads(line) for line in (DEMO / "data" / "train.jsonl").read_text().splitlines()[:8]]
+    config = TrainerConfig(
+        steps=3, batch_size=2, group_size=4, max_new_tokens=8, learning_rate=1e-3, overlap_rollouts=True
+    )
+    async with LocalRuntime(state_dir=tmp_path) as rt:
+        plugins = Plugins(
+            rollout=await rt.deploy(f"{DEMO / 'plugins' / 'rollout.py'}:answer"),
+            graders=[await rt.deploy(f"{DEMO / 'plugins' / 'grader.py'}:exact_match")],
+        )
+        with PolicyGateway(lm.model, lm.tokenizer) as gateway:
+            versions: dict[str, set[int]] = {}
+            take = gateway.take
+
+            def noting_take(trajectory_id: str) -> Any:
+                trace = take(trajectory_id)
+                versions[trajectory_id] = {s.policy_version for s in trace.segments if s.source == "policy"}
+                return trace
+
+            gateway.take = noting_take  # type: ignore[method-assign]
+            trainer = GRPOTrainer(lm.model, lm.tokenizer, gateway, plugins, rows, config)
+            results = [r async for r in trainer.train()]
+    assert [r.step for r in results] == [1, 2, 3] and trainer._next is None
+    for result in results:
+        assert result.metrics["trajectories/failed"] == 0, [r.errors for r in result.records]
+        sampled = set().union(*(versions[r.trajectory_id] for r in result.records))
+        assert sampled == {result.step - 1}, (result.step, sampled)
+    assert results[1].metrics["time/overlapped_s"] > 0

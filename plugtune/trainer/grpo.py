@@ -12,7 +12,7 @@ import copy
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -161,11 +161,17 @@ class GRPOTrainer:
     async def _train(
         self, batches: list[TrainBatch], step: int, records: list[TrajectoryRecord]
     ) -> tuple[LossParts, float]:
-        """Backward and optimizer step on the training thread, under the weights lock.
+        """Backward and optimizer step under the weights lock.
 
-        The event loop stays free meanwhile: once the lock is held, the next step's rollouts start
-        (``overlap_rollouts``), and their first request to the policy waits for this step's weights.
+        Without ``overlap_rollouts`` (or on the last step) it runs right here: nothing else has to
+        happen meanwhile. With it, it runs on the training thread so that the event loop stays
+        free: once the lock is held, the next step's rollouts start, and their first request to
+        the policy waits for this step's weights. (Only then: a second thread doing torch work
+        forms a second OpenMP team, and more OpenMP threads than cores make libgomp throttle the
+        spin-wait of every team, which costs the backward ~8% here.)
         """
+        if not (self.overlap and step < self.config.steps):
+            return self._train_locked(batches, step, records, on_locked=lambda: None)
         loop = asyncio.get_running_loop()
         locked = asyncio.Event()
         threads = torch.get_num_threads()  # the caller's setting, for the training thread too
@@ -173,28 +179,36 @@ class GRPOTrainer:
         def train() -> tuple[LossParts, float]:
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
-            with self.server.weights_lock:
-                loop.call_soon_threadsafe(locked.set)
-                self.spin.release()  # the backward's threads spin-wait between regions as usual
-                parts = self._backward(batches, step, records)
-                grad_norm = self._apply(step, records, batches)
-                self.server.set_policy_version(step)
-                self.spin.quiet()  # ... but not through the next rollouts
-            return parts, grad_norm
+            return self._train_locked(batches, step, records, lambda: loop.call_soon_threadsafe(locked.set))
 
         job = loop.run_in_executor(self._training, train)
         try:
-            if self.overlap and step < self.config.steps:
-                waiter = asyncio.ensure_future(locked.wait())
-                either: list[asyncio.Future[Any]] = [waiter, job]
-                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                if locked.is_set() and not job.done():
-                    self._next = self._start_rollouts(step + 1)
+            waiter = asyncio.ensure_future(locked.wait())
+            either: list[asyncio.Future[Any]] = [waiter, job]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if locked.is_set() and not job.done():
+                self._next = self._start_rollouts(step + 1)
             return await job
         except BaseException:
             await self.cancel_pending()  # the step they follow is not applied
             raise
+
+    def _train_locked(
+        self,
+        batches: list[TrainBatch],
+        step: int,
+        records: list[TrajectoryRecord],
+        on_locked: Callable[[], object],
+    ) -> tuple[LossParts, float]:
+        with self.server.weights_lock:
+            on_locked()
+            self.spin.release()  # the backward's threads spin-wait between regions as usual
+            parts = self._backward(batches, step, records)
+            grad_norm = self._apply(step, records, batches)
+            self.server.set_policy_version(step)
+            self.spin.quiet()  # ... but not through the next rollouts
+        return parts, grad_norm
 
     def save_checkpoint(self, path: Path) -> Path:
         """Write the state after the last applied step; rollouts started ahead are not in it (a

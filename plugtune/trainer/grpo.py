@@ -102,8 +102,11 @@ class GRPOTrainer:
         called = time.perf_counter()
         step = self.step_count + 1
         rollouts, self._next = self._next, None
-        prefetched = rollouts is not None and rollouts.step == step
-        if rollouts is None or not prefetched:
+        if rollouts is not None and rollouts.step != step:  # not this step's (cannot happen today)
+            rollouts.task.cancel()
+            rollouts = None
+        prefetched = rollouts is not None
+        if rollouts is None:
             rollouts = self._start_rollouts(step)
         groups = await rollouts.task
         rolled = time.perf_counter()

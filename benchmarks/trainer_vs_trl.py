@@ -9,7 +9,8 @@ batches the concurrent requests, the grader scores, and the trainer steps. TRL g
 ``model.generate`` on the whole batch and calls the same grading logic as a reward function.
 
 TRL runs in a process of its own (started once), so that plugtune's threads (the gateway, the
-generation engine, the training thread's OpenMP team) never share a process with it.
+generation engine, with ``--overlap`` the training thread and its OpenMP team) never share a
+process with it.
 
 Every trainer runs at each torch intra-op thread count of ``--threads`` (default 1 and 2: a model
 this small is not always faster on more threads, and a shared machine's load moves the answer),
@@ -192,9 +193,10 @@ def make_policy_server(kind: str, lm: Any) -> tuple[Any, Any]:
 class TRLProcess:
     """TRL runs in a process of its own, started once and asked for one run at a time.
 
-    plugtune's process has threads of its own (the gateway, the generation engine, the training
-    thread with its OpenMP team); an OpenMP team beside TRL's in one process makes libgomp throttle
-    every team's spin-wait on a small machine, which would slow TRL for reasons of ours.
+    plugtune's process has threads of its own (the gateway, the generation engine, with
+    ``--overlap`` a training thread with its own OpenMP team); they slowed TRL's 2-thread step by
+    ~15% when it ran beside them, and a second OpenMP team makes libgomp throttle every team's
+    spin-wait on a small machine.
     """
 
     def __init__(self, argv: list[str]) -> None:

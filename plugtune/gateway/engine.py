@@ -162,12 +162,10 @@ class GenerationEngine:
         mask_4d: bool = True,
         fused: bool = True,
     ) -> None:
-        self._model = model
         self._eos = set(eos_token_ids)
         self._decode = decode
         self._lock = weights_lock
         self._version = policy_version
-        self._pad = pad_token_id
         self.max_batch_size = max_batch_size
         self._batch_gap_s = batch_gap_s
         self._batch_window_s = batch_window_s

@@ -140,8 +140,8 @@ class LocalDeployment:
         except OSError as exc:
             self.backend.ledger.release(runtime.memory_mb)
             raise DeployFailed(f"could not create the instance's cgroup: {exc}") from None
-        instance = Instance(instance_id, self.plugin, limits, self.log_lines.append, self._on_end)
-        instance.on_freed = self._wake  # an abandoned call ended: its slot is free for a waiter
+        # on_freed: an abandoned call ended, so its slot is free for a waiter
+        instance = Instance(instance_id, self.plugin, limits, self.log_lines.append, self._on_end, self._wake)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         config = {

@@ -49,6 +49,7 @@ class Instance:
         limits: InstanceLimits,
         on_log: Callable[[LogLine], None],
         on_end: Callable[[Instance], None],
+        on_freed: Callable[[], None] = lambda: None,
     ) -> None:
         self.id = instance_id
         self.plugin = plugin
@@ -60,7 +61,7 @@ class Instance:
         # Calls whose caller stopped waiting (its task was cancelled): they hold their slot until
         # the instance answers, and ``on_freed`` tells the deployment when one does.
         self.abandoned: set[str] = set()
-        self.on_freed: Callable[[], None] = lambda: None
+        self.on_freed = on_freed
         self.loop = asyncio.get_running_loop()
         self.ready: asyncio.Future[float] = self.loop.create_future()
         # An instance killed before anyone waited for it (a spare at shutdown) has nobody to read

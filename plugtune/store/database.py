@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,10 +121,7 @@ class Database:
         with self.errors("creating the tables"):
             if self.is_sqlite:
                 with self.engine.connect() as conn:
-                    conn.exec_driver_sql(
-                        "PRAGMA journal_mode=WAL"
-                    )  # persistent; not allowed in a transaction
-                    conn.commit()
+                    _enable_wal(conn)
                 # One transaction holding the write lock: processes opening a new file at once queue here.
                 with self.write("creating the tables") as conn:
                     metadata.create_all(conn)
@@ -221,6 +219,29 @@ class Database:
 def _is_connect_failure(reason: str) -> bool:
     words = ("connection", "connect", "could not translate host", "does not exist", "authentication")
     return any(w in reason.lower() for w in words)
+
+
+def _enable_wal(conn: Connection) -> None:
+    """Switch the file to WAL (persistent; not allowed inside a transaction).
+
+    On a fresh file two processes switching at once can deadlock upgrading their read locks, and
+    SQLite then answers one of them "database is locked" at once, without its busy timeout. So the
+    switch is retried, with short sleeps, until the busy timeout has passed.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    pause = 0.002
+    while True:
+        try:
+            if conn.exec_driver_sql("PRAGMA journal_mode").scalar() != "wal":
+                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            conn.commit()
+            return
+        except exc.OperationalError as e:
+            conn.rollback()
+            if "locked" not in str(e.orig) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:

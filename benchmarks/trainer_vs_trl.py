@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from plugtune.demo.plugins import grader as demo_grader  # noqa: E402
 from plugtune.demo.plugins import rollout as demo_rollout  # noqa: E402
+from plugtune.trainer import memory  # noqa: E402
 from plugtune.trainer.config import TrainerConfig  # noqa: E402
 from plugtune.trainer.groups import Plugins  # noqa: E402
 from plugtune.trainer.grpo import GRPOTrainer  # noqa: E402
@@ -130,6 +131,8 @@ class PlugtuneBench:
             )
         self.server, self.stop = make_policy_server(args.policy, lm)
         self.trainer = GRPOTrainer(lm.model, lm.tokenizer, self.server, plugins, rows, config)
+        memory.keep_freed_memory()  # as a job's attempt process does once its trainer is built
+        memory.freeze_startup_objects()
         self.round(warmup_only=True)
 
     def round(self, warmup_only: bool = False) -> Run:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import secrets
+import random
 import time
 from typing import Any, Literal
 
@@ -101,6 +101,11 @@ class ChatCompletionRequest(BaseModel):
         return bool(self.tools) and self.tool_choice != "none"
 
 
+#: Reply ids need to be unique, not secret: one seeding from the OS, then no system call per reply
+#: (each one hands the interpreter lock to another thread of the trainer's busy process).
+_IDS = random.Random()
+
+
 def chat_completion(
     model: str,
     message: dict[str, Any],
@@ -112,7 +117,7 @@ def chat_completion(
 ) -> dict[str, Any]:
     """A ``chat.completion`` object, field for field as OpenAI returns it."""
     return {
-        "id": "chatcmpl-" + secrets.token_hex(12),
+        "id": f"chatcmpl-{_IDS.getrandbits(96):024x}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,

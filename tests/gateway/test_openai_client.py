@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 from typing import Any
 
 import httpx
@@ -56,6 +57,8 @@ async def test_async_client_and_concurrent_requests_are_batched(gateway: PolicyG
 
     replies = await asyncio.gather(*(ask(p, i) for i, p in enumerate(policies)))
     assert all(r.choices[0].finish_reason in ("stop", "length") for r in replies)
+    ids = {r.id for r in replies}  # OpenAI's shape: chatcmpl- and 24 hex digits, unique per reply
+    assert len(ids) == len(replies) and all(re.fullmatch(r"chatcmpl-[0-9a-f]{24}", i) for i in ids)
     assert gateway.engine.batches_run - before < len(policies)
     for i in range(8):
         trace = gateway.take(f"async-{i}")

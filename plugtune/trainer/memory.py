@@ -21,9 +21,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import logging
-
-log = logging.getLogger(__name__)
 
 # mallopt(3) parameters
 _M_TRIM_THRESHOLD = -1
@@ -43,16 +40,14 @@ def keep_freed_memory() -> str:
     except (OSError, AttributeError):
         return "default allocator settings (no glibc mallopt here)"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    ok = all(
-        mallopt(param, value) == 1
-        for param, value in (
-            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
-            (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-            (_M_TOP_PAD, TOP_PAD),
-        )
-    )
-    if not ok:
-        return "default allocator settings (mallopt refused)"
+    settings = {
+        "mmap threshold": (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+        "trim threshold": (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+        "top pad": (_M_TOP_PAD, TOP_PAD),
+    }
+    refused = [name for name, (param, value) in settings.items() if mallopt(param, value) != 1]
+    if refused:
+        return f"allocator settings partly default (mallopt refused the {', '.join(refused)})"
     return f"freed memory kept for reuse (glibc: blocks up to {MMAP_THRESHOLD >> 20} MiB from the heap)"
 
 

@@ -141,8 +141,7 @@ class PlugtuneBench:
             )
         self.server, self.stop = make_policy_server(args.policy, lm)
         self.trainer = GRPOTrainer(lm.model, lm.tokenizer, self.server, plugins, rows, config)
-        memory.keep_freed_memory()  # as a job's attempt process does once its trainer is built
-        memory.freeze_startup_objects()
+        memory.settle_for_training()  # as a job's attempt process does once its trainer is built
         self.round(warmup_only=True)
 
     def round(self, warmup_only: bool = False) -> Run:

@@ -127,7 +127,7 @@ async def _train(
 ) -> None:
     from plugtune.gateway import PolicyGateway
     from plugtune.trainer.grpo import GRPOTrainer
-    from plugtune.trainer.memory import freeze_startup_objects, keep_freed_memory
+    from plugtune.trainer.memory import settle_for_training
     from plugtune.trainer.model import load_model
 
     spec = job.spec
@@ -155,8 +155,7 @@ async def _train(
         store.update_job(job_id, steps_total=config.steps, steps_done=trainer.step_count)
         # This process now exists to train: keep freed memory for the next step, and take what
         # start-up left alive out of the garbage collector's full passes.
-        kept, frozen = keep_freed_memory(), freeze_startup_objects()
-        log.info("trainer memory: %s; %d start-up objects frozen", kept, frozen)
+        log.info("trainer memory: %s", settle_for_training())
         with StoreWriter(store, job_id) as writer:
             tail = asyncio.create_task(_drain_every(drain, writer, LIVE_TAIL_S))
             try:

@@ -12,8 +12,8 @@ model, the tokenizer: ~400,000 objects) out of the cyclic garbage collector's re
 every full collection walks them all, ~0.3 s that stops every thread of the trainer at random
 steps.
 
-Both act on the whole process, so they are called where a process exists to train (a job's
-attempt, the trainer benchmark), not by the trainer itself.
+Both act on the whole process, so ``settle_for_training`` applies them where a process exists to
+train (a job's attempt, the trainer benchmark), not the trainer itself.
 """
 
 from __future__ import annotations
@@ -56,3 +56,9 @@ def freeze_startup_objects() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def settle_for_training() -> str:
+    """Both, once the process has loaded what it trains with; says what is now in effect."""
+    kept = keep_freed_memory()
+    return f"{kept}; {freeze_startup_objects()} start-up objects frozen"

@@ -45,3 +45,16 @@ def test_training_steps_reuse_freed_memory_instead_of_faulting_it_in_again() -> 
 
 def test_start_up_objects_are_frozen_out_of_collections() -> None:
     assert int(str(_run("default")["frozen"])) > 10_000  # torch alone leaves more alive
+
+
+def test_settling_a_process_for_training_says_what_is_in_effect() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "from plugtune.trainer import memory; print(memory.settle_for_training())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "start-up objects frozen" in out.stdout
+    if sys.platform.startswith("linux"):
+        assert "kept for reuse" in out.stdout

@@ -2,7 +2,7 @@
 
 The rollouts of a GRPO group start from the same prompt, so each distinct prompt is run through
 the model once: the forward packs the prompt and all its responses into one row, with an
-attention mask that keeps the responses apart (see ``response_logits``). Responses are
+attention mask that keeps the responses apart (see ``policy_logits``). Responses are
 right-padded in the ``*_BR`` tensors; position ``t`` is response token ``t``.
 """
 
@@ -36,6 +36,11 @@ class TrainBatch:
     def num_tokens(self) -> int:
         return int(self.mask_BR.sum().item())
 
+    def policy_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row and response position of each token the policy sampled (``mask_BR`` 1), row-major."""
+        b_N, t_N = torch.nonzero(self.mask_BR > 0, as_tuple=True)
+        return b_N, t_N
+
 
 def is_trainable(record: TrajectoryRecord) -> bool:
     """A record contributes to the loss when it has an advantage, a prompt and policy tokens."""
@@ -66,30 +71,39 @@ def build_batch(records: Sequence[TrajectoryRecord], pad_id: int) -> TrainBatch:
     )
 
 
-def response_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float) -> torch.Tensor:
-    """Logits ``[B, R, V]`` that predict each response token, divided by the sampling temperature.
+def policy_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float) -> torch.Tensor:
+    """Logits ``[N, V]`` that predict the policy's own tokens (``batch.policy_positions()``, in
+    row-major order), divided by the sampling temperature.
 
     One forward over one packed row per distinct prompt: the prompt, then each of its responses
     back to back. A 4D attention mask lets every response token see the prompt and its own earlier
     tokens only, and its positions continue the prompt's, so each response is computed exactly as if
     it followed the prompt alone; the prompt is computed once and no compute goes to padding between
-    responses (gradients from all responses meet in the shared prompt positions).
+    responses (gradients from all responses meet in the shared prompt positions). The output head
+    runs only where the loss looks (not on padding, nor on tool or environment tokens).
 
-    The forward is ``plugtune.llama_family``'s where it covers the model (the output head then runs
-    on the response positions only), else the model's own: custom 4D masks are taken by the
-    ``sdpa`` and ``eager`` attentions; with any other (flash attention, say) each response gets a
-    row of its own after a copy of its prompt. A sliding-window layer sees the whole packed row,
-    which differs only past the window.
+    The forward is ``plugtune.llama_family``'s where it covers the model, else the model's own:
+    custom 4D masks are taken by the ``sdpa`` and ``eager`` attentions; with any other (flash
+    attention, say) each response gets a row of its own after a copy of its prompt. A
+    sliding-window layer sees the whole packed row, which differs only past the window.
     """
+    b_N, t_N = batch.policy_positions()
+    return _logits_at(model, batch, b_N, t_N, temperature)
+
+
+def _logits_at(
+    model: PreTrainedModel, batch: TrainBatch, b_N: torch.Tensor, t_N: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Logits ``[N, V]`` predicting response token ``t_N`` of row ``b_N``, over the temperature."""
     kind = mask_kind(model)
     packed = _pack(batch, shared=kind != "rows")
+    row_N, source_N = packed.row_B[b_N], packed.source_BR[b_N, t_N]
     if kind == "fused":
         family = _family(model)
         normed_GLH, _, _ = family.forward(
             packed.ids_GL, packed.positions_GL, packed.attention_G1LL, family.layers()
         )
-        logits_BRV = family.head(normed_GLH[packed.row_B[:, None], packed.source_BR])
-        return logits_BRV.float() / temperature
+        return family.head(normed_GLH[row_N, source_N]).float() / temperature
     mask = packed.attention_G1LL
     if kind == "eager":  # an additive mask
         dtype = next(model.parameters()).dtype
@@ -102,12 +116,11 @@ def response_logits(model: PreTrainedModel, batch: TrainBatch, temperature: floa
         position_ids=packed.positions_GL,
         use_cache=False,
     )
-    logits_BRV = out.logits[packed.row_B[:, None], packed.source_BR]
-    return logits_BRV.float() / temperature
+    return out.logits[row_N, source_N].float() / temperature
 
 
 def mask_kind(model: PreTrainedModel) -> str:
-    """How ``response_logits`` runs the model: ``fused`` (``plugtune.llama_family``, a boolean 4D
+    """How ``policy_logits`` runs the model: ``fused`` (``plugtune.llama_family``, a boolean 4D
     mask), or its own forward with a boolean (``sdpa``) or additive (``eager``) 4D mask, or ``rows``.
 
     The fused forward is skipped where it would differ from the model's own in training:

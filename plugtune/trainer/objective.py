@@ -1,7 +1,9 @@
 """The GRPO objective over a step's micro-batches: backward, and the statistics of the step.
 
 Each micro-batch's token means are weighted by its share of the step's policy tokens, so the
-gradients add up to exactly those of one token-level mean over the whole batch.
+gradients add up to exactly those of one token-level mean over the whole batch. Only the tokens
+the policy sampled are scored (``policy_logits``): the per-token tensors here are ``[N, 1]``, one
+row per such token, and a token-level mean is a plain mean over them.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from plugtune.trainer.batch import TrainBatch, response_logits
-from plugtune.trainer.losses import clipped_pg_loss, entropy, kl_k3, masked_mean, token_logprobs
+from plugtune.trainer.batch import TrainBatch, policy_logits
+from plugtune.trainer.losses import (
+    clipped_pg_loss,
+    kl_k3,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 
 
 @dataclass(frozen=True)
@@ -49,25 +56,24 @@ def backward(
     sums = dict.fromkeys(("loss", "pg", "kl", "entropy", "clip", "gap"), 0.0)
     for batch in batches:
         share = batch.num_tokens / total
-        logits_BRV = response_logits(model, batch, temperature)
-        logps_BR = token_logprobs(logits_BRV, batch.response_ids_BR)
-        pg, clip_fraction = clipped_pg_loss(
-            logps_BR, batch.old_logps_BR, batch.advantages_B, batch.mask_BR, clip_ratio
-        )
+        b_N, t_N = batch.policy_positions()
+        tokens_N = batch.response_ids_BR[b_N, t_N]
+        logps_N, entropy_N = token_logprobs_and_entropy(policy_logits(model, batch, temperature), tokens_N)
+        logps_N1, old_N1 = logps_N[:, None], batch.old_logps_BR[b_N, t_N][:, None]
+        mask_N1 = torch.ones_like(logps_N1)
+        pg, clip_fraction = clipped_pg_loss(logps_N1, old_N1, batch.advantages_B[b_N], mask_N1, clip_ratio)
         kl = torch.zeros(())
         if reference is not None:
             with torch.no_grad():
-                ref_logps_BR = token_logprobs(
-                    response_logits(reference, batch, temperature), batch.response_ids_BR
-                )
-            kl = masked_mean(kl_k3(logps_BR, ref_logps_BR), batch.mask_BR)
+                ref_N = token_logprobs(policy_logits(reference, batch, temperature)[None], tokens_N[None])[0]
+            kl = kl_k3(logps_N, ref_N).mean()
         loss = (pg + kl_coef * kl) * share
         if not math.isfinite(loss.item()):
             raise NonFiniteLoss(loss.item())
         loss.backward()
         with torch.no_grad():
-            sums["entropy"] += share * masked_mean(entropy(logits_BRV), batch.mask_BR).item()
-            sums["gap"] += share * masked_mean((logps_BR - batch.old_logps_BR).abs(), batch.mask_BR).item()
+            sums["entropy"] += share * entropy_N.mean().item()
+            sums["gap"] += share * (logps_N1 - old_N1).abs().mean().item()
         sums["loss"] += loss.item()
         sums["pg"] += share * pg.item()
         sums["kl"] += share * kl.item()

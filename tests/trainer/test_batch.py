@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plugtune.trainer.batch import build_batch, is_trainable, response_logits
+from plugtune.trainer.batch import build_batch, is_trainable, policy_logits
 from plugtune.trainer.losses import token_logprobs
 from plugtune.trainer.model import load_model
 from plugtune.types import TrajectoryRecord
@@ -73,8 +73,13 @@ def test_shared_prompt_forward_matches_full_forward(
         record("d", p2, ids(6), [1] * 6, -0.3),
     ]
     batch = build_batch(records, pad_id=0)
-    shared = token_logprobs(response_logits(model, batch, temperature=0.7), batch.response_ids_BR)
-    loss_shared = (shared * batch.mask_BR).sum()
+    b_N, t_N = batch.policy_positions()
+    assert list(zip(b_N.tolist(), t_N.tolist(), strict=True)) == [
+        (b, t) for b, r in enumerate(records) for t, m in enumerate(r.response_mask) if m
+    ]
+    logits_NV = policy_logits(model, batch, temperature=0.7)
+    shared = token_logprobs(logits_NV[None], batch.response_ids_BR[b_N, t_N][None])[0]
+    loss_shared = shared.sum()
     grads_shared = torch.autograd.grad(loss_shared, list(model.parameters()))
 
     loss_full = torch.zeros(())
@@ -82,8 +87,8 @@ def test_shared_prompt_forward_matches_full_forward(
         seq = torch.tensor([r.prompt_ids + r.response_ids])
         logits = model(input_ids=seq, use_cache=False).logits[0, len(r.prompt_ids) - 1 : -1] / 0.7
         full = token_logprobs(logits.unsqueeze(0), torch.tensor([r.response_ids]))[0]
-        n = len(r.response_ids)
-        torch.testing.assert_close(shared[i, :n], full, rtol=1e-4, atol=1e-5)
+        sampled = torch.tensor(r.response_mask, dtype=torch.bool)
+        torch.testing.assert_close(shared[b_N == i], full[sampled], rtol=1e-4, atol=1e-5)
         loss_full = loss_full + (full * torch.tensor(r.response_mask)).sum()
     grads_full = torch.autograd.grad(loss_full, list(model.parameters()))
     for a, b in zip(grads_shared, grads_full, strict=True):

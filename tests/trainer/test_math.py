@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from plugtune.trainer.losses import clipped_pg_loss, entropy, kl_k3, masked_mean, token_logprobs
+from plugtune.trainer.losses import (
+    clipped_pg_loss,
+    entropy,
+    kl_k3,
+    masked_mean,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 from plugtune.trainer.rewards import final_reward, group_advantages, summary
 
 
@@ -61,6 +68,19 @@ def test_token_logprobs_and_entropy_by_hand() -> None:
     ent = entropy(logits)
     h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     assert ent.tolist()[0] == pytest.approx([h, math.log(2.0)])
+
+
+def test_token_logprobs_and_entropy_from_one_log_softmax() -> None:
+    logits = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0], [2.0, -1.0]], requires_grad=True)
+    tokens = torch.tensor([1, 0, 1])
+    logps, ent = token_logprobs_and_entropy(logits, tokens)
+    torch.testing.assert_close(logps, token_logprobs(logits[None], tokens[None])[0])
+    torch.testing.assert_close(ent, entropy(logits))
+    assert logps.requires_grad and not ent.requires_grad  # entropy is a statistic, not in the loss
+    logps.sum().backward()
+    assert logits.grad is not None
+    # d log softmax(x)_k / dx = onehot(k) - softmax(x): each row's gradient sums to zero
+    torch.testing.assert_close(logits.grad.sum(-1), torch.zeros(3))
 
 
 def test_masked_mean_ignores_masked_positions_and_empty_mask() -> None:

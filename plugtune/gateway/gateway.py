@@ -30,7 +30,7 @@ class PolicyGateway:
     The HTTP server runs on its own event loop in a background thread and generation in another,
     so a trainer in the main thread keeps working. The engine decodes from the very ``model``
     object the trainer updates; the trainer holds ``weights_lock`` while it changes the weights
-    and then calls ``set_policy_version``. Generation runs under ``torch.no_grad`` in whatever
+    and then calls ``set_policy_version``. Generation runs under ``torch.inference_mode`` in whatever
     train/eval mode the model is in (the gateway never switches it: that would race the trainer),
     on ``generation_threads`` torch intra-op threads of its own (None: torch's default).
     """

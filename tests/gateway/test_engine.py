@@ -291,3 +291,25 @@ def test_a_ready_made_4d_decode_mask_decodes_as_the_2d_one(
     for with_4d, with_2d in zip(*replies, strict=True):
         assert with_4d.token_ids == with_2d.token_ids
         assert with_4d.logprobs == pytest.approx(with_2d.logprobs, abs=1e-4)
+
+
+def test_decoding_in_inference_mode_leaves_the_model_trainable(demo_model: Any, tokenizer: Any) -> None:
+    """The engine decodes under inference_mode; the trainer then updates the same weights in
+    place and trains through them, and the next batch decodes from the new weights."""
+    model = copy.deepcopy(demo_model)
+    engine = make_engine(model, tokenizer)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    ask = prompt(tokenizer, "12+30=?")
+    try:
+        before = engine.submit(ask, greedy).result(timeout=60)
+        assert not any(p.is_inference() for p in model.parameters())
+        with engine._lock:  # a training step: a backward through the weights, then in-place updates
+            logits = model(input_ids=torch.tensor([ask + before.token_ids])).logits
+            logits.float().logsumexp(-1).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p), alpha=0.5)
+        after = engine.submit(ask, greedy).result(timeout=60)
+        assert after.logprobs != before.logprobs  # decoded from the updated weights
+    finally:
+        engine.stop()

@@ -88,13 +88,6 @@ def policy_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float)
     sliding-window layer sees the whole packed row, which differs only past the window.
     """
     b_N, t_N = batch.policy_positions()
-    return _logits_at(model, batch, b_N, t_N, temperature)
-
-
-def _logits_at(
-    model: PreTrainedModel, batch: TrainBatch, b_N: torch.Tensor, t_N: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """Logits ``[N, V]`` predicting response token ``t_N`` of row ``b_N``, over the temperature."""
     kind = mask_kind(model)
     packed = _pack(batch, shared=kind != "rows")
     row_N, source_N = packed.row_B[b_N], packed.source_BR[b_N, t_N]
@@ -212,8 +205,10 @@ def _padded(values: Sequence[float], width: int) -> list[float]:
     return [float(v) for v in values] + [0.0] * (width - len(values))
 
 
-#: Most logits elements (rows x response positions x vocabulary) one forward may hold (2 GiB in
-#: float32); a larger batch is split into micro-batches whose gradients add up to the same step.
+#: Most rows x response positions x vocabulary of one forward (2 GiB of float32 logits, were every
+#: position scored; only the policy's tokens are, so the logits held are at most this, and the
+#: bound also caps the packed sequence length); a larger batch is split into micro-batches whose
+#: gradients add up to the same step.
 LOGITS_BUDGET = 2**29
 
 

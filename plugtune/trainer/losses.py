@@ -1,6 +1,7 @@
 """Token-level math of the GRPO loss: log-probs, masked means, the clipped objective, KL, entropy.
 
-Shapes: ``B`` sequences, ``T`` response positions, ``V`` vocabulary. Every function is pure.
+Shapes: ``B`` sequences, ``T`` response positions, ``N`` scored tokens, ``V`` vocabulary.
+Every function is pure.
 """
 
 from __future__ import annotations
@@ -17,20 +18,14 @@ def token_logprobs(logits_BTV: torch.Tensor, tokens_BT: torch.Tensor) -> torch.T
 def token_logprobs_and_entropy(
     logits_NV: torch.Tensor, tokens_N: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``token_logprobs`` (with its gradient) and ``entropy`` (a statistic: no gradient) from one
-    log-softmax over the logits."""
+    """``token_logprobs`` (with its gradient) and the entropy of each next-token distribution in
+    nats (a statistic: no gradient), from one log-softmax over the logits."""
     logps_NV = torch.log_softmax(logits_NV.float(), dim=-1)
     logps_N = logps_NV.gather(-1, tokens_N.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         p_NV = logps_NV.detach()
         entropy_N = -(p_NV.exp() * p_NV).sum(-1)
     return logps_N, entropy_N
-
-
-def entropy(logits_BTV: torch.Tensor) -> torch.Tensor:
-    """Entropy of the next-token distribution at each position (nats)."""
-    logps_BTV = torch.log_softmax(logits_BTV.float(), dim=-1)
-    return -(logps_BTV.exp() * logps_BTV).sum(-1)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

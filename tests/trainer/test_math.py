@@ -9,7 +9,6 @@ import torch
 
 from plugtune.trainer.losses import (
     clipped_pg_loss,
-    entropy,
     kl_k3,
     masked_mean,
     token_logprobs,
@@ -65,9 +64,10 @@ def test_token_logprobs_and_entropy_by_hand() -> None:
     tokens = torch.tensor([[1, 0]])
     logps = token_logprobs(logits, tokens)
     assert logps.tolist()[0] == pytest.approx([math.log(0.75), math.log(0.5)])
-    ent = entropy(logits)
+    logps_n, ent = token_logprobs_and_entropy(logits[0], tokens[0])
+    assert logps_n.tolist() == pytest.approx([math.log(0.75), math.log(0.5)])
     h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
-    assert ent.tolist()[0] == pytest.approx([h, math.log(2.0)])
+    assert ent.tolist() == pytest.approx([h, math.log(2.0)])
 
 
 def test_token_logprobs_and_entropy_from_one_log_softmax() -> None:
@@ -75,7 +75,8 @@ def test_token_logprobs_and_entropy_from_one_log_softmax() -> None:
     tokens = torch.tensor([1, 0, 1])
     logps, ent = token_logprobs_and_entropy(logits, tokens)
     torch.testing.assert_close(logps, token_logprobs(logits[None], tokens[None])[0])
-    torch.testing.assert_close(ent, entropy(logits))
+    p = torch.softmax(logits.detach(), -1)
+    torch.testing.assert_close(ent, -(p * p.log()).sum(-1))
     assert logps.requires_grad and not ent.requires_grad  # entropy is a statistic, not in the loss
     logps.sum().backward()
     assert logits.grad is not None

@@ -8,6 +8,7 @@ right-padded in the ``*_BR`` tensors; position ``t`` is response token ``t``.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,8 +37,10 @@ class TrainBatch:
     def num_tokens(self) -> int:
         return int(self.mask_BR.sum().item())
 
+    @functools.cached_property
     def policy_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row and response position of each token the policy sampled (``mask_BR`` 1), row-major."""
+        """Row and response position of each token the policy sampled (``mask_BR`` 1), row-major
+        (found once per batch: the loss, its forward and the reference's forward all use them)."""
         b_N, t_N = torch.nonzero(self.mask_BR > 0, as_tuple=True)
         return b_N, t_N
 
@@ -72,7 +75,7 @@ def build_batch(records: Sequence[TrajectoryRecord], pad_id: int) -> TrainBatch:
 
 
 def policy_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float) -> torch.Tensor:
-    """Logits ``[N, V]`` that predict the policy's own tokens (``batch.policy_positions()``, in
+    """Logits ``[N, V]`` that predict the policy's own tokens (``batch.policy_positions``, in
     row-major order), divided by the sampling temperature.
 
     One forward over one packed row per distinct prompt: the prompt, then each of its responses
@@ -87,7 +90,7 @@ def policy_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float)
     attention, say) each response gets a row of its own after a copy of its prompt. A
     sliding-window layer sees the whole packed row, which differs only past the window.
     """
-    b_N, t_N = batch.policy_positions()
+    b_N, t_N = batch.policy_positions
     kind = mask_kind(model)
     packed = _pack(batch, shared=kind != "rows")
     row_N, source_N = packed.row_B[b_N], packed.source_BR[b_N, t_N]

@@ -23,8 +23,7 @@ def token_logprobs_and_entropy(
     logps_NV = torch.log_softmax(logits_NV.float(), dim=-1)
     logps_N = logps_NV.gather(-1, tokens_N.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
-        p_NV = logps_NV.detach()
-        entropy_N = -(p_NV.exp() * p_NV).sum(-1)
+        entropy_N = -(logps_NV.exp() * logps_NV).sum(-1)
     return logps_N, entropy_N
 
 

@@ -56,7 +56,7 @@ def backward(
     sums = dict.fromkeys(("loss", "pg", "kl", "entropy", "clip", "gap"), 0.0)
     for batch in batches:
         share = batch.num_tokens / total
-        b_N, t_N = batch.policy_positions()
+        b_N, t_N = batch.policy_positions
         tokens_N = batch.response_ids_BR[b_N, t_N]
         logps_N, entropy_N = token_logprobs_and_entropy(policy_logits(model, batch, temperature), tokens_N)
         logps_N1, old_N1 = logps_N[:, None], batch.old_logps_BR[b_N, t_N][:, None]

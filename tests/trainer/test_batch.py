@@ -73,7 +73,7 @@ def test_shared_prompt_forward_matches_full_forward(
         record("d", p2, ids(6), [1] * 6, -0.3),
     ]
     batch = build_batch(records, pad_id=0)
-    b_N, t_N = batch.policy_positions()
+    b_N, t_N = batch.policy_positions
     assert list(zip(b_N.tolist(), t_N.tolist(), strict=True)) == [
         (b, t) for b, r in enumerate(records) for t, m in enumerate(r.response_mask) if m
     ]

@@ -175,4 +175,4 @@ async def test_timeout_fires_close_to_timeout_s(rt: LocalRuntime) -> None:
         await fn.invoke(ctx(), sample(fail=True), trajectory())
     elapsed = time.perf_counter() - started
     assert info.value.cause == Cause.TIMEOUT.value
-    assert 0.5 <= elapsed < 0.75, elapsed  # deadlines share timers in 5 ms slots: never early
+    assert 0.5 <= elapsed < 0.9, elapsed  # deadlines share timers in 5 ms slots: never early, soon after

@@ -109,12 +109,15 @@ class _Record:
 
 @dataclass(frozen=True)
 class InProcessPolicy(Policy):
-    """A Policy whose ``chat`` calls an InProcessPolicyServer directly (no HTTP)."""
+    """A Policy whose ``chat`` / ``achat`` call an InProcessPolicyServer directly (no HTTP)."""
 
     server: Any = None
 
     def chat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
         return dict(self.server.chat(self.api_key, messages, **params))
+
+    async def achat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self.chat, messages, **params)  # generate blocks
 
 
 #: ``generate`` samples from torch's process-wide generator: two servers (say, a trainer's next

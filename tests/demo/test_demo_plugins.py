@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +32,7 @@ def test_the_demo_rollout_and_grader_run_against_the_gateway(gateway: PolicyGate
     for i, row in enumerate(rows[:16]):
         sample = Sample.from_dict({**row, "index": i, "sampling": {"temperature": 0.0}})
         ctx = Context(trajectory_id=f"demo-{i}")
-        assert answer(ctx, gateway.open(ctx.trajectory_id), sample) is None
+        assert asyncio.run(answer(ctx, gateway.open(ctx.trajectory_id), sample)) is None
         trace = gateway.take(ctx.trajectory_id)
         assert trace.response_mask and all(trace.response_mask)
         assert ctx.metrics["completion_tokens"] == len(trace.response_ids)

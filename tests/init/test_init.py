@@ -92,6 +92,9 @@ class ScriptedPolicy(Policy):
             raise step
         return {"choices": [{"message": step}]}
 
+    async def achat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
+        return self.chat(messages, **params)
+
 
 def tool_call(arguments: str) -> dict[str, Any]:
     call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": arguments}}

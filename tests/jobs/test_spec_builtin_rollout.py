@@ -16,6 +16,9 @@ class RecordingPolicy(Policy):
         self.calls.append((messages, params))
         return {"choices": [{"message": {"role": "assistant", "content": "7"}}]}
 
+    async def achat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
+        return self.chat(messages, **params)
+
 
 async def test_builtin_rollout_asks_once_with_the_sampling_settings() -> None:
     ref = parse_entry(BUILTIN_ROLLOUT)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ class Gateway(ThreadingHTTPServer):
     """A stand-in policy gateway that records which client connection sent each request."""
 
     daemon_threads = True
+    request_queue_size = 64  # the listen backlog: many connections may arrive at once
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
@@ -24,6 +26,9 @@ class Gateway(ThreadingHTTPServer):
         self.delay_s = 0.0
         self.status = 200
         self.framing = "length"  # how the reply's body is delimited: length | chunked | eof | garbage
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most_in_flight = 0  # requests being answered at one time, at most
 
     @property
     def base_url(self) -> str:
@@ -43,7 +48,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.client_address[1], body))
+        with self.server.lock:
+            self.server.in_flight += 1
+            self.server.most_in_flight = max(self.server.most_in_flight, self.server.in_flight)
         time.sleep(self.server.delay_s)
+        with self.server.lock:
+            self.server.in_flight -= 1
         if self.server.status != 200:
             payload = json.dumps({"error": {"message": "max_tokens: must be positive"}}).encode()
         else:
@@ -140,20 +150,88 @@ def test_an_unreachable_gateway_is_a_policy_error() -> None:
         Policy("ftp://127.0.0.1:9/v1", "key").chat(ASK)
 
 
-async def test_achat_runs_off_the_event_loop(gateway: Gateway) -> None:
+async def test_achat_calls_on_one_loop_reuse_a_connection_and_concurrent_calls_each_hold_one(
+    gateway: Gateway,
+) -> None:
     policy = Policy(gateway.base_url, "key")
-    reply = await policy.achat([*ASK, {"role": "assistant", "content": "2"}, *ASK])
-    assert Policy.content(reply) == "seen 3"
+    turns = [*ASK, {"role": "assistant", "content": "2"}, *ASK]
+    replies = [await policy.achat(turns, max_tokens=4) for _ in range(3)]
+    assert [Policy.content(r) for r in replies] == ["seen 3"] * 3 and replies[0]["auth"] == "Bearer key"
+    assert gateway.requests[0][1] == {"model": "policy", "messages": turns, "max_tokens": 4}
+    assert len(set(gateway.ports())) == 1
+    gateway.delay_s = 0.3
+    together = await asyncio.gather(*(Policy(gateway.base_url, f"key-{i}").achat(ASK) for i in range(4)))
+    assert sorted(r["auth"] for r in together) == [f"Bearer key-{i}" for i in range(4)]
+    assert len(set(gateway.ports()[3:])) == 4  # one was idle, three were opened
+    gateway.delay_s = 0.0
+    await policy.achat(ASK)
+    assert len(set(gateway.ports())) == 4  # and all four are kept for the next calls
+
+
+async def test_many_achat_calls_are_in_flight_at_once(gateway: Gateway) -> None:
+    # Not limited by a thread pool: a rollout's concurrent calls all reach the gateway together.
+    gateway.delay_s = 0.5
+    replies = await asyncio.gather(*(Policy(gateway.base_url, "key").achat(ASK) for _ in range(16)))
+    assert [Policy.content(r) for r in replies] == ["seen 1"] * 16
+    assert gateway.most_in_flight == 16
+
+
+async def test_achat_reopens_a_connection_the_server_closed_once(gateway: Gateway) -> None:
+    policy = Policy(gateway.base_url, "key")
+    gateway.drop_after_reply = True
+    for _ in range(3):
+        assert Policy.content(await policy.achat(ASK)) == "seen 1"
+        await asyncio.sleep(0.05 if _ == 0 else 0)  # once noticed while idle, once only when asking
+    assert len(gateway.requests) == 3 and len(set(gateway.ports())) == 3
+
+
+async def test_achat_errors_are_policy_errors(gateway: Gateway) -> None:
+    policy = Policy(gateway.base_url, "key")
+    gateway.status = 400
+    with pytest.raises(PolicyError, match="answered 400: .*max_tokens: must be positive"):
+        await policy.achat(ASK, max_tokens=-1)
+    gateway.status, gateway.delay_s = 200, 1.5
+    started = time.monotonic()
+    with pytest.raises(PolicyError, match="did not answer within 0.2 s"):
+        await Policy(gateway.base_url, "key", timeout_s=0.2).achat(ASK)
+    assert time.monotonic() - started < 1.2
+    gateway.delay_s = 0.0
+    assert Policy.content(await policy.achat(ASK)) == "seen 1"  # the late call's connection was closed
+    with pytest.raises(PolicyError, match="cannot reach the policy gateway at http://127.0.0.1:9/v1"):
+        await Policy("http://127.0.0.1:9/v1", "key", timeout_s=2).achat(ASK)
+    with pytest.raises(PolicyError, match="must start with http"):
+        await Policy("ftp://127.0.0.1:9/v1", "key").achat(ASK)
+    gateway.framing = "garbage"
+    with pytest.raises(PolicyError, match="cannot reach the policy gateway.*SMTP ready"):
+        await Policy(gateway.base_url, "key").achat(ASK)
+
+
+async def test_a_cancelled_achat_leaves_no_half_read_reply_behind(gateway: Gateway) -> None:
+    policy = Policy(gateway.base_url, "key")
+    gateway.delay_s = 0.3
+    call = asyncio.ensure_future(policy.achat(ASK * 2))
+    await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    gateway.delay_s = 0.0
+    assert Policy.content(await policy.achat(ASK)) == "seen 1"  # not the cancelled call's "seen 2"
 
 
 @pytest.mark.parametrize("framing", ["chunked", "eof"])
+@pytest.mark.parametrize("calls", ["chat", "achat"])
 def test_replies_in_chunks_or_to_the_end_of_the_connection_are_read_whole(
-    gateway: Gateway, framing: str
+    gateway: Gateway, framing: str, calls: str
 ) -> None:
     gateway.framing = framing
     policy = Policy(gateway.base_url, "key")
-    for _ in range(2):  # the second call reuses the connection (chunked) or opens a new one (eof)
-        reply = policy.chat(ASK * 3)
+
+    async def twice() -> list[dict[str, Any]]:
+        return [await policy.achat(ASK * 3) for _ in range(2)]
+
+    # the second call reuses the connection (chunked) or opens a new one (eof)
+    replies = [policy.chat(ASK * 3) for _ in range(2)] if calls == "chat" else asyncio.run(twice())
+    for reply in replies:
         assert Policy.content(reply) == "seen 3" and reply["auth"] == "Bearer key"
     assert len(set(gateway.ports())) == (1 if framing == "chunked" else 2)
 

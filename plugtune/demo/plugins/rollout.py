@@ -6,8 +6,9 @@ from plugtune import Context, Policy, RolloutResult, Sample, rollout
 
 
 @rollout
-def answer(ctx: Context, policy: Policy, sample: Sample) -> RolloutResult | None:
-    reply = policy.chat(
+async def answer(ctx: Context, policy: Policy, sample: Sample) -> RolloutResult | None:
+    # async: the instance's event loop runs every rollout in flight, with no thread per call.
+    reply = await policy.achat(
         sample.messages,
         temperature=sample.sampling.temperature,
         top_p=sample.sampling.top_p,

@@ -170,7 +170,7 @@ async def test_achat_calls_on_one_loop_reuse_a_connection_and_concurrent_calls_e
 
 async def test_many_achat_calls_are_in_flight_at_once(gateway: Gateway) -> None:
     # Not limited by a thread pool: a rollout's concurrent calls all reach the gateway together.
-    gateway.delay_s = 0.5
+    gateway.delay_s = 1.0  # each answer waits long enough for all sixteen to have arrived
     replies = await asyncio.gather(*(Policy(gateway.base_url, "key").achat(ASK) for _ in range(16)))
     assert [Policy.content(r) for r in replies] == ["seen 1"] * 16
     assert gateway.most_in_flight == 16

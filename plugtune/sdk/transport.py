@@ -93,7 +93,7 @@ async def apost(url: urllib.parse.SplitResult, body: bytes, headers: dict[str, s
     return status, payload
 
 
-def parse_head(head: str) -> tuple[int, dict[str, str]]:
+def _parse_head(head: str) -> tuple[int, dict[str, str]]:
     """The status code and the (lower-cased) header fields of a reply's head."""
     status_line, *header_lines = head.split("\r\n")
     parts = status_line.split(" ", 2)
@@ -201,7 +201,7 @@ class _PlainConnection:
                 raise http.client.HTTPException(f"the reply's headers are longer than {MAX_HEAD} bytes")
             self._receive(first=not self.buffer)
         head, self.buffer = self.buffer[:end].decode("latin-1"), self.buffer[end + 4 :]
-        return parse_head(head)
+        return _parse_head(head)
 
     def _receive(self, first: bool = False) -> None:
         assert self.sock is not None
@@ -317,7 +317,7 @@ class _AsyncConnection:
                     "the server closed the connection without a reply"
                 ) from None
             raise http.client.IncompleteRead(exc.partial) from exc
-        status, fields = parse_head(head[:-4].decode("latin-1"))
+        status, fields = _parse_head(head[:-4].decode("latin-1"))
         try:
             if fields.get("transfer-encoding", "").lower() == "chunked":
                 payload = await self._chunked()

@@ -21,8 +21,9 @@ if sys.argv[1] == "keep":
 else:
     active = ""
     if sys.argv[1] == "fixed":
-        libc = ctypes.CDLL("libc.so.6")
-        assert libc.mallopt(-3, 128 << 10) == 1 and libc.mallopt(-1, 128 << 10) == 1
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+        assert mallopt(memory._M_MMAP_THRESHOLD, 128 << 10) == 1
+        assert mallopt(memory._M_TRIM_THRESHOLD, 128 << 10) == 1
 torch.set_num_threads(1)
 net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.SiLU(), torch.nn.Linear(1024, 256))
 def steps(n):

@@ -1,7 +1,8 @@
 """``plugtune test``: the job's plugins in this process on a few dataset rows, fast enough for every edit.
 
 No isolation and no memory limit here (``--faas`` has both); a plugin that calls ``os._exit`` or
-``sys.exit`` is reported as EOF and the test goes on.
+``sys.exit`` is reported as EOF and the test goes on; a sync call that never returns is reported
+as ``Timeout`` after its ``timeout_s`` and left behind on its daemon thread, so the test still ends.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class ExitsAsEof(JobFunction):
     """A deployed function whose :class:`PluginExit` failures are reported as EOF, as in an instance."""
 
     def __init__(self, jf: JobFunction) -> None:
-        super().__init__(jf.fn, jf.spec.weight)
+        super().__init__(jf.fn, jf.spec.weight, jf.spec.name)
 
     async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
         try:

@@ -2,7 +2,9 @@
 
 For fast local tests and ``plugtune test``: no isolation and no memory limit, but the same
 validation, statuses and failure causes (``sys.exit`` and injected crashes are reported as EOF,
-without ending the caller).
+without ending the caller). A sync function runs on a daemon thread of its own, so a call that
+never returns is reported as ``Timeout`` after ``timeout_s`` and abandoned: the caller goes on
+and can exit (a thread cannot be killed; a pool's threads would be joined at exit).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import asyncio
 import collections
 import inspect
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from plugtune.runtime import protocol as p
@@ -64,6 +66,34 @@ def _exit_safe(fn: Any, ctx: Any, args: tuple[Any, ...]) -> Any:
         raise PluginExit(exc) from None
 
 
+async def run_on_daemon_thread(fn: Any, ctx: Any, args: tuple[Any, ...], name: str) -> Any:
+    """``fn(ctx, *args)`` on a new daemon thread; cancelling the await abandons the thread."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if done.done():  # timed out (cancelled) before the function returned
+            return
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(value)
+
+    def work() -> None:
+        value, error = None, None
+        try:
+            value = _exit_safe(fn, ctx, args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the caller's loop is closed: nobody waits for this call any more
+            pass
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await done
+
+
 class InProcessDeployment:
     def __init__(self, plugin: Plugin, runtime: Runtime, entry: str, code_root: str) -> None:
         self.plugin = plugin
@@ -71,9 +101,6 @@ class InProcessDeployment:
         self.runtime = runtime
         self.entry = entry
         self.code_root = code_root
-        self.pool = ThreadPoolExecutor(
-            max_workers=runtime.max_concurrency, thread_name_prefix="plugtune-inproc"
-        )
         self.semaphore = asyncio.Semaphore(runtime.max_concurrency)
         self.log_lines: collections.deque[LogLine] = collections.deque(maxlen=MAX_LOG_LINES)
         self.in_flight = 0
@@ -126,8 +153,7 @@ class InProcessDeployment:
                 return await fn(ctx, *request.args)
             except (SystemExit, KeyboardInterrupt) as exc:  # must not end the caller's event loop
                 raise PluginExit(exc) from None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, _exit_safe, fn, ctx, request.args)
+        return await run_on_daemon_thread(fn, ctx, request.args, f"plugtune-inproc-{request.call_id}")
 
     def _failure(
         self, exc: BaseException, metrics: dict[str, float], logs: list[LogLine]
@@ -157,7 +183,7 @@ class InProcessDeployment:
         return list(self.log_lines)
 
     async def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        return None
 
 
 class InProcessBackend:

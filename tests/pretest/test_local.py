@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ def test_init_project_passes(tmp_path: Path) -> None:
 
 
 CASES = [
-    ("raising_grader", "raises", "500", "graders.py:17 in raises"),
+    ("raising_grader", "raises", "500", "graders.py:19 in raises"),
     ("nan_grader", "nan", "Invalid reward", "NaN"),
     ("sleeping_rollout", "sleeps", "Timeout", "timeout_s=0.5"),
     ("exiting_rollout", "exits", "EOF", "os._exit(3)"),
@@ -107,3 +109,19 @@ def test_plugin_that_cannot_load_is_create_faas_fault() -> None:
     assert doc["error"]["traceback"].startswith("broken.py:5 in <module>")
     result = CliRunner().invoke(app, ["test", str(FAULTY / "broken.yaml")])
     assert result.exit_code == 1 and "Create faas fault" in result.output and "what to do" in result.output
+
+
+@pytest.mark.parametrize("job", ["hangs_grader", "spins_grader"])
+def test_hung_sync_grader_is_timeout_and_the_cli_exits(job: str) -> None:
+    """A sync grader that never returns (sleep, busy loop) is reported as Timeout and the command ends."""
+    unused = "http://127.0.0.1:9/v1"  # the rollout never calls the policy: no model to load
+    cli = "from plugtune.cli import app; app()"
+    command = [sys.executable, "-c", cli, "test", str(FAULTY / f"{job}.yaml"), "--samples", "2"]
+    done = subprocess.run(
+        [*command, "--policy-url", unused, "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    failed = {c["name"]: c["error"]["cause"] for c in doc["calls"] if c["error"]}
+    assert len(doc["calls"]) == 4 and failed == {job.split("_")[0]: "Timeout"}
+    assert "timeout_s=0.5" in doc["summary"]["errors_by_cause"]["Timeout"]["message"]

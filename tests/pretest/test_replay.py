@@ -86,7 +86,7 @@ def test_recorded_grader_failure_reproduces(store: Store) -> None:
     doc = replay(store, job_id, "s3-p1-r2")
     assert doc["reproduced"], doc
     assert doc["replayed"]["error"]["cause"] == "500" and "grader bug" in doc["replayed"]["error"]["message"]
-    assert doc["trajectory"]["errors"][0]["traceback"].startswith("graders.py:17 in raises")
+    assert doc["trajectory"]["errors"][0]["traceback"].startswith("graders.py:19 in raises")
 
 
 def test_policy_answers_are_played_back(store: Store) -> None:

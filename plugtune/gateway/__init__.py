@@ -3,7 +3,7 @@
 It batches concurrent requests onto the in-process model and records, per trajectory key, the
 exact tokens the policy saw and sampled (``TokenTrace``), so the trainer never re-tokenizes text.
 
-    gw = PolicyGateway(model, tokenizer)          # the object the trainer updates
+    gw = PolicyGateway(model, tokenizer, sampling=JobSampling(1.0, 1.0, 64))  # the job's settings
     gw.start()                                    # HTTP on a background thread; gw.base_url
     policy = gw.open(trajectory_id)               # sdk Policy with that trajectory's key
     ...                                           # the rollout calls policy.openai() / chat()
@@ -16,6 +16,15 @@ exact tokens the policy saw and sampled (``TokenTrace``), so the trainer never r
 
 from plugtune.gateway.engine import GenerationEngine, SamplingParams
 from plugtune.gateway.gateway import PolicyGateway
+from plugtune.gateway.sampling import JobSampling
 from plugtune.gateway.toolcalls import ParsedReply, ToolCall, parse_reply
 
-__all__ = ["GenerationEngine", "ParsedReply", "PolicyGateway", "SamplingParams", "ToolCall", "parse_reply"]
+__all__ = [
+    "GenerationEngine",
+    "JobSampling",
+    "ParsedReply",
+    "PolicyGateway",
+    "SamplingParams",
+    "ToolCall",
+    "parse_reply",
+]

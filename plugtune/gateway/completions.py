@@ -7,20 +7,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugtune.gateway.chat import ChatRenderer
-from plugtune.gateway.engine import Generation, GenerationEngine, SamplingParams
+from plugtune.gateway.engine import Generation, GenerationEngine
 from plugtune.gateway.protocol import ApiError, ChatCompletionRequest, chat_completion
+from plugtune.gateway.sampling import JobSampling, sampling_params
 from plugtune.gateway.toolcalls import ParsedReply, parse_reply
 from plugtune.gateway.trace import TraceBuilder
 
 
 @dataclass
 class CompletionService:
-    """What a completion needs: the template, the engine, the context size and the version."""
+    """What a completion needs: the template, the engine, the context size and the job's sampling
+    settings (None: each request samples as it asks)."""
 
     renderer: ChatRenderer
     engine: GenerationEngine
     model_name: str
     max_context: int
+    sampling: JobSampling | None = None
 
     async def complete(
         self, builder: TraceBuilder, request: ChatCompletionRequest, version: int
@@ -32,11 +35,11 @@ class CompletionService:
                 param="model",
                 code="model_not_found",
             )
+        sampling_params(request, self.sampling, self.max_context)  # refused before the record changes
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         prompt_ids = self._prepare(builder, messages, request.tools, version)
-        generation = await asyncio.wrap_future(
-            self.engine.submit(prompt_ids, self._params(request, prompt_ids))
-        )
+        params = sampling_params(request, self.sampling, self.max_context - len(prompt_ids))
+        generation = await asyncio.wrap_future(self.engine.submit(prompt_ids, params))
         text = self._text(generation)
         parsed = (
             parse_reply(text)
@@ -84,27 +87,20 @@ class CompletionService:
         with builder.lock:
             return builder.apply(plan, messages, tools, version)
 
-    def _params(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> SamplingParams:
-        room = self.max_context - len(prompt_ids)
-        wanted = request.max_completion_tokens or request.max_tokens or room
-        return SamplingParams(
-            max_tokens=min(wanted, room),
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            stop=request.stop_list(),
-            seed=request.seed,
-        )
-
     def _text(self, generation: Generation) -> str:
         ids = generation.token_ids[:-1] if generation.ended_with_eos else generation.token_ids
         text = self.renderer.decode(ids)
         return text[: generation.stop_text_at] if generation.stop_text_at is not None else text
 
     def _logprobs(self, generation: Generation) -> list[dict[str, Any]]:
+        tops = generation.top_logprobs or [[] for _ in generation.token_ids]
         out = []
-        for token_id, logprob in zip(generation.token_ids, generation.logprobs, strict=True):
-            token = self.renderer.decode([token_id])
-            out.append(
-                {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
-            )
+        for token_id, logprob, top in zip(generation.token_ids, generation.logprobs, tops, strict=True):
+            entry = self._token_logprob(token_id, logprob)
+            entry["top_logprobs"] = [self._token_logprob(i, lp) for i, lp in top]
+            out.append(entry)
         return out
+
+    def _token_logprob(self, token_id: int, logprob: float) -> dict[str, Any]:
+        token = self.renderer.decode([token_id])
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}

@@ -14,7 +14,8 @@ a fused decoder for the Llama family, the model's own forward otherwise
 
 Sampling is per row: temperature (0 = greedy), top-p, and an optional seed. The log-prob recorded
 for each token is its log-probability under the distribution it was actually sampled from (after
-temperature and top-p); for greedy rows, under the model's unscaled distribution.
+temperature and top-p); for greedy rows, under the model's unscaled distribution. A request may
+ask for the ``top_logprobs`` most likely tokens of that same distribution at each step.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0  # alternatives to report per token (0: none)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Generation:
 
     token_ids: list[int]
     logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]  # per token, when asked: (id, log-prob), best first
     finish_reason: str  # stop | length
     ended_with_eos: bool
     stop_text_at: int | None  # where a matched stop string starts in the decoded text
@@ -75,6 +78,7 @@ class _Row:
     generator: torch.Generator | None  # its own when the request has a seed
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str = ""
     ended_with_eos: bool = False
     stop_text_at: int | None = None
@@ -89,8 +93,10 @@ def sample_batch(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     shared: torch.Generator,
-) -> tuple[list[int], list[float]]:
-    """One token per row and its log-prob under the distribution it was drawn from.
+) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    """One token per row, its log-prob under the distribution it was drawn from, and that
+    distribution's ``top_logprobs`` most likely tokens for the rows that ask (tokens top-p ruled
+    out are not among them).
 
     Rows with a seed draw from their own generator (so a seed reproduces a reply whatever else
     is in the batch); the others share one draw from ``shared``.
@@ -116,7 +122,13 @@ def sample_batch(
         if p.temperature > 0 and generator is not None:
             tokens_B[b] = draw(logps_BV[b : b + 1].exp(), generator)[0]
     logps_B = logps_BV.gather(-1, tokens_B[:, None])[:, 0]
-    return [int(t) for t in tokens_B.tolist()], [float(x) for x in logps_B.tolist()]
+    tops: list[list[tuple[int, float]]] = [[] for _ in params]
+    for b, p in enumerate(params):
+        if p.top_logprobs:
+            values_K, ids_K = logps_BV[b].topk(min(p.top_logprobs, logps_BV.shape[-1]))
+            pairs = zip(ids_K.tolist(), values_K.tolist(), strict=True)
+            tops[b] = [(int(i), float(v)) for i, v in pairs if v != float("-inf")]
+    return [int(t) for t in tokens_B.tolist()], [float(x) for x in logps_B.tolist()], tops
 
 
 def draw(probs_UV: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -276,6 +288,7 @@ class GenerationEngine:
             Generation(
                 token_ids=row.tokens,
                 logprobs=row.logprobs,
+                top_logprobs=row.top_logprobs,
                 finish_reason=row.finish_reason,
                 ended_with_eos=row.ended_with_eos,
                 stop_text_at=row.stop_text_at,
@@ -336,18 +349,20 @@ class GenerationEngine:
     def _step(self, live: list[_Row], logits_BV: torch.Tensor) -> tuple[list[int], list[_Row]]:
         """Sample the next token of every row; returns the tokens to feed and the rows that just
         finished (a row finished earlier that still sits in the cache samples, but keeps nothing)."""
-        tokens, logps = sample_batch(
+        tokens, logps, tops = sample_batch(
             logits_BV.cpu(),
             [row.pending.params for row in live],
             [row.generator for row in live],
             self._shared,
         )
         finished: list[_Row] = []
-        for row, token, logp in zip(live, tokens, logps, strict=True):
+        for row, token, logp, top in zip(live, tokens, logps, tops, strict=True):
             if row.is_done:
                 continue
             row.tokens.append(token)
             row.logprobs.append(logp)
+            if row.pending.params.top_logprobs:
+                row.top_logprobs.append(top)
             self._finish_if_done(row, token)
             if row.is_done:
                 finished.append(row)

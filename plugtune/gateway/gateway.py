@@ -17,6 +17,7 @@ from plugtune.gateway.app import build_app
 from plugtune.gateway.chat import ChatRenderer
 from plugtune.gateway.completions import CompletionService
 from plugtune.gateway.engine import GenerationEngine
+from plugtune.gateway.sampling import JobSampling
 from plugtune.gateway.trace import TraceBuilder
 from plugtune.sdk import Policy
 from plugtune.types import TokenTrace
@@ -33,6 +34,10 @@ class PolicyGateway:
     and then calls ``set_policy_version``. Generation runs under ``torch.inference_mode`` in whatever
     train/eval mode the model is in (the gateway never switches it: that would race the trainer),
     on ``generation_threads`` torch intra-op threads of its own (None: torch's default).
+
+    With ``sampling`` (the job's temperature, top_p and max_new_tokens) every reply is sampled
+    with those settings: a request that omits one gets the job's, one that contradicts it is a
+    400 (``plugtune.gateway.sampling``). Without it each request samples as it asks.
     """
 
     def __init__(
@@ -45,6 +50,7 @@ class PolicyGateway:
         max_batch_size: int = 64,
         max_context: int | None = None,
         generation_threads: int | None = 1,
+        sampling: JobSampling | None = None,
     ) -> None:
         self.model_name = model_name
         self.host, self.port = host, port
@@ -65,7 +71,7 @@ class PolicyGateway:
             threads=generation_threads,
         )
         context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
-        self._service = CompletionService(self._renderer, self.engine, model_name, int(context))
+        self._service = CompletionService(self._renderer, self.engine, model_name, int(context), sampling)
         self._keys: dict[str, str] = {}
         self._traces: dict[str, TraceBuilder] = {}
         self._registry = threading.Lock()

@@ -50,7 +50,10 @@ class Message(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions``; fields the gateway does not use are accepted and ignored."""
+    """``POST /v1/chat/completions``; fields the gateway does not use are accepted and ignored.
+
+    Sampling fields are checked against the job's settings in ``plugtune.gateway.sampling``.
+    """
 
     model_config = ConfigDict(extra="allow")
     model: str
@@ -63,9 +66,13 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int | None = Field(default=None, ge=1, le=1)
+    n: int | None = Field(default=None, ge=1)  # more than one is refused with a pointer to group_size
     stream: bool | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
     @classmethod

@@ -125,7 +125,7 @@ async def _train(
     rows: list[dict[str, Any]],
     drain: Drain,
 ) -> None:
-    from plugtune.gateway import PolicyGateway
+    from plugtune.gateway import JobSampling, PolicyGateway
     from plugtune.trainer.grpo import GRPOTrainer
     from plugtune.trainer.memory import settle_for_training
     from plugtune.trainer.model import load_model
@@ -137,7 +137,9 @@ async def _train(
     functions = drain.functions
     hashes = {jf.spec.name: jf.fn.code_hash for jf in functions}
     out = job_dir(settings, job_id)
-    with PolicyGateway(loaded.model, loaded.tokenizer) as gateway:
+    # Every reply is sampled with the job's settings, the ones the trainer scores tokens at.
+    sampling = JobSampling(config.temperature, config.top_p, config.max_new_tokens)
+    with PolicyGateway(loaded.model, loaded.tokenizer, sampling=sampling) as gateway:
         trainer = GRPOTrainer(
             loaded.model,
             loaded.tokenizer,

@@ -51,17 +51,17 @@ def test_sampled_logprobs_are_under_the_tempered_distribution_and_seeds_reproduc
         SamplingParams(max_tokens=1, temperature=1.0, top_p=0.5),
     ]
 
-    def draw() -> tuple[list[int], list[float]]:
+    def draw() -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
         generators = [torch.Generator().manual_seed(3), None, None]
         return sample_batch(logits_BV, params, generators, torch.Generator().manual_seed(0))
 
-    tokens, logps = draw()
+    tokens, logps, _ = draw()
     assert math.isclose(logps[0], float(torch.log_softmax(logits_BV[0] / 0.5, -1)[tokens[0]]), rel_tol=1e-6)
     assert tokens[1] == 0 and math.isclose(
         logps[1], float(torch.log_softmax(logits_BV[1], -1)[0]), rel_tol=1e-6
     )
     assert tokens[2] == 0 and logps[2] == 0.0  # top_p 0.5 keeps only the top token (p = 0.64)
-    assert draw() == (tokens, logps)
+    assert draw()[:2] == (tokens, logps)
     many = [
         sample_batch(logits_BV[:1], params[:1], [None], torch.Generator().manual_seed(i))[0][0]
         for i in range(50)

@@ -7,7 +7,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugtune.errors import PluginCallError
+from plugtune.errors import InvalidValueError, PluginCallError, Problem
 from plugtune.jobs.validation import PluginRef, ValidatedJob
 from plugtune.runtime import Function
 from plugtune.runtime.runtime import BaseRuntime
@@ -20,11 +20,15 @@ ROLES = {Kind.ROLLOUT: "rollout", Kind.GRADER: "grader", Kind.GROUP_GRADER: "gro
 
 
 class JobFunction:
-    """A deployed function as the trainer sees it: job.yaml's weight replaces the decorator's."""
+    """A deployed function as the trainer sees it: job.yaml's weight and name replace the decorator's."""
 
-    def __init__(self, fn: Function, weight: float | None) -> None:
+    def __init__(self, fn: Function, weight: float | None, name: str = "") -> None:
         self.fn = fn
-        self._spec = fn.spec if weight is None else dataclasses.replace(fn.spec, weight=weight)
+        self._spec = dataclasses.replace(
+            fn.spec,
+            weight=fn.spec.weight if weight is None else weight,
+            name=name or fn.spec.name,
+        )
 
     @property
     def spec(self) -> PluginSpec:
@@ -34,7 +38,7 @@ class JobFunction:
         try:
             return await self.fn.invoke(ctx, *args)
         except PluginCallError as exc:
-            exc.plugin = self.spec.name  # the store and console name plugins by function name
+            exc.plugin = self.spec.name  # the store and console name plugins by this name
             raise
 
 
@@ -49,13 +53,30 @@ def entry_of(ref: PluginRef) -> str:
 
 
 async def deploy_all(rt: BaseRuntime, job: ValidatedJob) -> list[JobFunction]:
-    """Deploy the rollout, graders and group graders (in that order) with job.yaml's overrides."""
+    """Deploy the rollout, graders and group graders (in that order) with job.yaml's overrides.
+
+    Raises ``InvalidValueError`` when a function's decorator does not match its place in job.yaml."""
     deployed = []
     for ref in (job.rollout, *job.graders, *job.group_graders):
         overrides = ref.runtime.given() if ref.runtime is not None else None
         fn = await rt.deploy(entry_of(ref), runtime=overrides)  # job.yaml overrides the decorator
-        deployed.append(JobFunction(fn, ref.weight))
+        check_kind(job, ref, fn)
+        deployed.append(JobFunction(fn, ref.weight, ref.name))
     return deployed
+
+
+def check_kind(job: ValidatedJob, ref: PluginRef, fn: Function) -> None:
+    """A ``@group_grader`` listed under ``graders`` (and the like) is the job's mistake, not ours."""
+    if fn.spec.kind is ref.kind:
+        return
+    decorated, wanted = fn.spec.kind.value, ref.kind.value
+    section = {"rollout": "plugins.rollout", "grader": "plugins.graders"}.get(decorated)
+    section = section or "plugins.group_graders"
+    message = (
+        f"{ref.entry} is decorated @{decorated} but listed as a {wanted}; "
+        f"move it to {section} or change its decorator to @{wanted}"
+    )
+    raise InvalidValueError([Problem(str(job.job_file), message, ref.line, ref.field or None)])
 
 
 def as_plugins(functions: list[JobFunction]) -> Plugins:

@@ -30,6 +30,9 @@ BUILTIN_MODELS: dict[str, tuple[str, ...]] = {"tiny-chat": ("demo", "model")}
 #: ``file.py:function`` — the file relative to job.yaml, the function defined at its top level.
 ENTRY_PATTERN = re.compile(r"^(?P<file>[^:]+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
 
+#: A plugin's ``name:`` in job.yaml: it keys reward components, metrics and logs.
+PLUGIN_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+
 _STRICT = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
 
@@ -114,6 +117,15 @@ class GraderEntry(BaseModel):
     model_config = _STRICT
 
     entry: str = Field(..., description="`file.py:function`, the file relative to job.yaml.")
+    name: str | None = Field(
+        default=None,
+        pattern=PLUGIN_NAME_PATTERN,
+        max_length=100,
+        description=(
+            "The name its rewards, metrics and logs are keyed by (default: the function's name); "
+            "needed when two plugins' functions share a name."
+        ),
+    )
     weight: float | None = Field(
         default=None, gt=0, description="Weight in the summed reward (> 0); default: the decorator's weight."
     )

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from plugtune.errors import InvalidValueError, Problem
+from plugtune.jobs.plugin_names import duplicate_names, named_entries
 from plugtune.jobs.spec import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_ROLLOUT,
@@ -36,7 +37,15 @@ from plugtune.trainer.config import TrainerConfig
 
 SECTION_KINDS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
 
-__all__ = ["PluginRef", "ValidatedJob", "load_spec", "read_dataset", "validate_job", "validate_row"]
+__all__ = [
+    "PluginRef",
+    "ValidatedJob",
+    "load_spec",
+    "plugin_name_problems",
+    "read_dataset",
+    "validate_job",
+    "validate_row",
+]
 
 Path_ = tuple[str | int, ...]
 
@@ -57,10 +66,10 @@ class PluginRef:
     """One plugin of a validated job: where its code is, and job.yaml's weight / runtime overrides.
 
     ``path`` is the resolved file for user plugins; ``module`` is set instead for the built-in rollout.
+    ``name`` keys its rewards, metrics and logs (job.yaml's ``name:``, else the function; unique in
+    the job); ``field`` and ``line`` say where job.yaml lists it.
     Merge the decorator's Runtime with ``runtime`` using :func:`plugtune.jobs.spec.merge_runtime`.
     """
-
-    """One plugin of a validated job, with its file resolved."""
 
     kind: Kind
     entry: str
@@ -69,6 +78,9 @@ class PluginRef:
     module: str | None
     weight: float | None = None
     runtime: RuntimeOverrides | None = None
+    name: str = ""
+    field: str = ""
+    line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -392,29 +404,45 @@ def _check_plugins(
     plugins = _section(raw, "plugins")
     refs: dict[str, list[PluginRef]] = {key: [] for key in SECTION_KINDS}
     rollout = plugins.get("rollout")
-    entries: list[tuple[str, Path_, Any]] = []
+    entries: list[tuple[str, Path_, dict[str, Any]]] = []
     if isinstance(rollout, dict):
-        entries.append(("rollout", ("plugins", "rollout", "entry"), rollout.get("entry")))
+        entries.append(("rollout", ("plugins", "rollout"), rollout))
     for key in ("graders", "group_graders"):
         items = plugins.get(key)
         for index, item in enumerate(items if isinstance(items, list) else []):
             if isinstance(item, dict):
-                entries.append((key, ("plugins", key, index, "entry"), item.get("entry")))
-    for key, loc, entry in entries:
+                entries.append((key, ("plugins", key, index), item))
+    for key, loc, item in entries:
+        entry, own = item.get("entry"), item.get("name")
         if isinstance(entry, str):
-            ref = _check_entry(
-                key, entry, base, Problem(name, "", _line_of(loc, lines), _field_text(loc)), found
-            )
+            where = Problem(name, "", _line_of((*loc, "entry"), lines), _field_text((*loc, "entry")))
+            ref = _check_entry(key, entry, base, where, found)
             if ref is not None:
-                refs[key].append(ref)
+                named = own if isinstance(own, str) and own else ref.function
+                refs[key].append(replace(ref, name=named, field=_field_text(loc), line=where.line))
     if not refs["rollout"]:
         refs["rollout"].append(_builtin_rollout())
+    found.value.extend(duplicate_names(named_entries(plugins, lines), name))
     return refs
+
+
+def plugin_name_problems(path: str | Path) -> list[Problem]:
+    """Plugins of ``job.yaml`` that share a name (``plugtune lint`` reports them before a job runs);
+    [] when the file cannot be read or parsed (validation reports that)."""
+    try:
+        raw, lines = _compose(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    plugins = raw.get("plugins") if isinstance(raw, dict) else None
+    return duplicate_names(named_entries(plugins, lines), str(path))
 
 
 def _builtin_rollout() -> PluginRef:
     ref = parse_entry(BUILTIN_ROLLOUT)
-    return PluginRef(Kind.ROLLOUT, BUILTIN_ROLLOUT, ref.function, None, ref.module)
+    function, module = ref.function, ref.module
+    return PluginRef(
+        Kind.ROLLOUT, BUILTIN_ROLLOUT, function, None, module, name=function, field="plugins.rollout"
+    )
 
 
 def _check_entry(section: str, entry: str, base: Path, where: Problem, found: Found) -> PluginRef | None:

@@ -56,6 +56,12 @@ RULES: dict[str, Rule] = {
         ),
         Rule("PT402", "bad-plugin-signature", "use the documented signature; the runtime rejects this one"),
         Rule("PT403", "wrong-plugin-kind", "use the decorator that matches its place in job.yaml"),
+        Rule(
+            "PT404",
+            "duplicate-plugin-name",
+            "give one of the two entries in job.yaml its own `name:` (rewards, metrics and logs are "
+            "kept by name)",
+        ),
     )
 }
 

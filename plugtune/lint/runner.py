@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from plugtune.lint.blocking import check_blocking
-from plugtune.lint.findings import Finding, finding
+from plugtune.lint.findings import RULES, Finding, finding
 from plugtune.lint.graders import check_excepts, check_grader
 from plugtune.lint.names import import_map
 from plugtune.lint.plugins import check_exits, check_plugin, find_plugins
@@ -52,12 +52,25 @@ def lint_paths(paths: Sequence[str | Path]) -> LintReport:
     for root in roots:
         if not root.exists():
             raise FileNotFoundError(f"no such file or folder: {root}")
-    expected = _expected_kinds(_job_files(roots))
+    job_files = _job_files(roots)
+    expected = _expected_kinds(job_files)
     files = sorted({*_python_files(roots), *expected})
-    report = LintReport(files=[str(f) for f in files])
+    report = LintReport(files=[str(f) for f in files] + [str(j) for j in job_files])
     for path in files:
         report.findings.extend(lint_file(path, expected.get(path, {})))
+    for job in job_files:
+        report.findings.extend(_name_findings(job))
     return report
+
+
+def _name_findings(job: Path) -> list[Finding]:
+    """PT404: two plugins of one job.yaml resolving to the same name (the job would be refused)."""
+    from plugtune.jobs.validation import plugin_name_problems  # pydantic and the spec: only when needed
+
+    return [
+        Finding(p.file, p.line or 1, 1, "PT404", f"[{p.field}] {p.message}", RULES["PT404"].fix)
+        for p in plugin_name_problems(_display(job))
+    ]
 
 
 def lint_file(path: Path, expected: dict[str, Kind] | None = None) -> list[Finding]:

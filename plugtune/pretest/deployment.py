@@ -23,5 +23,5 @@ async def deploy_job(
     for i, ref in enumerate(refs_of(job)):
         overrides = ref.runtime.given() if ref.runtime is not None else None
         fn = await rt.deploy(entry_of(ref), runtime=overrides, inject=inject_for(i) if inject_for else None)
-        deployed.append(JobFunction(fn, ref.weight))
+        deployed.append(JobFunction(fn, ref.weight, ref.name))
     return deployed

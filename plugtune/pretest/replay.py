@@ -131,17 +131,18 @@ async def deploy_recorded(
             raise ReplayError(
                 f"plugin {plugin.name}: the stored code does not hash to {plugin.code_hash[:12]}"
             )
-        deployed.append(ExitsAsEof(JobFunction(fn, weights.get(plugin.name))))
+        deployed.append(ExitsAsEof(JobFunction(fn, weights.get(plugin.name), plugin.name)))
     return deployed
 
 
 def grader_weights(spec: dict[str, Any]) -> dict[str, float]:
-    """job.yaml's grader weights by function name (the decorator's weight applies to the rest)."""
+    """job.yaml's grader weights by plugin name (the decorator's weight applies to the rest)."""
     plugins = spec.get("plugins") or {}
     out: dict[str, float] = {}
     for entry in [*(plugins.get("graders") or []), *(plugins.get("group_graders") or [])]:
         if isinstance(entry, dict) and entry.get("weight") is not None:
-            out[str(entry.get("entry", "")).rpartition(":")[2]] = float(entry["weight"])
+            name = entry.get("name") or str(entry.get("entry", "")).rpartition(":")[2]
+            out[str(name)] = float(entry["weight"])
     return out
 
 

@@ -126,7 +126,9 @@ def init(
 @app.command("test")
 def test_plugins(
     job_file: str = typer.Argument("job.yaml", help="The job's job.yaml."),
-    samples: int = typer.Option(4, min=1, max=100_000, help="Dataset rows to run (one rollout each)."),
+    samples: int = typer.Option(
+        4, min=1, max=100_000, help="Dataset rows to run: one rollout each, group_size with group graders."
+    ),
     faas: bool = typer.Option(
         False, "--faas", help="Run in the function runtime with the real limits, at the job's concurrency."
     ),

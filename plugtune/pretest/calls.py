@@ -57,6 +57,7 @@ class CallRecord:
     error: CallError | None = None
     logs: list[LogLine] = field(default_factory=list)
     started: float = 0.0
+    step: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -136,5 +137,6 @@ class RecordedFunction:
                 error=CallError.of(exc) if exc is not None else None,
                 logs=list(outcome.logs if outcome is not None else getattr(exc, "logs", [])),
                 started=started,
+                step=ctx.step,
             )
         )

@@ -17,7 +17,7 @@ from plugtune.pretest.policy import PolicyChoice
 from plugtune.pretest.progress import LiveProgress
 from plugtune.pretest.report import document, dumps, render_error, render_faas, render_local
 from plugtune.pretest.summary import demand
-from plugtune.pretest.trial import TrialResult
+from plugtune.pretest.trial import TrialResult, group_size_of
 
 WIDE = 150  # a report piped to a file is not cut at 80 columns
 
@@ -84,7 +84,8 @@ def faas_test(options: TestOptions, progress: Any = None) -> dict[str, Any]:
     policy = policy_of(job, options)
     head = header(job, policy)
     concurrency = options.concurrency or default_concurrency(job)
-    live = progress(options.samples) if progress is not None else None
+    rollouts = options.samples * group_size_of(job)
+    live = progress(rollouts) if progress is not None else None
     on_call = live.on_call if live is not None else None
     try:
         if live is not None:
@@ -95,7 +96,7 @@ def faas_test(options: TestOptions, progress: Any = None) -> dict[str, Any]:
     except PluginCallError as exc:
         return deploy_failed("faas", head, exc)
     config = job.spec.hyperparameters
-    driven = min(concurrency, options.samples)
+    driven = min(concurrency, rollouts)
     extra = {
         "samples": options.samples,
         "concurrency": concurrency,

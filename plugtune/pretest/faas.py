@@ -11,7 +11,7 @@ from plugtune.jobs.validation import ValidatedJob
 from plugtune.pretest.calls import CallRecord
 from plugtune.pretest.deployment import deploy_job
 from plugtune.pretest.policy import PolicyChoice, serving
-from plugtune.pretest.trial import TrialResult, run_trial, samples_of
+from plugtune.pretest.trial import TrialResult, group_size_of, run_trial, samples_of
 from plugtune.runtime import FaultInjection, LocalRuntime, Quota
 from plugtune.runtime.faults import FAULTS
 from plugtune.settings import Settings
@@ -62,7 +62,8 @@ async def run_faas(
     on_call: Callable[[CallRecord], None] | None = None,
     settings: Settings | None = None,
 ) -> tuple[TrialResult, str]:
-    """Deploy to ``LocalRuntime`` and drive ``samples`` rollouts (each graded) at ``concurrency``.
+    """Deploy to ``LocalRuntime`` and drive ``samples`` rows' rollouts (each graded) at ``concurrency``
+    rollouts at once: one per row, or ``group_size`` per row when the job has group graders.
 
     Returns the result and the runtime's limits mechanism (cgroup / rlimit). A plugin that
     cannot be deployed raises ``PluginCallError`` (Create faas fault)."""
@@ -77,5 +78,12 @@ async def run_faas(
         functions = await deploy_job(rt, job, inject_for)
         with serving(policy) as server:
             chosen = samples_of(job, rows, samples)
-            result = await run_trial(functions, server, chosen, concurrency=concurrency, on_call=on_call)
+            result = await run_trial(
+                functions,
+                server,
+                chosen,
+                concurrency=concurrency,
+                group_size=group_size_of(job),
+                on_call=on_call,
+            )
         return result, rt.limits_mechanism

@@ -18,7 +18,7 @@ from plugtune.jobs.plugins import JobFunction
 from plugtune.jobs.validation import ValidatedJob
 from plugtune.pretest.deployment import deploy_job
 from plugtune.pretest.policy import PolicyChoice, serving
-from plugtune.pretest.trial import TrialResult, run_trial, samples_of
+from plugtune.pretest.trial import TrialResult, group_size_of, run_trial, samples_of
 from plugtune.runtime import FaultInjection, InProcessRuntime
 from plugtune.sdk import Context
 from plugtune.types import CallOutcome
@@ -38,13 +38,18 @@ async def run_local(
     policy: PolicyChoice,
     inject_for: Callable[[int], FaultInjection | None] | None = None,
 ) -> TrialResult:
-    """Run the rollout and graders in-process (a debugger works) on the first ``samples`` rows.
+    """Run the rollout and graders in-process (a debugger works) on the first ``samples`` rows
+    (``group_size`` rollouts each when the job has group graders), all at once.
 
     A plugin that cannot be loaded raises ``PluginCallError`` (Create faas fault)."""
     async with InProcessRuntime() as rt:
         functions = [ExitsAsEof(jf) for jf in await deploy_job(rt, job, inject_for)]
         with serving(policy) as server, exits_raise():
-            return await run_trial(functions, server, samples_of(job, rows, samples), concurrency=samples)
+            group_size = group_size_of(job)
+            chosen = samples_of(job, rows, samples)
+            return await run_trial(
+                functions, server, chosen, concurrency=samples * group_size, group_size=group_size
+            )
 
 
 @contextmanager

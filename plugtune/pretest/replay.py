@@ -171,7 +171,7 @@ def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
         "reproduced": same_outcome(record, replayed),
         "policy_turns": {"recorded": len(playback.turns), "played": playback.served},
         "divergences": playback.divergences,
-        "trajectory": trajectory_document(replayed, logs_of(replayed.trajectory_id, result.functions)),
+        "trajectory": trajectory_document(replayed, logs_of(replayed, result)),
         "calls": [c.to_dict() for c in result.calls],
     }
     return with_recorded_entries(doc, entries)

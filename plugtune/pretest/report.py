@@ -17,7 +17,7 @@ from rich.text import Text
 
 from plugtune.pretest import summary as s
 from plugtune.pretest.calls import CallRecord
-from plugtune.pretest.trial import FunctionSnapshot, TrialResult
+from plugtune.pretest.trial import TrialResult
 from plugtune.types import LogLine, TrajectoryRecord
 
 MAX_CONTENT_CHARS = 2000
@@ -56,13 +56,22 @@ def trajectory_document(record: TrajectoryRecord, logs: Sequence[LogLine]) -> di
     }
 
 
-def logs_of(trajectory_id: str, functions: Sequence[FunctionSnapshot]) -> list[LogLine]:
-    """Every plugin's lines about one trajectory (a retried rollout's ``id.N`` ids included), by time."""
+def logs_of(record: TrajectoryRecord, result: TrialResult) -> list[LogLine]:
+    """Every plugin's lines about one trajectory (a retried rollout's ``id.N`` ids included) and
+    its group graders' lines (a group call belongs to no one trajectory), by time."""
+    tid = record.trajectory_id
     lines = [
         line
-        for fn in functions
+        for fn in result.functions
         for line in fn.logs
-        if line.trajectory_id == trajectory_id or line.trajectory_id.startswith(trajectory_id + ".")
+        if line.trajectory_id == tid or line.trajectory_id.startswith(tid + ".")
+    ]
+    lines += [
+        line
+        for call in result.calls
+        if call.kind == "group_grader"
+        and (call.step, call.sample_index) == (record.step, record.sample_index)
+        for line in call.logs
     ]
     return sorted(lines, key=lambda line: line.time)
 
@@ -74,9 +83,7 @@ def document(
     doc: dict[str, Any] = {"mode": mode, **header}
     doc["calls"] = [c.to_dict() for c in sorted(result.calls, key=lambda c: c.started)]
     if mode == "local":
-        doc["trajectories"] = [
-            trajectory_document(t, logs_of(t.trajectory_id, result.functions)) for t in result.trajectories
-        ]
+        doc["trajectories"] = [trajectory_document(t, logs_of(t, result)) for t in result.trajectories]
     doc["summary"] = build_summary(result, extra)
     return doc
 

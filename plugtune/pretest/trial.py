@@ -1,9 +1,11 @@
 """``run_trial``: a job's plugins on N dataset rows, the way a training step calls them.
 
-Each row is one prompt group of size 1: the rollout against the policy, then every grader and
-group grader on the trajectory (the trainer's own ``GroupRunner``), at most ``concurrency``
-trajectories at once. Every call is recorded; the deployed functions' metrics and logs are
-snapshotted before the runtime closes.
+Each row is one prompt group, run by the trainer's own ``GroupRunner``: the rollout against the
+policy, every grader on each trajectory, then every group grader on the whole group. A group holds
+one trajectory, or the job's ``group_size`` when it has group graders (so a grader that ranks or
+normalises sees what it will see in training); at most ``concurrency`` rollouts run at once.
+Every call is recorded; the deployed functions' metrics and logs are snapshotted before the
+runtime closes.
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ def samples_of(job: ValidatedJob, rows: list[dict[str, Any]], n: int) -> list[tu
     return out
 
 
+def group_size_of(job: ValidatedJob) -> int:
+    """Rollouts per row: ``hyperparameters.group_size`` when the job has group graders, else 1."""
+    return job.spec.hyperparameters.group_size if job.group_graders else 1
+
+
 def snapshot(jf: JobFunction) -> FunctionSnapshot:
     fn = jf.fn
     fn.recorder.flush()  # the last partial window too
@@ -77,10 +84,11 @@ async def run_trial(
     samples: list[tuple[int, Sample]],
     *,
     concurrency: int,
+    group_size: int = 1,
     job_id: str = "pretest",
     on_call: Callable[[CallRecord], None] | None = None,
 ) -> TrialResult:
-    """Run every sample's group (size 1) through ``functions`` (rollout first) on ``server``."""
+    """Run every sample's group of ``group_size`` through ``functions`` (rollout first) on ``server``."""
     log = CallLog(on_call)
     recorded = [RecordedFunction(jf, log) for jf in functions]
     plugins = Plugins(
@@ -89,11 +97,11 @@ async def run_trial(
         group_graders=[f for f in recorded if f.spec.kind is Kind.GROUP_GRADER],
     )
     runner = GroupRunner(server, plugins, call_once, job_id=job_id)
-    gate = asyncio.Semaphore(max(1, concurrency))
+    gate = asyncio.Semaphore(max(1, -(-concurrency // group_size)))  # whole groups, as the trainer runs them
 
     async def one(step: int, sample: Sample) -> list[TrajectoryRecord]:
         async with gate:
-            return await runner.run(step, sample, 1, 0)
+            return await runner.run(step, sample, group_size, 0)
 
     started = time.perf_counter()
     groups = await asyncio.gather(*(one(step, sample) for step, sample in samples))

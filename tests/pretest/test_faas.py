@@ -121,3 +121,13 @@ def test_plugin_that_cannot_load_is_create_faas_fault() -> None:
     assert (
         doc["error"]["cause"] == "Create faas fault" and "plugtune_no_such_module" in doc["error"]["message"]
     )
+
+
+def test_group_grader_gets_the_jobs_group_size_in_the_runtime() -> None:
+    doc = faas_test(options("group_grader", samples=2, concurrency=6, policy_url="http://127.0.0.1:9/v1"))
+    summary = doc["summary"]
+    assert summary["ok"], summary["errors_by_cause"]
+    names = [c["name"] for c in doc["calls"]]
+    assert names.count("answers") == 6 and names.count("ranks") == 2
+    assert sorted(c["value"] for c in doc["calls"] if c["name"] == "ranks") == [[0.0, 0.5, 1.0]] * 2
+    assert summary["demand"]["driven_concurrency"] == 6

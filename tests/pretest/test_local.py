@@ -125,3 +125,15 @@ def test_hung_sync_grader_is_timeout_and_the_cli_exits(job: str) -> None:
     failed = {c["name"]: c["error"]["cause"] for c in doc["calls"] if c["error"]}
     assert len(doc["calls"]) == 4 and failed == {job.split("_")[0]: "Timeout"}
     assert "timeout_s=0.5" in doc["summary"]["errors_by_cause"]["Timeout"]["message"]
+
+
+def test_group_grader_gets_the_jobs_group_size() -> None:
+    """With a group grader, each row is rolled out group_size (3) times and graded as one group."""
+    doc = local_test(options("group_grader", samples=2, policy_url="http://127.0.0.1:9/v1"))
+    assert doc["summary"]["ok"], doc["summary"]["errors_by_cause"]
+    names = [c["name"] for c in doc["calls"]]
+    assert names.count("answers") == 6 and names.count("exact") == 6 and names.count("ranks") == 2
+    for row in (0, 1):
+        group = [t for t in doc["trajectories"] if t["sample_index"] == row]
+        assert sorted(t["reward_components"]["ranks"] for t in group) == [0.0, 0.5, 1.0]
+        assert any("ranking a group of 3" in line["message"] for t in group for line in t["logs"])

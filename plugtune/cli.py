@@ -179,8 +179,12 @@ def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None
         status = run_with_progress(store, settings, job_id)
         doc = _job_or_exit(store, job_id)
         typer.echo(f"job {job_id} {status} after {doc['steps_done']}/{doc['steps_total']} steps")
+        if status == "cancelled":
+            typer.echo(f"`plugtune jobs retry {job_id}` resumes it from its last checkpoint", err=True)
         if status != "succeeded":
             if doc["error"]:
+                if status == "cancelled":
+                    typer.echo("before it was cancelled, its last attempt had failed with:", err=True)
                 _echo_error(doc["error"])
             typer.echo(f"evidence: plugtune doctor {job_id}", err=True)
             raise typer.Exit(1)
@@ -232,7 +236,8 @@ def jobs_list(
 
 @jobs_app.command("show")
 def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
-    """Show a job: status, progress, the classified error with its hint, attempts and plugins."""
+    """Show a job: status, progress, the classified error with its hint, warnings (off-policy
+    training, dropped policy tokens), attempts and plugins."""
     with _opened_store() as (_, store):
         doc = _job_or_exit(store, job_id)
         if as_json:
@@ -250,6 +255,8 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
         for a in doc["attempts"]:
             cause = f" — {a['error']['type']}: {a['error']['cause']}" if a.get("error") else ""
             typer.echo(f"  attempt {a['number']}: {a['status']} (from step {a['resumed_from_step']}){cause}")
+        for warning in doc["warnings"]:
+            typer.secho(f"  warning: {warning}", fg="yellow")
         for p in doc["plugins"]:
             reason = f" — {p['failure_reason']}" if p["failure_reason"] else ""
             typer.echo(
@@ -283,14 +290,14 @@ def jobs_retry(job_id: int = typer.Argument(..., help="Job id.")) -> None:
 
 @jobs_app.command("cancel")
 def jobs_cancel(job_id: int = typer.Argument(..., help="Job id.")) -> None:
-    """Cancel a queued, running or retry-pending job."""
-    from plugtune.jobs.control import JobNotFoundError, request_cancel
+    """Cancel a queued, running or retry-pending job (one waiting for its automatic retry)."""
+    from plugtune.jobs.control import JobNotFoundError, NotCancellableError, request_cancel
     from plugtune.store import IllegalTransitionError
 
     with _opened_store() as (_, store):
         try:
             request_cancel(store, job_id)
-        except (JobNotFoundError, IllegalTransitionError) as exc:
+        except (JobNotFoundError, NotCancellableError, IllegalTransitionError) as exc:
             typer.echo(f"plugtune: {exc}", err=True)
             raise typer.Exit(2) from None
         typer.echo(f"job {job_id} cancelled")

@@ -56,6 +56,7 @@ class TokenTrace:
     messages: list[dict[str, Any]]
     segments: list[TokenSegment] = field(default_factory=list)
     rewrites: int = 0  # how many times a later call rewrote history and started a new segment
+    dropped_policy_tokens: int = 0  # policy-sampled tokens those rewrites cut from the record
     finish_reason: str = ""
 
 

@@ -4,7 +4,8 @@ Each call either extends the record — its messages are the recorded ones plus 
 messages, so only the new template tokens are encoded and appended with mask 0, and the policy
 continues from the exact tokens it produced — or rewrites history: then the record keeps the
 longest token prefix it shares with the freshly rendered prompt, appends the rest as a new
-environment segment, and counts a rewrite.
+environment segment, and counts a rewrite and the policy tokens it cut from the record (they
+never reach the trainer).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class TraceBuilder:
     messages: list[dict[str, Any]] = field(default_factory=list)  # OpenAI format, as sent and answered
     tools: list[dict[str, Any]] | None = None
     rewrites: int = 0
+    dropped_policy_tokens: int = 0
     finish_reason: str = ""
     ended_with_eos: bool = False
     has_reply: bool = False  # the record ends with a policy reply (the last call did not fail)
@@ -96,13 +98,15 @@ class TraceBuilder:
         if plan.is_rewrite:
             self.rewrites += 1
             cut = 0 if plan.new_prompt is not None else plan.keep - len(self.prompt_ids)
+            dropped = sum(self.response_mask[cut:])
+            self.dropped_policy_tokens += dropped
             logger.warning(
                 "trajectory %s rewrote its history (rewrite %d): the record starts a new segment "
                 "after %d shared tokens; %d policy tokens of the old history are dropped",
                 self.trajectory_id,
                 self.rewrites,
                 0 if plan.new_prompt is not None else plan.keep,
-                sum(self.response_mask[cut:]),
+                dropped,
             )
         if plan.new_prompt is not None:
             self.prompt_ids = list(plan.new_prompt)
@@ -132,6 +136,7 @@ class TraceBuilder:
             messages=list(self.messages),
             segments=list(self.segments),
             rewrites=self.rewrites,
+            dropped_policy_tokens=self.dropped_policy_tokens,
             finish_reason=self.finish_reason,
         )
 

@@ -25,17 +25,19 @@ from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evidence import failed_record
 from plugtune.jobs.plugins import Drain, as_plugins, deploy_all, record_deployed
+from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.jobs.retry_policy import breaker
 from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.jobs.validation_rows import read_dataset
 from plugtune.settings import Settings
 from plugtune.store import Store, StoreWriter
-from plugtune.types import MetricPoint
+from plugtune.types import LogLine, MetricPoint
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 3
 LIVE_TAIL_S = 1.0  # how often plugin logs reach the store while a step runs
+FAILED_CALLS = "plugin/failed_calls"  # per step; `plugtune run`'s progress bar shows the job's sum
 
 
 class Cancelled(Exception):  # noqa: N818
@@ -190,6 +192,7 @@ class _Loop:
     out: Path
     gateway: Any
     spec: Any
+    warned: set[str] = dataclasses.field(default_factory=set)  # warning keys shown this attempt
 
     async def run(self) -> None:
         """Train the remaining steps, writing each step's records before the next starts."""
@@ -204,15 +207,19 @@ class _Loop:
             try:
                 result = await trainer.step()
             except JobStop as stop:
-                writer.add_trajectories(failed_record(stop, self.gateway, trainer.step_count + 1))
+                step = trainer.step_count + 1
+                writer.add_trajectories(failed_record(stop, self.gateway, step))
+                writer.add_metrics(_call_points(step, caller.take_counts(step)))
                 writer.flush()
                 raise
             counts = caller.take_counts(result.step)
+            writer.add_metrics(_call_points(result.step, counts))
             logs, points = self.drain.take()
             writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
             writer.add_metrics(_training_points(result.step, result.metrics))
             writer.add_metrics(points)
             writer.add_logs(logs)
+            writer.add_logs(self._new_warnings(result.warnings))
             if result.step % config.save_every_n_steps == 0 or result.step == config.steps:
                 path = trainer.save_checkpoint(self.out / "checkpoints" / f"step-{result.step:06d}")
                 writer.flush()  # the checkpoint's trajectories are durable before it is recorded
@@ -220,6 +227,14 @@ class _Loop:
             writer.flush()
             self.store.update_job(self.job_id, steps_done=result.step)
             _check_breaker(counts, self.spec.circuit_breaker)
+
+    def _new_warnings(self, warnings: list[Any]) -> list[LogLine]:
+        """The step's warnings of a kind not yet shown this attempt (the metrics show the rest)."""
+        fresh = [w for w in warnings if w.key not in self.warned]
+        self.warned.update(w.key for w in fresh)
+        for w in fresh:
+            log.warning("job %d: %s", self.job_id, w.message)
+        return [LogLine(time.time(), "WARNING", JOB_WARNINGS, w.message, source="trainer") for w in fresh]
 
 
 def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
@@ -229,6 +244,15 @@ def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
         MetricPoint(time=now, plugin="", name=k, value=float(v), step=step)
         for k, v in metrics.items()
         if math.isfinite(v)
+    ]
+
+
+def _call_points(step: int, counts: StepCounts) -> list[MetricPoint]:
+    """The step's plugin calls and failed calls (retried ones too), also of a step that stopped the job."""
+    now, failed = time.time(), float(sum(counts.errors.values()))
+    return [
+        MetricPoint(time=now, plugin="", name=FAILED_CALLS, value=failed, step=step),
+        MetricPoint(time=now, plugin="", name="plugin/calls", value=float(counts.calls), step=step),
     ]
 
 

@@ -6,6 +6,10 @@ from typing import Any
 
 from plugtune.store import Store
 
+#: The ``plugin`` of the job's own warnings in its log (no plugin wrote them): the attempt writes
+#: them as WARNING lines, ``jobs show`` and the console's job page list them.
+JOB_WARNINGS = ""
+
 
 def job_document(store: Store, job_id: int) -> dict[str, Any]:
     """Everything ``jobs show --json`` prints: the job, its error, attempts, plugins and progress."""
@@ -29,8 +33,15 @@ def job_document(store: Store, job_id: int) -> dict[str, Any]:
         "plugins": [p.to_dict() for p in store.list_plugins(job_id)],
         "trajectories": store.trajectory_status_counts(job_id),
         "metrics": latest,
+        "warnings": job_warnings(store, job_id),
         "checkpoint": (c.to_dict() if (c := store.latest_checkpoint(job_id)) else None),
     }
+
+
+def job_warnings(store: Store, job_id: int, limit: int = 20) -> list[str]:
+    """The job's own warnings (off-policy training, dropped tokens, ...), oldest first."""
+    lines = store.logs(job_id, plugin=JOB_WARNINGS, level="WARNING", limit=limit)
+    return [line.message for line in reversed(lines)]
 
 
 def doctor_document(store: Store, job_id: int) -> dict[str, Any]:

@@ -264,9 +264,17 @@ class GroupRunner:
             status=status,
             stop_reason=trace.finish_reason,
             errors=list(slot.errors),
-            metrics=dict(slot.metrics),
+            metrics={**slot.metrics, **_history_metrics(trace)},
             timing=dict(slot.timing),
         )
+
+
+def _history_metrics(trace: TokenTrace) -> dict[str, float]:
+    """How often the rollout rewrote its history, and the policy tokens that cost the record."""
+    return {
+        "history/rewrites": float(trace.rewrites),
+        "history/dropped_policy_tokens": float(trace.dropped_policy_tokens),
+    }
 
 
 def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str) -> bool:

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,6 +28,7 @@ from plugtune.trainer.batch import TrainBatch, micro_batches
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
+from plugtune.trainer.health import StepWarning, logprob_noise, step_warnings
 from plugtune.trainer.objective import LossParts
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
 from plugtune.trainer.rewards import group_advantages, summary
@@ -52,6 +53,7 @@ class StepResult:
     step: int  # 1-based number of the step just applied
     metrics: dict[str, float]
     records: list[TrajectoryRecord]
+    warnings: list[StepWarning] = field(default_factory=list)  # what went silently wrong
 
 
 class GRPOTrainer:
@@ -133,7 +135,9 @@ class GRPOTrainer:
                 "time/step_s": ended - began,
             }
         )
-        return StepResult(step=step, metrics=metrics, records=records)
+        noise = logprob_noise(next(self.model.parameters()).dtype)
+        warnings = step_warnings(step, metrics, noise, self.config.top_p)
+        return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
     async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:
         """Run the remaining steps, writing a checkpoint every ``save_every_n_steps``."""
@@ -299,6 +303,10 @@ def _metrics(
         "trajectories/discarded": float(sum(r.status == "discard" for r in records)),
         "grad_norm": grad_norm,
         "tokens/policy": float(sum(sum(r.response_mask) for r in records)),
+        "tokens/dropped_policy": float(
+            sum(r.metrics.get("history/dropped_policy_tokens", 0.0) for r in records)
+        ),
+        "history/rewrites": float(sum(r.metrics.get("history/rewrites", 0.0) for r in records)),
         "response_length": summary([float(len(r.response_ids)) for r in records])["mean"] if records else 0.0,
     }
     for name in sorted({n for r in records for n in r.reward_components}):

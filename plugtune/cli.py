@@ -375,8 +375,11 @@ def replay(
     """Re-run one trajectory's rollout and graders here, in this process (a debugger works), from the
     exact code that ran in the job, with the policy's recorded answers played back (no model needed).
 
-    Exits 0 when the replay ends as the recorded trajectory did (same status, cause and plugin, or
-    same reward), 1 when it ends differently, 2 when the job, trajectory, code or data is missing."""
+    The verdict: "reproduced" (the same failure: type, cause, plugin and, for a raise, the exception
+    class; or the same status and reward), "failed differently" (both failed, not alike; both
+    messages shown), "did not reproduce" (the job's trajectory failed, the replay did not) or
+    "ended differently" (it succeeded in the job). Exits 0 when reproduced, 1 otherwise, 2 when the
+    job, trajectory, code or data is missing."""
     from plugtune.errors import DataError
     from plugtune.pretest.replay import ReplayError
     from plugtune.pretest.replay import replay as replay_trajectory

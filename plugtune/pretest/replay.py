@@ -2,8 +2,10 @@
 
 The rollout and graders run in this process (so a debugger works) from the exact code that ran
 in the job (the store's files for each plugin's code hash), and the policy's recorded assistant
-turns are played back, in order, by a local OpenAI-compatible server. The report says whether
-the replay reproduced the recorded outcome (same status, same failing plugin and cause, same reward).
+turns are played back, in order, by a local OpenAI-compatible server. The report's verdict:
+``reproduced`` (the same failure — type, cause, plugin and, for a raise, the exception class — or
+the same status and reward), ``failed differently`` (both failed, not alike), ``did not reproduce``
+(the job's trajectory failed, the replay did not) or ``ended differently`` (it succeeded in the job).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import re
 import tempfile
 import threading
 from pathlib import Path
@@ -28,8 +31,9 @@ from plugtune.runtime import InProcessRuntime
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.sdk import Runtime, Sample, Sampling
 from plugtune.store import Plugin, Store
-from plugtune.types import TrajectoryRecord
+from plugtune.types import ErrorRecord, TrajectoryRecord
 
+RAISED = re.compile(r"[A-Za-z_][\w.]*(?=:)")  # "ValueError: ..." -> ValueError
 ROLE_ORDER = {"rollout": 0, "grader": 1, "group_grader": 2}
 
 
@@ -163,12 +167,14 @@ def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
     playback = Playback(record.messages, "policy")
     result, entries = asyncio.run(_run(store, plugins, grader_weights(job.spec), record, sample, playback))
     replayed = result.trajectories[0]
+    found = verdict(record, replayed)
     doc = {
         "job_id": job_id,
         "trajectory_id": trajectory_id,
         "recorded": outcome_of(record),
         "replayed": outcome_of(replayed),
-        "reproduced": same_outcome(record, replayed),
+        "reproduced": found == "reproduced",
+        "verdict": found,
         "policy_turns": {"recorded": len(playback.turns), "played": playback.served},
         "divergences": playback.divergences,
         "trajectory": trajectory_document(replayed, logs_of(replayed, result)),
@@ -212,22 +218,31 @@ def outcome_of(record: TrajectoryRecord) -> dict[str, Any]:
         "status": record.status,
         "reward": record.reward,
         "reward_components": record.reward_components,
-        "error": None
-        if first is None
-        else {"type": first.type, "cause": first.cause, "plugin": first.plugin, "message": first.message},
+        "error": None if first is None else {**_error_fields(first), "raised": failure_key(first)[3]},
     }
 
 
-def same_outcome(recorded: TrajectoryRecord, replayed: TrajectoryRecord) -> bool:
-    """Same status; for a failure the same cause in the same plugin; for a success the same reward."""
-    if recorded.status != replayed.status:
-        return False
-    if recorded.errors or replayed.errors:
-        if not recorded.errors or not replayed.errors:
-            return False
-        a, b = recorded.errors[0], replayed.errors[0]
-        return a.cause == b.cause and _plugin_name(a.plugin) == _plugin_name(b.plugin)
-    return _same_number(recorded.reward, replayed.reward)
+def _error_fields(error: ErrorRecord) -> dict[str, str]:
+    return {"type": error.type, "cause": error.cause, "plugin": error.plugin, "message": error.message}
+
+
+def verdict(recorded: TrajectoryRecord, replayed: TrajectoryRecord) -> str:
+    """``reproduced``, ``failed differently``, ``did not reproduce`` or ``ended differently``."""
+    if recorded.errors and replayed.errors:
+        same = failure_key(recorded.errors[0]) == failure_key(replayed.errors[0])
+        return "reproduced" if same and recorded.status == replayed.status else "failed differently"
+    if recorded.errors or recorded.status == "failed":
+        return "did not reproduce"
+    if recorded.status != replayed.status or replayed.errors:
+        return "ended differently"
+    return "reproduced" if _same_number(recorded.reward, replayed.reward) else "ended differently"
+
+
+def failure_key(error: ErrorRecord) -> tuple[str, str, str, str]:
+    """What two failures must share to be the same: type, cause, plugin and, for a raise (``500``),
+    the exception class (a ``KeyError`` is not the recorded ``ValueError``)."""
+    raised = RAISED.match(error.message) if error.cause == "500" else None
+    return error.type, error.cause, _plugin_name(error.plugin), raised.group(0) if raised else ""
 
 
 def _plugin_name(plugin: str) -> str:

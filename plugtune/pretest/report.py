@@ -280,15 +280,49 @@ def render_replay(console: Console, doc: dict[str, Any]) -> None:
         o = doc[name]
         line = Text(f"{name:>9}: {o['status']}")
         if o["error"]:
-            line.append(f" — {o['error']['type']}: {o['error']['cause']} in {_short(o['error']['plugin'])}")
+            line.append(f" — {_failure(o)}")
         else:
             line.append(f" — reward {o['reward']}")
         console.print(line)
     for divergence in doc["divergences"]:
         console.print(Text(f"  divergence: {divergence}", style="yellow"))
-    if doc["reproduced"]:
-        console.print(Text("reproduced: the replay ends as the job's trajectory did", style="bold green"))
-    else:
-        console.print(
-            Text("NOT reproduced: the replay ends differently from the recording", style="bold red")
+    said, style = verdict_line(doc)
+    console.print(Text(said, style=style))
+    if doc["verdict"] == "failed differently":
+        for name in ("recorded", "replayed"):
+            console.print(Text(f"  {name} message: {doc[name]['error']['message']}"))
+
+
+def verdict_line(doc: dict[str, Any]) -> tuple[str, str]:
+    """The replay's verdict in one line, and its style."""
+    recorded, replayed = doc["recorded"], doc["replayed"]
+    found = doc["verdict"]
+    if found == "reproduced":
+        return "reproduced: the replay ends as the job's trajectory did", "bold green"
+    if found == "failed differently":
+        return (
+            f"failed differently: recorded {_failure(recorded)}, replay {_failure(replayed)}",
+            "bold red",
         )
+    if found == "did not reproduce":
+        return (
+            f"did not reproduce: the job's trajectory failed ({_failure(recorded)}), the replay ended "
+            f"{_ending(replayed)}; the failure needs what a replay does not recreate (load, timing, limits, "
+            "the instance's state): try `plugtune test --faas`",
+            "bold yellow",
+        )
+    return f"ended differently: recorded {_ending(recorded)}, replay {_ending(replayed)}", "bold red"
+
+
+def _failure(outcome: dict[str, Any]) -> str:
+    error = outcome["error"]
+    if error is None:
+        return outcome["status"]
+    raised = f" ({error['raised']})" if error.get("raised") else ""
+    return f"{error['type']}: {error['cause']}{raised} in {_short(error['plugin'])}"
+
+
+def _ending(outcome: dict[str, Any]) -> str:
+    if outcome["error"] is not None:
+        return f"{outcome['status']} ({_failure(outcome)})"
+    return f"{outcome['status']} (reward {outcome['reward']})"

@@ -84,7 +84,7 @@ def test_recorded_grader_failure_reproduces(store: Store) -> None:
     recorded = [QUESTION, {"role": "assistant", "content": "12"}]
     store.upsert_trajectories(job_id, [trajectory(recorded, "failed", None, errors=[error])])
     doc = replay(store, job_id, "s3-p1-r2")
-    assert doc["reproduced"], doc
+    assert doc["reproduced"] and doc["verdict"] == "reproduced", doc
     assert doc["replayed"]["error"]["cause"] == "500" and "grader bug" in doc["replayed"]["error"]["message"]
     assert doc["trajectory"]["errors"][0]["traceback"].startswith("graders.py:19 in raises")
 
@@ -106,9 +106,62 @@ def test_a_different_outcome_is_reported(store: Store) -> None:
     job_id = recorded_job(store, "asks_policy", "exact")
     store.upsert_trajectories(job_id, [trajectory([QUESTION], "success", 0.0)])  # no answer recorded
     doc = replay(store, job_id, "s3-p1-r2")
-    assert not doc["reproduced"]
+    assert not doc["reproduced"] and doc["verdict"] == "ended differently"
     assert doc["replayed"]["status"] == "failed" and doc["replayed"]["error"]["cause"] == "500"
     assert "recording holds 0 assistant turn(s)" in doc["divergences"][0]
+
+
+def test_a_failure_with_another_exception_failed_differently(store: Store) -> None:
+    """The job's rollout raised (a tool went away); the replay's raises too, but something else."""
+    job_id = recorded_job(store, "asks_policy", "exact")
+    error = ErrorRecord(
+        type="Call plugin error",
+        owner="plugin",
+        cause="500",
+        message="ConnectionError: the tool server went away",
+        plugin=f"{FAULTY / 'plugins' / 'rollouts.py'}:asks_policy",
+    )
+    store.upsert_trajectories(job_id, [trajectory([QUESTION], "failed", None, errors=[error])])
+    doc = replay(store, job_id, "s3-p1-r2")
+    assert not doc["reproduced"] and doc["verdict"] == "failed differently", doc
+    assert (
+        doc["replayed"]["error"]["cause"] == "500" and doc["replayed"]["error"]["raised"] != "ConnectionError"
+    )
+    text = CliRunner().invoke(app, ["replay", str(job_id), "s3-p1-r2"])
+    assert text.exit_code == 1, text.output
+    said = " ".join(text.output.split())  # unwrapped
+    assert (
+        "failed differently: recorded Call plugin error: 500 (ConnectionError) in rollouts.py:asks_policy"
+        in said
+    )
+    assert "replay Call plugin error: 500 (" in said and "reproduced: " not in said
+    assert "recorded message: ConnectionError: the tool server went away" in said
+    assert f"replayed message: {doc['replayed']['error']['message']}" in said
+
+
+def test_a_failure_the_replay_does_not_meet_did_not_reproduce(store: Store) -> None:
+    """The job's grader timed out (a loaded machine, say); here it scores at once."""
+    job_id = recorded_job(store, "answers", "exact")
+    error = ErrorRecord(
+        type="Call plugin error",
+        owner="plugin",
+        cause="Timeout",
+        message="the call ran past timeout_s=60",
+        plugin=f"{FAULTY / 'plugins' / 'graders.py'}:exact",
+    )
+    recorded = [QUESTION, {"role": "assistant", "content": "12"}]
+    store.upsert_trajectories(job_id, [trajectory(recorded, "failed", None, errors=[error])])
+    doc = replay(store, job_id, "s3-p1-r2")
+    assert not doc["reproduced"] and doc["verdict"] == "did not reproduce", doc
+    assert doc["replayed"] == {**doc["replayed"], "status": "success", "reward": 1.0, "error": None}
+    text = CliRunner().invoke(app, ["replay", str(job_id), "s3-p1-r2"])
+    assert text.exit_code == 1
+    said = " ".join(text.output.split())
+    assert (
+        "did not reproduce: the job's trajectory failed (Call plugin error: Timeout in graders.py:exact)"
+        in said
+    )
+    assert "the replay ended success (reward 1.0)" in said and "plugtune test --faas" in said
 
 
 def test_missing_trajectory_is_named(store: Store) -> None:
@@ -129,7 +182,7 @@ def test_cli_replay(store: Store) -> None:
     runner = CliRunner()
     text = runner.invoke(app, ["replay", str(job_id), "s3-p1-r2"])
     assert text.exit_code == 0, text.output
-    assert "reproduced" in text.output and "Invalid reward" in text.output
+    assert "reproduced: the replay ends as" in text.output and "Invalid reward" in text.output
     result = runner.invoke(app, ["replay", str(job_id), "s3-p1-r2", "--json"])
     assert (
         result.exit_code == 0 and json.loads(result.stdout)["replayed"]["error"]["cause"] == "Invalid reward"

@@ -212,6 +212,7 @@ def test_replay_of_a_real_job_run(tmp_path: Path, store: Store) -> None:
     failed = store.trajectories(job_id, status="failed", limit=10)
     assert failed, "the raising grader fails every trajectory"
     doc = replay(store, job_id, failed[0].trajectory_id)
-    assert doc["reproduced"], doc
+    assert doc["reproduced"] and doc["verdict"] == "reproduced", doc
+    assert doc["recorded"]["error"]["raised"] == doc["replayed"]["error"]["raised"] == "ValueError"
     assert doc["policy_turns"]["played"] == doc["policy_turns"]["recorded"] == 1
     assert doc["replayed"]["error"]["plugin"] == f"{project / 'plugins' / 'graders.py'}:raises"

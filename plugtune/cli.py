@@ -354,12 +354,22 @@ def trajectories(
     limit: int = typer.Option(50, min=1, max=100_000, help="How many, newest first."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """List a job's trajectories with status, reward and errors."""
+    """List a job's trajectories with status, reward and errors.
+
+    With --json each one is its whole record: messages, prompt_ids, response_ids, response_mask
+    (1 = sampled by the policy), response_logprobs, reward per grader, errors and metrics."""
     with _opened_store() as (_, store):
         _job_or_exit(store, job_id)
         rows = store.trajectories(job_id, status=status or None, step=None if step < 0 else step, limit=limit)
         if as_json:
-            _echo_json({"trajectories": [r.to_dict() for r in rows]})
+            ids = [r.trajectory_id for r in rows]
+            records = {t.trajectory_id: t for t in store.trajectory_records(job_id, ids)}
+            whole = [
+                {**records[r.trajectory_id].to_dict(), **r.to_dict()}
+                for r in rows
+                if r.trajectory_id in records
+            ]
+            _echo_json({"trajectories": whole})
             return
         for r in rows:
             reward = "-" if r.reward is None else f"{r.reward:.3f}"

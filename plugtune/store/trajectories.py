@@ -21,6 +21,7 @@ from plugtune.types import ErrorRecord, TrajectoryRecord
 
 Order = Literal["newest", "oldest", "reward_asc", "reward_desc"]
 PREVIEW_CHARS = 200
+_IDS_PER_QUERY = 500  # well under every database's limit on bound parameters
 _SUMMARY = [
     T.c.id, T.c.job_id, T.c.trajectory_id, T.c.group_id, T.c.step, T.c.sample_index, T.c.rollout_index,
     T.c.attempt, T.c.policy_version, T.c.status, T.c.reward, T.c.advantage, T.c.stop_reason,
@@ -132,6 +133,16 @@ class TrajectoriesTable(StoreBase):
         with self._db.read("reading a trajectory") as conn:
             row = conn.execute(query).first()
         return None if row is None else _record(row)
+
+    def trajectory_records(self, job_id: int, trajectory_ids: Sequence[str]) -> list[TrajectoryRecord]:
+        """The full records of these trajectories (unknown ids are left out), in no set order."""
+        out: list[TrajectoryRecord] = []
+        with self._db.read("reading trajectories") as conn:
+            for at in range(0, len(trajectory_ids), _IDS_PER_QUERY):
+                ids = list(trajectory_ids[at : at + _IDS_PER_QUERY])
+                query = select(T).where(T.c.job_id == job_id, T.c.trajectory_id.in_(ids))
+                out += [_record(r) for r in conn.execute(query)]
+        return out
 
     def group(self, job_id: int, group_id: str) -> list[TrajectoryRecord]:
         """Every trajectory of one prompt group, by rollout index (for the side-by-side view)."""

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
+from plugtune.jobs.report import job_warnings
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
 from plugtune.web import charts, service
@@ -60,7 +61,8 @@ def list_jobs(
 
 @router.get("/jobs/{job_id}", response_model=JobDetail)
 def get_job(request: Request, job_id: int) -> JobDetail:
-    """A job with its current error (type, owner, message, hint), its attempts and its error history."""
+    """A job with its current error (type, owner, message, hint), its attempts, its error history
+    and its warnings."""
     store = _store(request)
     job = service.require_job(store, job_id)
     errors = store.list_job_errors(job_id)
@@ -68,6 +70,7 @@ def get_job(request: Request, job_id: int) -> JobDetail:
         job=service.job_view(store, job),
         attempts=attempts_out(store.list_attempts(job_id), errors, store.list_transitions(job_id)),
         errors=[e for e in (error_out(x) for x in errors) if e is not None],
+        warnings=job_warnings(store, job_id),
     )
 
 
@@ -202,7 +205,8 @@ def list_trajectories(
 
 @router.get("/jobs/{job_id}/trajectories/{trajectory_id}", response_model=TrajectoryOut)
 def get_trajectory(request: Request, job_id: int, trajectory_id: str) -> TrajectoryOut:
-    """One trajectory: messages (tool calls readable), reward per grader, errors and its log lines."""
+    """One trajectory: messages (tool calls readable), reward per grader, errors, its log lines,
+    metrics and tokens (prompt_ids, response_ids, response_mask, response_logprobs)."""
     return service.trajectory_detail(_store(request), job_id, trajectory_id)
 
 

@@ -55,6 +55,10 @@ class JobDetail(BaseModel):
     job: JobOut
     attempts: list[AttemptOut]
     errors: list[ErrorOut] = Field(description="every error the job has had, oldest first")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what trained silently wrong (off-policy samples, dropped policy tokens), oldest first",
+    )
 
 
 class PluginOut(BaseModel):
@@ -188,6 +192,24 @@ class TrajectoryOut(BaseModel):
     errors: list[TrajectoryErrorOut] = Field(default_factory=list)
     messages: list[MessageOut] = Field(default_factory=list)
     code_hash: dict[str, str] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="the rollout's metrics, and history/rewrites and history/dropped_policy_tokens: "
+        "how often a call rewrote the conversation, and the policy tokens that cut from training",
+    )
+    prompt_ids: list[int] = Field(
+        default_factory=list, description="the prompt's token ids, as the policy saw them"
+    )
+    response_ids: list[int] = Field(
+        default_factory=list, description="every token after the prompt: the policy's and tool/template ones"
+    )
+    response_mask: list[int] = Field(
+        default_factory=list, description="per response token: 1 = sampled by the policy"
+    )
+    response_logprobs: list[float] = Field(
+        default_factory=list,
+        description="per response token: its sampling log-prob (0.0 where the mask is 0)",
+    )
     logs: TrajectoryLogs
 
 

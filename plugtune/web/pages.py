@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from plugtune.jobs.report import job_warnings
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
 from plugtune.web import charts, service
@@ -79,7 +80,10 @@ def _job_page(request: Request, job_id: int, *, message: str = "", status_code: 
         store.list_attempts(job_id), store.list_job_errors(job_id), store.list_transitions(job_id)
     )
     job_view = service.job_view(store, job)
-    return _render(request, "job.html", status_code, job=job_view, attempts=attempts, message=message)
+    warnings = job_warnings(store, job_id)
+    return _render(
+        request, "job.html", status_code, job=job_view, attempts=attempts, message=message, warnings=warnings
+    )
 
 
 @router.post("/jobs/{job_id}/retry")

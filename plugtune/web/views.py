@@ -149,6 +149,11 @@ def trajectory_out(record: TrajectoryRecord, logs: TrajectoryLogs) -> Trajectory
         errors=[_trajectory_error(e) for e in record.errors],
         messages=[message_out(m) for m in record.messages if isinstance(m, dict)],
         code_hash=dict(record.code_hash),
+        metrics={k: float(v) for k, v in record.metrics.items() if _finite(v) is not None},
+        prompt_ids=record.prompt_ids,
+        response_ids=record.response_ids,
+        response_mask=record.response_mask,
+        response_logprobs=record.response_logprobs,
         logs=logs,
     )
 

@@ -291,3 +291,27 @@ def test_retry_history_says_what_started_each_attempt(
         (1, "first run"),
     ]
     assert attempts[0]["resumed_from_step"] == 2 and attempts[1]["error"]["message"] == "again"
+
+
+def test_trajectory_detail_has_its_tokens_and_history_metrics(client: TestClient, seeded: Seeded) -> None:
+    t = client.get(f"/api/jobs/{seeded.failed_job}/trajectories/s1-g0-r0").json()
+    assert t["prompt_ids"] == [1, 2, 3] and t["response_ids"] == [4, 5]
+    assert t["response_mask"] == [1, 1] and t["response_logprobs"] == [-0.1, -0.2]
+    group = client.get(f"/api/jobs/{seeded.failed_job}/groups/g0").json()["trajectories"]
+    assert all(len(g["response_ids"]) == len(g["response_mask"]) == 2 for g in group)
+
+
+def test_job_warnings_reach_the_api_and_the_job_page(
+    client: TestClient, seeded: Seeded, store: Store
+) -> None:
+    from plugtune.jobs.report import JOB_WARNINGS
+    from plugtune.types import LogLine
+
+    message = "step 2: logprob_gap is 0.12, above the 0.001 that numerical noise explains <b>x</b>"
+    store.add_logs(seeded.done_job, [LogLine(seeded.now, "WARNING", JOB_WARNINGS, message, "trainer")])
+    assert client.get(f"/api/jobs/{seeded.done_job}").json()["warnings"] == [message]
+    assert (
+        client.get(f"/api/jobs/{seeded.failed_job}").json()["warnings"] == []
+    )  # a plugin's WARNING is not one
+    html = client.get(f"/jobs/{seeded.done_job}").text
+    assert 'id="job-warnings"' in html and "logprob_gap is 0.12" in html and "<b>x</b>" not in html

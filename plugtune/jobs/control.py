@@ -23,6 +23,10 @@ class JobNotFoundError(LookupError):
     """Raised when a command names a job id the store does not hold."""
 
 
+class NotCancellableError(ValueError):
+    """Raised when a job has nothing left to cancel: it ended and no automatic retry is pending."""
+
+
 def create_job(store: Store, job_file: str | Path) -> tuple[int, DataError | None]:
     """Record a job from ``job.yaml`` and validate it before any compute.
 
@@ -60,14 +64,13 @@ def retry_job(store: Store, job_id: int) -> None:
 
 
 def cancel_job(store: Store, job_id: int, runners: dict[int, AttemptRunner] | None = None) -> None:
-    """Cancel a queued or running job (a running attempt is stopped with SIGTERM)."""
+    """Cancel a queued, running or retry-pending job (a running attempt is stopped with SIGTERM)."""
     require(store, job_id)
     runner = (runners or {}).get(job_id)
     if runner is not None:
         runner.cancel()  # run_job records the transition when the attempt has stopped
         return
-    store.update_job(job_id, next_retry_at=None)
-    store.transition(job_id, "cancelled", "cancelled by the user")
+    _cancel_now(store, job_id)
 
 
 def request_cancel(store: Store, job_id: int) -> None:
@@ -84,8 +87,19 @@ def request_cancel(store: Store, job_id: int) -> None:
                 continue
         if running:
             return
+    _cancel_now(store, job_id)
+
+
+def _cancel_now(store: Store, job_id: int) -> None:
+    job = store.get_job(job_id)
+    if job is not None and job.status == "failed" and job.next_retry_at is None:
+        raise NotCancellableError(
+            f"job {job_id} failed and no automatic retry is pending, so there is nothing to cancel; "
+            f"`plugtune jobs show {job_id}` says why it failed"
+        )
     store.update_job(job_id, next_retry_at=None)
-    store.transition(job_id, "cancelled", "cancelled by the user")
+    reason = "cancelled while waiting for an automatic retry" if job and job.status == "failed" else ""
+    store.transition(job_id, "cancelled", reason or "cancelled by the user")
 
 
 class Scheduler:

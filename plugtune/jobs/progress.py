@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from plugtune.jobs.attempt import FAILED_CALLS
 from plugtune.jobs.scheduler import AttemptRunner, run_job
 from plugtune.settings import Settings
 from plugtune.store import Store
@@ -31,9 +33,11 @@ def run_with_progress(store: Store, settings: Settings, job_id: int) -> str:
             if job is None:
                 return
             latest = {m.name: m.value for m in store.latest_metrics([jid], plugin="")}
-            bar.update(
-                task, completed=job.steps_done, total=job.steps_total or None, summary=_summary(latest)
-            )
+            summary = _summary(latest, failed_calls(store, jid))
+            if job.status == "failed" and job.next_retry_at is not None:
+                wait = max(0.0, job.next_retry_at - time.time())
+                summary += f"  automatic retry {job.auto_retries} in {wait:.0f} s (Ctrl-C cancels)"
+            bar.update(task, completed=job.steps_done, total=job.steps_total or None, summary=summary)
 
         previous = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is threading.main_thread():
@@ -47,12 +51,17 @@ def run_with_progress(store: Store, settings: Settings, job_id: int) -> str:
     return status
 
 
-def _summary(latest: dict[str, Any]) -> str:
+def failed_calls(store: Store, job_id: int) -> float:
+    """The job's failed plugin calls so far, over every step written (the one that stopped it too)."""
+    points = store.metrics(job_id, names=[FAILED_CALLS]).get(FAILED_CALLS, [])
+    return sum(p.value * p.count for p in points)
+
+
+def _summary(latest: dict[str, Any], errors: float) -> str:
     parts = []
     if "reward/mean" in latest:
         parts.append(f"reward {latest['reward/mean']:.3f}")
     if "loss" in latest:
         parts.append(f"loss {latest['loss']:.4f}")
-    errors = sum(v for k, v in latest.items() if k.startswith("plugin/errors/"))
     parts.append(f"plugin errors {errors:.0f}")
     return "  ".join(parts)

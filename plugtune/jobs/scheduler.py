@@ -27,7 +27,7 @@ from plugtune.jobs.retry_policy import FailureKind, RetryJobAfter, Stop, decide
 from plugtune.jobs.spec import RetryPolicy
 from plugtune.jobs.support_bundle import write_bundle
 from plugtune.settings import Settings
-from plugtune.store import Store
+from plugtune.store import IllegalTransitionError, Store
 
 log = logging.getLogger(__name__)
 
@@ -137,14 +137,37 @@ def run_job(
         delay = schedule_retry(store, settings, job_id, error)
         if delay is None or not wait_for_retries:
             return "failed"
-        if runner.cancel_requested.wait(delay):
-            store.update_job(job_id, next_retry_at=None)
-            store.transition(job_id, "cancelled", "cancelled while waiting for an automatic retry")
+        changed = wait_for_retry(store, runner, job_id, delay, progress)
+        if changed is not None:
+            return changed
+        job = store.get_job(job_id)
+        try:
+            store.transition(job_id, "queued", f"automatic retry {job.auto_retries if job else ''}")
+        except IllegalTransitionError:  # cancelled elsewhere in the same moment
             return "cancelled"
+
+
+def wait_for_retry(
+    store: Store, runner: AttemptRunner, job_id: int, delay_s: float, progress: Progress | None = None
+) -> str | None:
+    """Wait ``delay_s`` for a failed job's automatic retry; None when it is due, else the job's new
+    status: cancelled here (``runner.cancel()``, Ctrl-C), or cancelled or retried by hand elsewhere."""
+    deadline = time.monotonic() + delay_s
+    while not runner.cancel_requested.wait(max(0.0, min(POLL_S, deadline - time.monotonic()))):
+        if progress is not None:
+            progress(job_id)
         job = store.get_job(job_id)
         if job is None or job.status != "failed" or job.next_retry_at is None:
-            return job.status if job else "failed"  # retried or cancelled by hand meanwhile
-        store.transition(job_id, "queued", f"automatic retry {job.auto_retries}")
+            return job.status if job else "failed"
+        if time.monotonic() >= deadline:
+            return None
+    store.update_job(job_id, next_retry_at=None)
+    try:
+        store.transition(job_id, "cancelled", "cancelled while waiting for an automatic retry")
+    except IllegalTransitionError:  # cancelled or retried elsewhere in the same moment
+        job = store.get_job(job_id)
+        return job.status if job else "cancelled"
+    return "cancelled"
 
 
 def schedule_retry(store: Store, settings: Settings, job_id: int, error: dict[str, Any]) -> float | None:

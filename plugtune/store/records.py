@@ -20,7 +20,8 @@ class JobStatus(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
-# Legal job state changes. Retrying a failed or cancelled job puts it back in the queue.
+# Legal job state changes. Retrying a failed or cancelled job puts it back in the queue; a failed
+# job waiting for its automatic retry can be cancelled (plugtune.jobs.control decides when).
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset(
         {JobStatus.VALIDATING, JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED}
@@ -32,7 +33,7 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
         {JobStatus.QUEUED, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED}
     ),
     JobStatus.SUCCEEDED: frozenset(),
-    JobStatus.FAILED: frozenset({JobStatus.QUEUED}),
+    JobStatus.FAILED: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),
     JobStatus.CANCELLED: frozenset({JobStatus.QUEUED}),
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ def exact(ctx, sample, trajectory):
     assert result.exit_code == 1
     assert "Call plugin error (plugin): 500" in result.output
     assert "plugtune doctor 1" in result.output
+    assert re.search(r"plugin errors [1-9]", result.output), result.output  # the calls that failed it
 
     shown = _json(["jobs", "show", "1", "--json"])
     assert shown["status"] == "failed"

@@ -1,61 +1,101 @@
-"""Start a coroutine at once, on the caller's stack; a task takes over only if it suspends.
+"""Start a call's coroutine at once, on the caller's stack, inside the real task that will own it.
 
-A call that does not await anything (a reward computed from the text) then finishes in the loop
-turn that read it, without a task and a second loop turn. This is Python 3.12's eager task start,
-for 3.10 and 3.11 as well.
+The task is created first and entered as the loop's current task while the coroutine runs up to
+its first suspension, so ``asyncio.current_task()`` is that task from the first line of the
+plugin: ``asyncio.timeout()``, sniffio (openai, httpx, anyio) and everything else that asks which
+task runs work as in any task. A call that does not await anything (a reward computed from the
+text) sends its reply in the loop turn that read it; the task only picks up the finished result
+in its first step. This is Python 3.12's eager task start, for 3.10 and 3.11 as well.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+from asyncio.tasks import _enter_task, _leave_task  # type: ignore[attr-defined]
 from collections.abc import Coroutine, Generator
 from typing import Any
+
+_NOTHING: Any = object()
 
 
 def start_eagerly(
     loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
-) -> asyncio.Task[Any] | None:
-    """Run ``coro`` in ``context`` up to its first suspension; None when it already finished.
+) -> asyncio.Task[Any]:
+    """Run ``coro`` in ``context`` up to its first suspension, as the task returned.
 
-    An exception it raises before suspending propagates to the caller.
+    The task finishes with what the coroutine returned or raised, also when it finished (or
+    raised) before suspending. Call it outside any task (from a loop callback).
     """
+    started = _Started(coro)
+    task: asyncio.Task[Any] = asyncio.Task(started, loop=loop, context=context)
+    _enter_task(loop, task)
     try:
-        first = context.run(coro.send, None)
-    except StopIteration:
-        return None
-    return context.run(loop.create_task, _resume(coro, first))
+        context.run(started.step)
+    finally:
+        _leave_task(loop, task)
+    return task
 
 
-async def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
-    return await _Resumed(coro, first)
+class _Started(Coroutine[Any, Any, Any]):
+    """What the task drives: the user's coroutine, whose first step already ran eagerly.
 
+    The task's first ``send(None)`` gets what that step yielded (or its result or exception);
+    later sends and throws go straight to the coroutine. A cancel that arrives before the task's
+    first step is thrown into the coroutine, which waits at its first ``await``.
+    """
 
-class _Resumed:
-    """Hands the task what the coroutine yielded first, then drives the coroutine as ``await`` would."""
+    __slots__ = ("coro", "yielded", "result", "error")
 
-    __slots__ = ("coro", "first")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
         self.coro = coro
-        self.first = first
+        self.yielded: Any = _NOTHING
+        self.result: Any = _NOTHING
+        self.error: BaseException | None = None
+
+    def step(self) -> None:
+        try:
+            self.yielded = self.coro.send(None)
+        except StopIteration as stop:
+            self.result = stop.value
+        except BaseException as exc:  # noqa: BLE001 - the task finishes with it
+            self.error = exc
+
+    def send(self, value: Any) -> Any:
+        if self.yielded is not _NOTHING:
+            yielded, self.yielded = self.yielded, _NOTHING
+            return yielded
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        if self.result is not _NOTHING:
+            result, self.result = self.result, _NOTHING
+            raise StopIteration(result)
+        return self.coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
+        if self.result is not _NOTHING or self.error is not None:
+            return self.send(None)  # finished already: its reply has left, the cancel comes late
+        self.yielded = _NOTHING  # the task never waited on it: the coroutine is told instead
+        if val is None and tb is None:
+            return self.coro.throw(typ)
+        return self.coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self.coro.close()
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coro, value = self.coro, self.first
-        self.first = None
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # noqa: BLE001 - thrown in by the task (cancellation): pass it on
+        try:
+            value = self.send(None)
+            while True:
                 try:
-                    value = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
+                    sent = yield value
+                except GeneratorExit:
+                    self.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - thrown in by whoever drives us: pass it on
+                    value = self.throw(exc)
+                else:
+                    value = self.send(sent)
+        except StopIteration as stop:
+            return stop.value

@@ -107,8 +107,8 @@ def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = Non
 
 
 class AsyncServer:
-    """Calls run on the instance's event loop; a call that arrives while nothing else runs starts at
-    once in the loop turn that read it (see :mod:`.eager`) and continues as a task if it awaits.
+    """Calls run on the instance's event loop, each in its own task; a call that arrives while
+    nothing else runs starts at once in the loop turn that read it, inside its task (see :mod:`.eager`).
     At most ``max_concurrency`` run at once; more wait in a backlog (a cancel removes them)."""
 
     def __init__(self, runner: CallRunner, channel: Channel, concurrency: int, code_root: str) -> None:
@@ -193,16 +193,9 @@ class AsyncServer:
         else:
             self.eager = (call_id, ctx[6])
             try:
-                started = start_eagerly(self.loop, coro, contextvars.copy_context())
-            except BaseException:
-                self.running -= 1
-                raise
+                task = start_eagerly(self.loop, coro, contextvars.copy_context())
             finally:
                 self.eager = None
-            if started is None:
-                self.running -= 1
-                return
-            task = started
         self.tasks[task] = (call_id, ctx[6])
         self.by_id[call_id] = task
         task.add_done_callback(self._task_done)

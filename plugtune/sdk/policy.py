@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
+import threading
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +22,13 @@ class PolicyError(RuntimeError):
 class Policy:
     """An OpenAI-compatible endpoint with a per-trajectory key; tokens are recorded server-side.
 
-    Use ``openai()`` / ``async_openai()`` for the official client, or ``chat()`` / ``achat()``,
-    which need no extra package and keep HTTP connections open between calls (``chat`` one per
-    thread and server, ``achat`` a few per event loop and server: see ``plugtune.sdk.transport``),
-    so a rollout's calls, and the next rollouts', skip the TCP handshake.
+    ``chat()`` / ``achat()`` are the cheapest path: they need no extra package and keep HTTP
+    connections open between calls (``chat`` one per thread and server, ``achat`` a few per event
+    loop and server: see ``plugtune.sdk.transport``), so a rollout's calls, and the next
+    rollouts', skip the TCP handshake. ``openai()`` / ``async_openai()`` return the official
+    client; building one costs tens of ms, so one base client is kept per process and server
+    (and, for ``async_openai``, per event loop), and each trajectory gets a cheap copy with its
+    own key (``with_options``) that shares the base client's connection pool.
     """
 
     base_url: str
@@ -32,20 +37,35 @@ class Policy:
     timeout_s: float = 600.0
 
     def openai(self) -> Any:
-        """A sync ``openai.OpenAI`` client bound to this trajectory."""
-        import openai
+        """A sync ``openai.OpenAI`` client bound to this trajectory (shares the process's pool)."""
+        key = (self.base_url, self.timeout_s)
+        base = _sync_clients.get(key)
+        if base is None:
+            import openai
 
-        return openai.OpenAI(
-            base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s, max_retries=0
-        )
+            base = _sync_clients.setdefault(key, openai.OpenAI(**self._client_options()))
+        return base.with_options(api_key=self.api_key)
 
     def async_openai(self) -> Any:
-        """An ``openai.AsyncOpenAI`` client bound to this trajectory."""
+        """An ``openai.AsyncOpenAI`` client bound to this trajectory (shares the loop's pool).
+
+        Outside a running event loop there is no loop to share with: a new client is built.
+        """
         import openai
 
-        return openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s, max_retries=0
-        )
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return openai.AsyncOpenAI(**{**self._client_options(), "api_key": self.api_key})
+        clients = _loop_clients(loop)
+        key = (self.base_url, self.timeout_s)
+        base = clients.get(key)
+        if base is None:
+            base = clients[key] = openai.AsyncOpenAI(**self._client_options())
+        return base.with_options(api_key=self.api_key)
+
+    def _client_options(self) -> dict[str, Any]:
+        return {"base_url": self.base_url, "api_key": "-", "timeout": self.timeout_s, "max_retries": 0}
 
     def chat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
         """POST /chat/completions and return the JSON reply (stdlib only, blocking).
@@ -107,3 +127,30 @@ class Policy:
 
     def _unreachable(self, exc: BaseException) -> PolicyError:
         return PolicyError(f"cannot reach the policy gateway at {self.base_url}: {exc}")
+
+
+# ---- the official clients: one base client per process and server (and event loop) ------------
+
+_sync_clients: dict[tuple[str, float], Any] = {}
+_loops_lock = threading.Lock()
+_loops: dict[asyncio.AbstractEventLoop, dict[tuple[str, float], Any]] = {}
+
+
+def _loop_clients(loop: asyncio.AbstractEventLoop) -> dict[tuple[str, float], Any]:
+    """The base async clients of ``loop``; those of loops closed meanwhile are let go."""
+    with _loops_lock:
+        clients = _loops.get(loop)
+        if clients is None:
+            for closed in [other for other in _loops if other.is_closed()]:
+                del _loops[closed]
+            clients = _loops[loop] = {}
+        return clients
+
+
+def _forget_clients() -> None:
+    """In a forked child: the parent's connections are not this process's to use."""
+    _sync_clients.clear()
+    _loops.clear()
+
+
+os.register_at_fork(after_in_child=_forget_clients)

@@ -58,8 +58,8 @@ class Handler(BaseHTTPRequestHandler):
             payload = json.dumps({"error": {"message": "max_tokens: must be positive"}}).encode()
         else:
             message = {"role": "assistant", "content": f"seen {len(body['messages'])}"}
-            payload = json.dumps({"choices": [{"message": message}], "auth": self.headers["Authorization"]})
-            payload = payload.encode()
+            reply = {"choices": [{"message": message}], "auth": self.headers["Authorization"]}
+            payload = json.dumps(reply).encode()
         framing = self.server.framing
         if framing == "garbage":
             self.wfile.write(b"SMTP ready\r\n\r\n")
@@ -240,3 +240,29 @@ def test_a_reply_that_is_not_http_is_a_policy_error(gateway: Gateway) -> None:
     gateway.framing = "garbage"
     with pytest.raises(PolicyError, match="cannot reach the policy gateway.*SMTP ready"):
         Policy(gateway.base_url, "key").chat(ASK)
+
+
+def test_openai_clients_of_trajectories_share_a_connection_and_send_their_own_keys(
+    gateway: Gateway,
+) -> None:
+    replies = []
+    for key in ("key-1", "key-2", "key-3"):
+        policy = Policy(gateway.base_url, key)
+        replies.append(policy.openai().chat.completions.create(model=policy.model, messages=ASK))
+    assert [r.model_extra["auth"] for r in replies] == ["Bearer key-1", "Bearer key-2", "Bearer key-3"]
+    assert len(set(gateway.ports())) == 1  # one kept-alive connection, not one per trajectory
+
+
+def test_async_openai_clients_share_a_connection_per_event_loop(gateway: Gateway) -> None:
+    async def rollouts() -> list[str]:
+        auths = []
+        for key in ("key-1", "key-2"):
+            policy = Policy(gateway.base_url, key)
+            reply = await policy.async_openai().chat.completions.create(model=policy.model, messages=ASK)
+            auths.append(reply.model_extra["auth"])
+        return auths
+
+    assert asyncio.run(rollouts()) == ["Bearer key-1", "Bearer key-2"]
+    assert len(set(gateway.ports())) == 1
+    assert asyncio.run(rollouts()) == ["Bearer key-1", "Bearer key-2"]  # a new loop: a new client
+    assert len(set(gateway.ports())) == 2

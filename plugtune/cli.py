@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -28,14 +30,26 @@ JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document.")
 
 
 @contextmanager
-def _opened_store() -> Iterator[tuple[Settings, Store]]:
-    """The store named by the environment; a database problem is a clear message, not a traceback."""
+def _opened_store(create: bool = False) -> Iterator[tuple[Settings, Store]]:
+    """The store named by the environment; a database problem is a clear message, not a traceback.
+
+    Only commands that start work (``create=True``) make a new store; the others say where they
+    looked when there is none, instead of answering from a new, empty one."""
     from plugtune.errors import PlugtuneError
-    from plugtune.settings import Settings
-    from plugtune.store import Store
+    from plugtune.settings import Settings, store_source
+    from plugtune.store import Store, sqlite_file
 
     try:
         settings = Settings.from_env()
+        missing = sqlite_file(settings.database_url)
+        if not create and missing is not None and not missing.is_file():
+            typer.echo(
+                f"plugtune: there is no plugtune store at {missing} ({store_source()}); nothing ran "
+                "with it. Run this where you ran `plugtune run` / `plugtune serve`, or point at that "
+                "store: export PLUGTUNE_HOME=/path/to/.plugtune (or PLUGTUNE_DATABASE_URL)",
+                err=True,
+            )
+            raise typer.Exit(2)
         store = Store.open(settings.database_url)
     except (PlugtuneError, ValueError) as exc:
         typer.echo(f"plugtune: {exc}", err=True)
@@ -170,7 +184,7 @@ def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None
     from plugtune.jobs.control import create_job
     from plugtune.jobs.progress import run_with_progress
 
-    with _opened_store() as (settings, store):
+    with _opened_store(create=True) as (settings, store):
         job_id, invalid = create_job(store, job_file)
         if invalid is not None:
             typer.echo(f"job {job_id} failed validation before any compute:", err=True)
@@ -195,7 +209,7 @@ def submit(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> N
     """Validate a job and queue it for the server started with `plugtune serve` (same store)."""
     from plugtune.jobs.control import create_job
 
-    with _opened_store() as (_, store):
+    with _opened_store(create=True) as (_, store):
         job_id, invalid = create_job(store, job_file)
         if invalid is not None:
             typer.echo(f"job {job_id} failed validation before any compute:", err=True)
@@ -450,21 +464,50 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8321, min=1, max=65535, help="Port to listen on."),
 ) -> None:
-    """Start the control plane: JSON API (/docs), web console, scheduler for submitted jobs."""
+    """Start the control plane: JSON API (/docs), web console, scheduler for submitted jobs.
+
+    Exits 1 without starting anything when the port cannot be listened on (choose another with --port)."""
     import uvicorn
 
     from plugtune.jobs.control import Scheduler
     from plugtune.web import create_app
 
-    with _opened_store() as (settings, store):
+    sock = _listening_socket(host, port)  # before anything is printed or started
+    with sock, _opened_store(create=True) as (settings, store):
         scheduler = Scheduler(store, settings)
         app_ = create_app(store, api_token=settings.api_token, on_retry=None)
         scheduler.start()
         typer.echo(f"plugtune console: http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
         try:
-            uvicorn.run(app_, host=host, port=port, log_level="warning")
+            uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="warning")).run([sock])
         finally:
             scheduler.stop()
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, or a one-line error saying what to do (exit 1)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        typer.echo(f"plugtune serve: --host {host!r} is not an address here ({exc.strerror})", err=True)
+        raise typer.Exit(1) from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts at once
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            why = "is already in use (another `plugtune serve`?); stop that process or choose a free port"
+        elif exc.errno == errno.EACCES:
+            why = "needs privileges to listen on; choose a port above 1023"
+        else:
+            why = f"cannot be listened on ({exc.strerror}); check --host or choose another port"
+        typer.echo(f"plugtune serve: port {port} on {host} {why} with --port", err=True)
+        raise typer.Exit(1) from None
+    return sock
 
 
 @app.command()
@@ -472,7 +515,7 @@ def demo() -> None:
     """Train the example project end to end (tiny model, arithmetic data, rollout + grader plugins)."""
     from plugtune.jobs.demo import run_demo
 
-    with _opened_store() as (settings, store):
+    with _opened_store(create=True) as (settings, store):
         raise typer.Exit(run_demo(store, settings, typer.echo))
 
 

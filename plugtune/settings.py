@@ -41,6 +41,16 @@ class Settings:
         )
 
 
+def store_source(environ: dict[str, str] | None = None) -> str:
+    """Which setting chose the store's place, in words (for "no store here" messages)."""
+    env = dict(os.environ if environ is None else environ)
+    if env.get("PLUGTUNE_DATABASE_URL"):
+        return "PLUGTUNE_DATABASE_URL names it"
+    if "PLUGTUNE_HOME" in env:
+        return f"PLUGTUNE_HOME={env['PLUGTUNE_HOME']}"
+    return f"PLUGTUNE_HOME is not set, so it is .plugtune in the current folder ({Path.cwd()})"
+
+
 def _number(env: dict[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw is None or raw == "":

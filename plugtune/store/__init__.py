@@ -10,6 +10,7 @@ page = store.logs(job_id, plugin="rollout", limit=100)        # newest first
 older = store.logs(job_id, plugin="rollout", before_id=page[-1].id)
 """
 
+from plugtune.store.database import sqlite_file
 from plugtune.store.records import (
     TRANSITIONS,
     Attempt,
@@ -48,6 +49,7 @@ __all__ = [
     "SeriesPoint",
     "Store",
     "StoreWriter",
+    "sqlite_file",
     "TrajectorySummary",
     "Transition",
 ]

@@ -74,6 +74,14 @@ def normalize_url(url: str) -> URL:
     return parsed
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names (None for PostgreSQL); raises PlatformError for a bad URL."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    return Path(str(parsed.database)).expanduser().resolve()
+
+
 def _safe(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from plugtune.errors import DataError, PlatformError, PluginCallError
+from plugtune.gateway.sampling import JobSampling
 from plugtune.jobs.validation import ValidatedJob, read_dataset, validate_job
 from plugtune.pretest.faas import Injection, default_concurrency, run_faas
 from plugtune.pretest.local import run_local
@@ -44,7 +45,9 @@ def load_job(job_file: str, *, check_model: bool = True) -> tuple[ValidatedJob, 
 
 
 def policy_of(job: ValidatedJob, options: TestOptions) -> PolicyChoice:
-    return PolicyChoice(job.model_dir, options.policy_url, options.api_key, options.model)
+    h = job.spec.hyperparameters
+    sampling = JobSampling(h.temperature, h.top_p, h.max_new_tokens)
+    return PolicyChoice(job.model_dir, options.policy_url, options.api_key, options.model, sampling)
 
 
 def header(job: ValidatedJob, policy: PolicyChoice) -> dict[str, Any]:

@@ -8,18 +8,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from plugtune.gateway.sampling import JobSampling
 from plugtune.pretest.relay import PolicyRelay, forward_to
 from plugtune.trainer.protocols import PolicyServer
 
 
 @dataclass(frozen=True)
 class PolicyChoice:
-    """``url`` empty: the job's model (``model_dir``) through the embedded gateway."""
+    """``url`` empty: the job's model (``model_dir``) through the embedded gateway, which samples
+    with the job's ``sampling`` settings as the job's gateway does."""
 
     model_dir: Path
     url: str = ""
     api_key: str = ""
     model: str = ""
+    sampling: JobSampling | None = None
 
     def describe(self) -> str:
         return f"{self.url} (model {self.model or 'as requested'})" if self.url else f"{self.model_dir}"
@@ -41,5 +44,5 @@ def serving(choice: PolicyChoice) -> Iterator[PolicyServer]:
     hf_logging.disable_progress_bar()  # the report, not a loading bar, is the output
 
     loaded = load_model(choice.model_dir)
-    with PolicyGateway(loaded.model, loaded.tokenizer) as gateway:
+    with PolicyGateway(loaded.model, loaded.tokenizer, sampling=choice.sampling) as gateway:
         yield gateway

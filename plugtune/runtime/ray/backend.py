@@ -1,0 +1,167 @@
+"""The Ray backend: each plugin instance is a Ray actor running plugtune's supervisor on its node.
+
+The snapshot folder is shipped as the actors' ``runtime_env`` ``working_dir`` (Ray stores it in
+the cluster by content hash, so every node runs exactly the code the console shows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+from plugtune.runtime.backend import DeployFailed, DeployRequest
+from plugtune.runtime.local import spec_from
+from plugtune.runtime.quota import QuotaLedger
+from plugtune.runtime.ray.cluster import import_ray
+from plugtune.runtime.ray.code import ship
+from plugtune.runtime.ray.deployment import RayDeployment, RayInstance
+from plugtune.runtime.ray.facts import cluster_lost, is_ray_error, start_failed
+from plugtune.runtime.ray.host import InstanceHost, read_spec_sync
+from plugtune.sdk import Runtime
+
+MIB = 1 << 20
+HEALTH_PERIOD_S = 5.0
+HEALTH_TIMEOUT_S = 20.0
+
+
+class RayBackend:
+    limits_mechanism = "ray actor + node-local limits"
+
+    def __init__(
+        self,
+        address: str,
+        ledger: QuotaLedger,
+        *,
+        idle_timeout_s: float = 60.0,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        ray = import_ray()
+        self.ray = ray
+        self.address = address
+        self.ledger = ledger
+        self.idle_timeout_s = idle_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.tags = itertools.count(1)
+        self.host_class = ray.remote(InstanceHost)
+        self.read_spec = ray.remote(read_spec_sync)
+        self.deployments: list[RayDeployment] = []
+        self.shipped: dict[Path, str] = {}  # snapshot folder -> its gcs:// package
+        self.lost: Exception | None = None
+        self._last_health = time.monotonic()
+        self._health: asyncio.Task[None] | None = None
+
+    async def deploy(self, request: DeployRequest) -> RayDeployment:
+        raw = await self._read_spec(request)
+        spec = spec_from(raw)
+        runtime = request.effective_runtime(spec.runtime)
+        self._check_feasible(runtime)
+        deployment = RayDeployment(self, request, spec, runtime)
+        try:
+            await deployment.start()
+        except BaseException:
+            await deployment.close()
+            raise
+        self.deployments.append(deployment)
+        return deployment
+
+    async def _read_spec(self, request: DeployRequest) -> dict[str, Any]:
+        """Import the plugin once on a node (no CPU reserved) for its decorator's spec."""
+        options = {"num_cpus": 0, "runtime_env": self._runtime_env(request), "max_retries": 0}
+        try:
+            ref = self.read_spec.options(**options).remote(_config(request), self.start_timeout_s)
+            answer = await asyncio.wait_for(ref, self.start_timeout_s + 30)
+        except asyncio.TimeoutError:
+            raise DeployFailed(
+                f"Ray did not run the plugin's import within {self.start_timeout_s:g} s"
+            ) from None
+        except Exception as exc:
+            if not is_ray_error(exc):
+                raise
+            raise start_failed(exc) from None
+        if "error" in answer:
+            message, tb, logs = answer["error"]
+            raise DeployFailed(message, tb, logs)
+        return dict(answer["spec"])
+
+    def _check_feasible(self, runtime: Runtime) -> None:
+        """Ray would keep an actor no node can hold pending forever: say so now instead."""
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        need_mem = runtime.memory_mb * MIB
+        for node in nodes:
+            resources = node.get("Resources", {})
+            if resources.get("CPU", 0) >= runtime.cpu and resources.get("memory", 0) >= need_mem:
+                return
+        sizes = [(n["Resources"].get("CPU", 0), n["Resources"].get("memory", 0) / MIB) for n in nodes]
+        largest = max(sizes, default=(0, 0))
+        raise DeployFailed(
+            f"infeasible on this Ray cluster: an instance asks for cpu={runtime.cpu:g} and "
+            f"memory_mb={runtime.memory_mb}, and no node has that much (largest: {largest[0]:g} CPU, "
+            f"{largest[1]:.0f} MiB); lower the plugin's Runtime or add a bigger node"
+        )
+
+    def _runtime_env(self, request: DeployRequest) -> dict[str, Any]:
+        uri = self.shipped.get(request.code_root)
+        if uri is None:
+            uri = self.shipped[request.code_root] = ship(request.code_root)
+        return {"working_dir": uri}
+
+    def new_actor(self, request: DeployRequest, runtime: Runtime) -> RayInstance:
+        tag = f"r{next(self.tags)}"
+        options = {
+            "num_cpus": runtime.cpu,
+            "memory": runtime.memory_mb * MIB,
+            "scheduling_strategy": "SPREAD",
+            "runtime_env": self._runtime_env(request),
+            "max_restarts": 0,
+            "max_concurrency": runtime.max_concurrency + 8,  # the calls, plus report/close
+        }
+        handle = self.host_class.options(**options).remote(
+            tag, _config(request), runtime, self.start_timeout_s
+        )
+        return RayInstance(tag, handle)
+
+    def kill_actor(self, handle: Any) -> None:
+        try:
+            self.ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def check_cluster(self) -> None:
+        """Raise ``internal error`` when the cluster's head no longer answers (checked in background)."""
+        if self.lost is not None:
+            raise cluster_lost(self.address, self.lost)
+        now = time.monotonic()
+        if self._health is None and now - self._last_health > HEALTH_PERIOD_S:
+            self._last_health = now
+            self._health = asyncio.get_running_loop().create_task(self._check_head())
+
+    async def _check_head(self) -> None:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.ray.nodes), HEALTH_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the head means it is lost
+            self.lost = (
+                exc
+                if not isinstance(exc, asyncio.TimeoutError)
+                else TimeoutError(f"no answer from the head within {HEALTH_TIMEOUT_S:g} s")
+            )
+        finally:
+            self._health = None
+
+    async def close(self) -> None:
+        for deployment in self.deployments:
+            if not deployment.closed:
+                await deployment.close()
+        if self._health is not None:
+            self._health.cancel()
+
+
+def _config(request: DeployRequest) -> dict[str, Any]:
+    return {
+        "entry": request.entry,
+        "relpath": request.relpath,
+        "function": request.function,
+        "env": dict(request.env),
+    }

@@ -1,0 +1,157 @@
+"""Connecting to a Ray cluster, and the small local cluster that tests and benchmarks start.
+
+``connect()`` joins ``PLUGTUNE_RAY_ADDRESS`` (``host:port`` of an existing head, or ``auto``) or,
+without one, starts a Ray head for this process alone. ``LocalCluster`` starts real
+``ray start`` nodes bound to 127.0.0.1 under their own temp dir and stops exactly those.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+class RayUnavailable(Exception):
+    """Raised when Ray is not installed or the cluster cannot be reached; ``message`` says what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable(
+            "the ray backend needs Ray: pip install -e '.[ray]' (or pip install 'ray[default]==2.60.0')"
+        ) from None
+    return ray
+
+
+def connect(address: str | None) -> bool:
+    """Join the cluster at ``address`` (None: start a local head); True when this call started Ray."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(
+            address=address or None,
+            namespace="plugtune",
+            log_to_driver=False,
+            include_dashboard=False if not address else None,
+            configure_logging=False,
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = f"the Ray cluster at PLUGTUNE_RAY_ADDRESS={address}" if address else "a local Ray head"
+        raise RayUnavailable(f"could not connect to {where}: {first_line(exc)}") from None
+    return True
+
+
+def disconnect() -> None:
+    import_ray().shutdown()
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:500]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalCluster:
+    """A Ray cluster of ``ray start`` nodes on this machine, in its own temp dir (tests, benchmarks)."""
+
+    temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ptray-", dir="/tmp")))
+    port: int = field(default_factory=free_port)
+    nodes: list[str] = field(default_factory=list)  # the resource tag of each node, head first
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start_head(self, num_cpus: float = 1, resource: str = "node_head") -> None:
+        self._ray_start(
+            ["--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false"],
+            num_cpus,
+            resource,
+        )
+
+    def add_node(self, num_cpus: float = 1, resource: str = "") -> str:
+        resource = resource or f"node_{len(self.nodes)}"
+        self._ray_start([f"--address={self.address}"], num_cpus, resource)
+        return resource
+
+    def _ray_start(self, args: list[str], num_cpus: float, resource: str) -> None:
+        ray_bin = str(Path(sys.executable).with_name("ray"))
+        cmd = [
+            ray_bin,
+            "start",
+            *args,
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={num_cpus}",
+            f'--resources={{"{resource}": 100}}',
+            "--disable-usage-stats",
+        ]
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        self.nodes.append(resource)
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process of this cluster (found by its temp dir on the command line)."""
+        marker = str(self.temp_dir)
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if any(marker in part for part in proc.info["cmdline"] or []):
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
+
+    def raylet_of(self, resource: str) -> psutil.Process | None:
+        for proc in self.processes():
+            try:
+                cmd = " ".join(proc.cmdline())
+            except psutil.Error:
+                continue
+            if proc.name() == "raylet" and f"--static_resource_list={resource}," in cmd:
+                return proc
+        return None
+
+    def stop(self) -> None:
+        """Kill this cluster's processes (and their children) and remove its temp dir."""
+        procs = self.processes()
+        for proc in list(procs):
+            try:
+                procs.extend(proc.children(recursive=True))
+            except psutil.Error:
+                pass
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and self.processes():
+            time.sleep(0.1)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -1,0 +1,127 @@
+"""The Ray actor that is one plugin instance: plugtune's own supervisor, run on the actor's node.
+
+Ray places the actor (``num_cpus``, ``memory``) but its ``memory=`` only schedules, so the actor
+does not run the plugin itself: it runs the local backend, which forks the project's worker as a
+child process under a cgroup child (or rlimit + watchdog) on that node and talks the usual
+Unix-socket protocol to it. Limits, timeouts, the event-loop watch and the failure facts are then
+the same code as on the local backend; the actor only relays calls, logs and gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Returned
+from plugtune.runtime.deployment import LocalDeployment
+from plugtune.runtime.limits import detect
+from plugtune.runtime.local import LocalBackend
+from plugtune.runtime.quota import Quota, QuotaLedger
+from plugtune.runtime.zygote_client import Zygote
+from plugtune.sdk import Runtime
+from plugtune.types import LogLine
+
+NO_QUOTA = Quota(max_functions=1, max_instances=4, total_memory_mb=1 << 26)  # the driver keeps the quota
+
+
+class NodeBackend(LocalBackend):
+    """The local backend inside one actor: instance ids carry the actor's tag (``r3-i1``)."""
+
+    def __init__(self, tag: str, start_timeout_s: float) -> None:
+        super().__init__(
+            detect(None),
+            QuotaLedger(NO_QUOTA),
+            use_zygote=True,
+            idle_timeout_s=86_400.0,
+            spares=False,
+            start_timeout_s=start_timeout_s,
+        )
+        self.tag = tag
+
+    def next_instance_id(self) -> str:
+        return f"{self.tag}-i{next(self.ids)}"
+
+
+class InstanceHost:
+    """One plugin instance on a Ray node (wrapped with ``ray.remote`` by the driver)."""
+
+    def __init__(self, tag: str, config: dict[str, Any], runtime: Runtime, start_timeout_s: float) -> None:
+        self.tag = tag
+        self.config = config
+        # One worker process per actor; a worker that dies is replaced inside the same actor.
+        self.runtime = runtime.replace(min_instances=1, max_instances=1)
+        self.start_timeout_s = start_timeout_s
+        self.backend: NodeBackend | None = None
+        self.deployment: LocalDeployment | None = None
+        self.sent_logs = 0
+
+    async def start(self) -> dict[str, Any]:
+        """Start the worker; returns where it runs, or ``{"error": [message, traceback, logs]}``."""
+        import ray
+
+        self.backend = NodeBackend(self.tag, self.start_timeout_s)
+        request = DeployRequest(
+            entry=self.config["entry"],
+            code_root=Path(os.getcwd()),  # Ray unpacked the snapshot here (runtime_env working_dir)
+            relpath=self.config["relpath"],
+            function=self.config["function"],
+            runtime=self.runtime,
+            env=dict(self.config["env"]),
+        )
+        try:
+            self.deployment = await self.backend.deploy(request)
+        except DeployFailed as exc:
+            return {"error": [exc.message, exc.traceback, exc.logs]}
+        context = ray.get_runtime_context()
+        return {
+            "node_id": context.get_node_id(),
+            "limits": self.backend.limits_mechanism,
+            "pid": os.getpid(),
+        }
+
+    async def invoke(self, request: CallRequest) -> Returned | Failed:
+        assert self.deployment is not None
+        return await self.deployment.invoke(request)
+
+    async def report(self) -> tuple[dict[str, float], list[LogLine]]:
+        """The gauges now and the log lines written since the last report."""
+        if self.deployment is None:
+            return {}, []
+        lines = self.deployment.log_lines
+        new = list(lines)
+        lines.clear()
+        return self.deployment.sample(), new
+
+    async def kill_worker(self) -> None:
+        if self.deployment is not None:
+            await self.deployment.kill()
+
+    async def close(self) -> list[LogLine]:
+        """Stop the worker and remove its limits; returns the last log lines."""
+        lines: list[LogLine] = []
+        if self.deployment is not None:
+            await self.deployment.close()
+            lines = list(self.deployment.log_lines)
+        if self.backend is not None:
+            await self.backend.close()
+        return lines
+
+
+async def read_spec(config: dict[str, Any], start_timeout_s: float) -> dict[str, Any]:
+    """Import the plugin in a worker process on a node (as the zygote does locally) and return its
+    spec, or ``{"error": [message, traceback, logs]}`` when it cannot be imported."""
+    zygote = Zygote({**config, "code_root": os.getcwd()}, config["entry"])
+    try:
+        raw = await zygote.start(start_timeout_s)
+    except DeployFailed as exc:
+        return {"error": [exc.message, exc.traceback, zygote.output_logs() + exc.logs]}
+    finally:
+        await zygote.aclose()
+    return {"spec": raw, "at": time.time()}
+
+
+def read_spec_sync(config: dict[str, Any], start_timeout_s: float) -> dict[str, Any]:
+    return asyncio.run(read_spec(config, start_timeout_s))

@@ -1,0 +1,57 @@
+"""``RayRuntime``: ``LocalRuntime``'s sibling whose instances are Ray actors on a cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plugtune.runtime.quota import Quota
+from plugtune.runtime.ray.backend import RayBackend
+from plugtune.runtime.ray.cluster import connect, disconnect
+from plugtune.runtime.runtime import BaseRuntime
+
+
+class RayRuntime(BaseRuntime):
+    """The function runtime on a Ray cluster: each instance is an actor placed by Ray, its limits
+    and deadlines enforced by plugtune's worker on the actor's node.
+
+    ``address``: the cluster's head (``host:port`` or ``auto``); None starts a local Ray head for
+    this runtime (stopped on close). ``idle_timeout_s``, ``start_timeout_s``, ``metrics_period_s``:
+    as for ``LocalRuntime``. Raises ``RayUnavailable`` when Ray is missing or the head cannot be
+    reached.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        quota: Quota | None = None,
+        state_dir: Path | None = None,
+        *,
+        metrics_period_s: float = 5.0,
+        idle_timeout_s: float = 60.0,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        super().__init__(quota, state_dir, metrics_period_s)
+        if not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s={idle_timeout_s} must be > 0")
+        if not 0 < start_timeout_s <= 3600:
+            raise ValueError(f"start_timeout_s={start_timeout_s} must be in (0, 3600]")
+        self.address = address
+        self.idle_timeout_s = idle_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._started_ray = False
+
+    async def start(self) -> None:
+        if self.backend is None:
+            self._started_ray = connect(self.address)
+            self.backend = RayBackend(
+                self.address or "a local head",
+                self.ledger,
+                idle_timeout_s=self.idle_timeout_s,
+                start_timeout_s=self.start_timeout_s,
+            )
+
+    async def close(self) -> None:
+        await super().close()
+        if self._started_ray:
+            disconnect()
+            self._started_ray = False

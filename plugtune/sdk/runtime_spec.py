@@ -23,7 +23,8 @@ class Runtime:
     memory_mb: memory limit per instance; going over it is ``FaaS OOM``.
     timeout_s: wall-clock limit per call; going over it is ``Timeout``.
     max_concurrency: calls one instance runs at once (event-loop tasks for ``async def``,
-        threads for sync functions).
+        threads for sync functions). A sync function with 1 runs every call on the instance's
+        main thread (signal-based timeouts work); with more, every call runs on a pool thread.
     min_instances / max_instances: the autoscaler's bounds.
     cpu: CPU quota per instance in cores, where the host lets the runtime set one.
     """

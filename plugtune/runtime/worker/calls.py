@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -77,7 +78,7 @@ class CallRunner:
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             self._exit_like(exc)
         kind = MEMORY if isinstance(exc, MemoryError) else RAISED
-        message = f"{type(exc).__name__}: {exc}"
+        message = f"{type(exc).__name__}: {exc}" + _signal_hint(exc)
         return [ERR, call_id, kind, message, user_traceback(exc, self.code_root), metrics]
 
     def _exit_like(self, exc: BaseException) -> None:
@@ -118,6 +119,19 @@ class CallRunner:
         if self.kind is Kind.GRADER:
             return float("nan")
         return None  # a rollout has no reward to poison
+
+
+def _signal_hint(exc: BaseException) -> str:
+    if not (isinstance(exc, ValueError) and "signal only works in main thread" in str(exc)):
+        return ""
+    if threading.current_thread() is threading.main_thread():
+        return ""
+    return (
+        " (this sync plugin has max_concurrency > 1, so its calls run on pool threads, where Python"
+        " cannot install signal handlers, e.g. signal-based timeouts such as math-verify's: set"
+        " max_concurrency: 1 in its Runtime so that every call runs on the instance's main thread,"
+        " and scale with max_instances instead)"
+    )
 
 
 def allocate_past(limit_mb: int) -> None:

@@ -1,7 +1,9 @@
 """An instance: join its limits, run ``setup()``, then serve calls until the supervisor leaves.
 
-Sync plugins: leader/follower threads, at most ``max_concurrency`` calls at once (see
-:mod:`.threads`). ``async def`` plugins: calls are tasks on the instance's event loop, at most
+Sync plugins with ``max_concurrency: 1``: every call runs on the instance's main thread, so
+signal-based timeouts work (see :mod:`.mainthread`). With ``max_concurrency > 1``: every call runs
+on a pool thread, never the main thread, at most ``max_concurrency`` at once (see :mod:`.threads`).
+``async def`` plugins: calls are tasks on the instance's event loop, at most
 ``max_concurrency`` at once, watched by :class:`LoopWatchdog`.
 """
 
@@ -19,6 +21,7 @@ import random
 import resource
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -38,6 +41,7 @@ from plugtune.runtime.worker.channel import Channel, ChannelHandler, LineWriter
 from plugtune.runtime.worker.eager import start_eagerly
 from plugtune.runtime.worker.loader import Plugin, user_traceback
 from plugtune.runtime.worker.loops import new_event_loop
+from plugtune.runtime.worker.mainthread import MainThreadServer
 from plugtune.runtime.worker.threads import SyncServer
 from plugtune.runtime.worker.watch import LoopWatchdog, outbound_bytes
 
@@ -81,8 +85,17 @@ def serve(plugin: Plugin, sock: socket.socket, config: dict[str, Any]) -> None:
     else:
         if not _run_setup(plugin, channel, code_root):
             os._exit(3)
-        SyncServer(runner, channel, concurrency).serve()
+        serve_sync(runner, channel, concurrency)
     os._exit(0)
+
+
+def serve_sync(runner: CallRunner, channel: Channel, concurrency: int) -> None:
+    """Serve a sync plugin; never returns (the serving threads end the process)."""
+    if concurrency == 1:
+        MainThreadServer(runner, channel).serve()
+    server = SyncServer(runner, channel, concurrency)
+    threading.Thread(target=server.serve, name="plugtune-reader", daemon=True).start()
+    threading.Event().wait()  # the main thread only waits: no call runs here
 
 
 def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = None) -> bool:

@@ -1,4 +1,8 @@
-"""Serving a sync plugin: a reader thread, a pool of call threads, and a call run inline when alone.
+"""Serving a sync plugin with ``max_concurrency > 1``: a reader thread, a pool of call threads,
+and a call run inline when alone. Every call runs on one of these threads, never on the
+instance's main thread (which only waits), so Python cannot install signal handlers in a call:
+``signal.signal`` raises ``ValueError: signal only works in main thread`` (the 500 it becomes says
+to use ``max_concurrency: 1``, :mod:`.mainthread`).
 
 One thread at a time holds the *reading role* and reads the instance's socket:
 

@@ -65,3 +65,26 @@ async def test_a_sync_call_past_timeout_s_is_a_timeout_and_the_plugin_keeps_serv
         assert info.value.cause == Cause.TIMEOUT.value
         out = await asyncio.wait_for(fn.invoke(ctx(), sample(sleep=0.0), trajectory()), 10)
         assert out.status == "success" and out.instance_id != info.value.instance_id  # recycled
+
+
+async def test_a_main_thread_instance_answers_stats_while_its_call_runs() -> None:
+    server = await asyncio.start_server(_drain, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, LocalRuntime(metrics_period_s=0.2) as rt:
+        fn = await rt.deploy(entry("signals.py", "uploads_then_sleeps"))  # max_concurrency=1
+        call = asyncio.ensure_future(
+            fn.invoke(ctx(), sample(port=port, size=2 << 20, sleep=4.0), trajectory())
+        )
+        for _ in range(150):
+            if sum(p.value for p in fn.metrics() if p.name == "outbound_mib_s") > 0:
+                break
+            await asyncio.sleep(0.02)
+        assert sum(p.value for p in fn.metrics() if p.name == "outbound_mib_s") > 0
+        assert not call.done()  # counted while the call still ran on the main thread
+        assert (await call).value == 1.0
+
+
+async def _drain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while await reader.read(1 << 16):
+        pass
+    writer.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,28 @@ async def test_bad_plugin_is_create_fault_naming_the_problem(file: str, function
         assert file in error.plugin
         good = await rt.deploy(entry("basic.py", "noop"))  # the runtime keeps serving
         assert (await good.invoke(ctx(), sample(), trajectory())).value == 0.0
+
+
+@pytest.mark.parametrize(
+    ("file", "where", "module"),
+    [
+        (
+            "import_error.py",
+            "import_error.py:1: importing the plugin module failed",
+            "plugtune_no_such_module",
+        ),
+        ("setup_missing_package.py", "setup_missing_package.py:5: setup() failed", "plugtune_no_such_judge"),
+    ],
+)
+async def test_a_missing_package_says_where_to_install_it(file: str, where: str, module: str) -> None:
+    async with LocalRuntime() as rt:
+        with pytest.raises(PluginCallError) as info:
+            await rt.deploy(entry(file, "score"))
+    error = info.value
+    assert error.cause == Cause.CREATE_FAULT.value
+    assert error.message.startswith(where), error.message
+    assert f"No module named '{module}" in error.message
+    assert f"`{sys.executable} -m pip install {module}`" in error.message
 
 
 async def test_import_error_and_failing_setup_point_at_the_user_line() -> None:

@@ -50,6 +50,24 @@ def user_traceback(exc: BaseException, code_root: str) -> str:
     return "\n".join(lines)
 
 
+def user_line(exc: BaseException, code_root: str) -> str:
+    """``file:line`` of the innermost frame in the user's code ("" when none is)."""
+    mine = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(code_root)]
+    return f"{_rel(mine[-1].filename, code_root)}:{mine[-1].lineno}" if mine else ""
+
+
+def install_hint(exc: BaseException) -> str:
+    """For a missing module: where to install it (plugins run in plugtune's own environment)."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return ""
+    top = exc.name.split(".")[0]
+    return (
+        f". Plugins run in the Python environment plugtune runs from ({sys.executable}): install"
+        f" the package that provides {top!r} there, e.g. `{sys.executable} -m pip install {top}`"
+        " (the package name may differ from the module's), then deploy again"
+    )
+
+
 def _rel(filename: str, code_root: str) -> str:
     return filename[len(code_root) :].lstrip("/") if filename.startswith(code_root) else filename
 
@@ -74,8 +92,10 @@ def load(code_root: str, relpath: str, function: str) -> Plugin:
             f"{where}: syntax error while importing the plugin ({exc.msg})", user_traceback(exc, code_root)
         ) from None
     except BaseException as exc:  # noqa: BLE001 - any import-time failure is the user's to fix
+        where = user_line(exc, code_root) or relpath
         raise LoadError(
-            f"{relpath}: importing the plugin module failed with {type(exc).__name__}: {exc}",
+            f"{where}: importing the plugin module failed with {type(exc).__name__}: {exc}"
+            + install_hint(exc),
             user_traceback(exc, code_root),
         ) from None
     return _find(module, relpath, function)

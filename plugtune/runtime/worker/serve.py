@@ -39,7 +39,7 @@ from plugtune.runtime.protocol import (
 from plugtune.runtime.worker.calls import CallRunner
 from plugtune.runtime.worker.channel import Channel, ChannelHandler, LineWriter
 from plugtune.runtime.worker.eager import start_eagerly
-from plugtune.runtime.worker.loader import Plugin, user_traceback
+from plugtune.runtime.worker.loader import Plugin, install_hint, user_line, user_traceback
 from plugtune.runtime.worker.loops import new_event_loop
 from plugtune.runtime.worker.mainthread import MainThreadServer
 from plugtune.runtime.worker.threads import SyncServer
@@ -112,7 +112,8 @@ def _run_setup(plugin: Plugin, channel: Channel, code_root: str, loop: Any = Non
             else:
                 asyncio.run(result)  # type: ignore[arg-type]
     except BaseException as exc:  # noqa: BLE001 - reported as a create fault
-        message = f"{where}: setup() failed: {type(exc).__name__}: {exc}"
+        line = user_line(exc, code_root) or where
+        message = f"{line}: setup() failed: {type(exc).__name__}: {exc}" + install_hint(exc)
         channel.send([FATAL, message, user_traceback(exc, code_root)])
         return False
     channel.send([READY, os.getpid(), (time.perf_counter() - started) * 1000])

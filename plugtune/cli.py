@@ -149,6 +149,12 @@ def test_plugins(
     concurrency: int = typer.Option(
         0, min=0, max=10_000, help="--faas: rollouts at once (default: batch_size × group_size)."
     ),
+    backend: str = typer.Option(
+        "",
+        "--backend",
+        help="--faas: run instances as 'local' processes or 'ray' actors (on $PLUGTUNE_RAY_ADDRESS, "
+        "else a local Ray head); default: job.yaml's plugins.runtime_backend.",
+    ),
     inject: str = typer.Option("", help="Inject faults: a list of timeout,eof,oom,500,nan."),
     inject_rate: float = typer.Option(0.2, help="Share of calls that get an injected fault (0..1]."),
     seed: int = typer.Option(0, help="Seed of the fault draws."),
@@ -172,7 +178,12 @@ def test_plugins(
     except ValueError as exc:
         typer.echo(f"plugtune test: {exc}", err=True)
         raise typer.Exit(2) from None
-    options = TestOptions(job_file, samples, policy_url, policy_api_key, policy_model, concurrency, injection)
+    if backend not in ("", "local", "ray"):
+        typer.echo(f"plugtune test: --backend {backend!r}: use 'local' or 'ray'", err=True)
+        raise typer.Exit(2)
+    options = TestOptions(
+        job_file, samples, policy_url, policy_api_key, policy_model, concurrency, injection, backend
+    )
     raise typer.Exit(test_command(options, faas=faas, as_json=as_json))
 
 

@@ -16,6 +16,8 @@ class Settings:
     PLUGTUNE_API_TOKEN: bearer token the console and API require when set.
     PLUGTUNE_RETENTION_DAYS: how long an ended plugin's monitoring data is kept (default 7).
     PLUGTUNE_MAX_FUNCTIONS / _MAX_INSTANCES / _TOTAL_MEMORY_MB: the function runtime's quota.
+    PLUGTUNE_RAY_ADDRESS: the Ray cluster (``host:port`` or ``auto``) of jobs whose
+    ``plugins.runtime_backend`` is ``ray``; unset: each such job starts a local Ray head.
     """
 
     home: Path
@@ -25,6 +27,7 @@ class Settings:
     max_functions: int
     max_instances: int
     total_memory_mb: int
+    ray_address: str | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -38,6 +41,7 @@ class Settings:
             max_functions=int(_number(env, "PLUGTUNE_MAX_FUNCTIONS", 32)),
             max_instances=int(_number(env, "PLUGTUNE_MAX_INSTANCES", 64)),
             total_memory_mb=int(_number(env, "PLUGTUNE_TOTAL_MEMORY_MB", 16_384)),
+            ray_address=env.get("PLUGTUNE_RAY_ADDRESS") or None,
         )
 
 

@@ -89,7 +89,7 @@ def _classified(exc: BaseException) -> dict[str, Any]:
 
 
 async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
-    from plugtune.runtime import LocalRuntime, Quota
+    from plugtune.runtime import Quota, runtime_for
 
     job = validate_job(spec["job_file"])
     rows = read_dataset(job.train_path)
@@ -98,7 +98,8 @@ async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[
         max_instances=settings.max_instances,
         total_memory_mb=settings.total_memory_mb,
     )
-    async with LocalRuntime(quota=quota, state_dir=settings.home / "runtime") as rt:
+    backend = job.spec.plugins.runtime_backend
+    async with runtime_for(backend, settings.ray_address, quota, settings.home / "runtime") as rt:
         functions = await deploy_all(rt, job)
         record_deployed(store, job_id, functions)
         drain = Drain(functions)

@@ -34,6 +34,7 @@ class TestOptions:
     model: str = ""
     concurrency: int = 0  # 0: batch_size × group_size (``--faas`` only)
     injection: Injection | None = None
+    backend: str = ""  # ``--faas``: local or ray; "": job.yaml's plugins.runtime_backend
 
 
 def load_job(job_file: str, *, check_model: bool = True) -> tuple[ValidatedJob, list[dict[str, Any]]]:
@@ -120,7 +121,18 @@ def _run_faas(
     policy: PolicyChoice,
     on_call: Any,
 ) -> tuple[TrialResult, str]:
-    return asyncio.run(run_faas(job, rows, options.samples, concurrency, policy, options.injection, on_call))
+    return asyncio.run(
+        run_faas(
+            job,
+            rows,
+            options.samples,
+            concurrency,
+            policy,
+            options.injection,
+            on_call,
+            backend=options.backend,
+        )
+    )
 
 
 def exit_code(doc: dict[str, Any]) -> int:

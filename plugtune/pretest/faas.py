@@ -12,7 +12,7 @@ from plugtune.pretest.calls import CallRecord
 from plugtune.pretest.deployment import deploy_job
 from plugtune.pretest.policy import PolicyChoice, serving
 from plugtune.pretest.trial import TrialResult, group_size_of, run_trial, samples_of
-from plugtune.runtime import FaultInjection, LocalRuntime, Quota
+from plugtune.runtime import FaultInjection, Quota, runtime_for
 from plugtune.runtime.faults import FAULTS
 from plugtune.settings import Settings
 
@@ -61,8 +61,10 @@ async def run_faas(
     injection: Injection | None = None,
     on_call: Callable[[CallRecord], None] | None = None,
     settings: Settings | None = None,
+    backend: str = "",
 ) -> tuple[TrialResult, str]:
-    """Deploy to ``LocalRuntime`` and drive ``samples`` rows' rollouts (each graded) at ``concurrency``
+    """Deploy to the function runtime (``backend``: local or ray; "": job.yaml's
+    ``plugins.runtime_backend``) and drive ``samples`` rows' rollouts (each graded) at ``concurrency``
     rollouts at once: one per row, or ``group_size`` per row when the job has group graders.
 
     Returns the result and the runtime's limits mechanism (cgroup / rlimit). A plugin that
@@ -74,7 +76,9 @@ async def run_faas(
         total_memory_mb=settings.total_memory_mb,
     )
     inject_for = injection.for_plugin if injection is not None else None
-    async with LocalRuntime(quota=quota, metrics_period_s=METRICS_PERIOD_S) as rt:
+    chosen_backend = backend or job.spec.plugins.runtime_backend
+    runtime = runtime_for(chosen_backend, settings.ray_address, quota, metrics_period_s=METRICS_PERIOD_S)
+    async with runtime as rt:
         functions = await deploy_job(rt, job, inject_for)
         with serving(policy) as server:
             chosen = samples_of(job, rows, samples)

@@ -1,8 +1,9 @@
 """The function runtime: deploy plugins, call them under limits, classify every failure.
 
 ``LocalRuntime`` runs each instance as a resource-limited local process (forked from a
-per-function zygote); ``InProcessRuntime`` runs plugins inside the caller for fast local tests.
-Exports are loaded lazily so that worker processes, which import
+per-function zygote); ``RayRuntime`` runs each as a Ray actor on a cluster (the same limits,
+enforced by plugtune's worker on the actor's node); ``InProcessRuntime`` runs plugins inside the
+caller for fast local tests. Exports are loaded lazily so that worker processes, which import
 ``plugtune.runtime.worker``, stay light.
 """
 
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
     from plugtune.runtime.function import Function
     from plugtune.runtime.inprocess import InProcessRuntime
     from plugtune.runtime.quota import Quota
-    from plugtune.runtime.runtime import LocalRuntime
+    from plugtune.runtime.ray import RayRuntime
+    from plugtune.runtime.runtime import LocalRuntime, runtime_for
 
 _EXPORTS = {
     "FaultInjection": "plugtune.runtime.faults",
@@ -23,6 +25,8 @@ _EXPORTS = {
     "InProcessRuntime": "plugtune.runtime.inprocess",
     "LocalRuntime": "plugtune.runtime.runtime",
     "Quota": "plugtune.runtime.quota",
+    "RayRuntime": "plugtune.runtime.ray",
+    "runtime_for": "plugtune.runtime.runtime",
 }
 
 
@@ -35,4 +39,12 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["FaultInjection", "Function", "InProcessRuntime", "LocalRuntime", "Quota"]
+__all__ = [
+    "FaultInjection",
+    "Function",
+    "InProcessRuntime",
+    "LocalRuntime",
+    "Quota",
+    "RayRuntime",
+    "runtime_for",
+]

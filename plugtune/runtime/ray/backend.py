@@ -119,7 +119,7 @@ class RayBackend:
             "max_concurrency": runtime.max_concurrency + 8,  # the calls, plus report/close
         }
         handle = self.host_class.options(**options).remote(
-            tag, _config(request), runtime, self.start_timeout_s
+            tag, _config(request), runtime, self.start_timeout_s, self.idle_timeout_s
         )
         return RayInstance(tag, handle)
 

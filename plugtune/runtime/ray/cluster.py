@@ -21,13 +21,14 @@ from typing import Any
 
 import psutil
 
+from plugtune.errors import PlatformError
 
-class RayUnavailable(Exception):
+
+class RayUnavailable(PlatformError):
     """Raised when Ray is not installed or the cluster cannot be reached; ``message`` says what to do."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, cause="ray unavailable")
 
 
 def import_ray() -> Any:

@@ -30,12 +30,12 @@ NO_QUOTA = Quota(max_functions=1, max_instances=4, total_memory_mb=1 << 26)  # t
 class NodeBackend(LocalBackend):
     """The local backend inside one actor: instance ids carry the actor's tag (``r3-i1``)."""
 
-    def __init__(self, tag: str, start_timeout_s: float) -> None:
+    def __init__(self, tag: str, start_timeout_s: float, idle_timeout_s: float) -> None:
         super().__init__(
             detect(None),
             QuotaLedger(NO_QUOTA),
             use_zygote=True,
-            idle_timeout_s=86_400.0,
+            idle_timeout_s=idle_timeout_s,
             spares=False,
             start_timeout_s=start_timeout_s,
         )
@@ -48,12 +48,21 @@ class NodeBackend(LocalBackend):
 class InstanceHost:
     """One plugin instance on a Ray node (wrapped with ``ray.remote`` by the driver)."""
 
-    def __init__(self, tag: str, config: dict[str, Any], runtime: Runtime, start_timeout_s: float) -> None:
+    def __init__(
+        self,
+        tag: str,
+        config: dict[str, Any],
+        runtime: Runtime,
+        start_timeout_s: float,
+        idle_timeout_s: float,
+    ) -> None:
         self.tag = tag
         self.config = config
-        # One worker process per actor; a worker that dies is replaced inside the same actor.
-        self.runtime = runtime.replace(min_instances=1, max_instances=1)
+        # One worker process serves the actor; a worker that dies is replaced inside the same actor,
+        # and a second may start while a stuck one drains (it stops after idle_timeout_s).
+        self.runtime = runtime.replace(min_instances=1, max_instances=2)
         self.start_timeout_s = start_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.backend: NodeBackend | None = None
         self.deployment: LocalDeployment | None = None
         self.sent_logs = 0
@@ -62,7 +71,7 @@ class InstanceHost:
         """Start the worker; returns where it runs, or ``{"error": [message, traceback, logs]}``."""
         import ray
 
-        self.backend = NodeBackend(self.tag, self.start_timeout_s)
+        self.backend = NodeBackend(self.tag, self.start_timeout_s, self.idle_timeout_s)
         request = DeployRequest(
             entry=self.config["entry"],
             code_root=Path(os.getcwd()),  # Ray unpacked the snapshot here (runtime_env working_dir)

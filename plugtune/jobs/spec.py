@@ -147,6 +147,21 @@ class PluginsSpec(BaseModel):
     group_graders: list[GraderEntry] = Field(
         default_factory=list, description="Graders scoring a prompt's whole group of trajectories at once."
     )
+    runtime_backend: Literal["local", "ray"] = Field(
+        default="local",
+        description="Where plugin instances run: `local` processes on this machine, or `ray` actors on "
+        "the cluster at $PLUGTUNE_RAY_ADDRESS (unset: a local Ray head for the job); needs "
+        "pip install -e '.[ray]'.",
+    )
+
+    @field_validator("runtime_backend")
+    @classmethod
+    def _ray_installed(cls, value: str) -> str:
+        import importlib.util
+
+        if value == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("runtime_backend: ray needs Ray installed: pip install -e '.[ray]'")
+        return value
 
     @model_validator(mode="after")
     def _some_grader(self) -> PluginsSpec:

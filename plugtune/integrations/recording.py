@@ -1,0 +1,270 @@
+"""``EngineRun``: an external engine's training run (TRL, verl, ...) recorded as a plugtune job.
+
+An engine adapter opens one ``EngineRun`` per training run. It deploys the job's plugins to the
+function runtime (a ``LocalRuntime`` on an event loop of its own, in a background thread, so any
+engine thread may call it), calls them under the job's ``failure_policy`` and writes what the
+console shows: the job and its attempt, the plugins and the exact code that ran, trajectories,
+training metrics, plugin logs and resource metrics, and the one classified error a failed run
+ends with. Nothing here imports an engine.
+
+    run = EngineRun.open("job.yaml", engine="trl")      # or graders=["grader.py:score"]
+    outcome = run.call(run.graders[0], ctx, sample, trajectory)   # blocking, any thread
+    future = run.submit(run.rollout, ctx, policy, sample)         # concurrent.futures.Future
+    run.add_trajectories(records); run.add_metrics(step, {"reward/mean": 0.5}); run.flush(step)
+    run.close()                       # succeeded; run.close(error) records the failure
+
+A call that fails raises ``PluginCallError`` when the policy drops the sample (the adapter scores
+it ``None`` / masks it), and ``PluginCallError`` too, after ``fail()`` recorded it, when the policy
+fails the job (``run.stopped`` then holds the error). Under ``plugtune run`` (``trainer:`` an
+engine) the attempt process owns the job's lifecycle: pass ``job_id=`` and ``close()`` leaves
+the job's status to the attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from plugtune.errors import PluginCallError
+from plugtune.jobs.caller import JobStop, PolicyCaller
+from plugtune.jobs.classify import classify
+from plugtune.jobs.plugins import Drain, JobFunction, deploy_all, record_deployed
+from plugtune.jobs.spec import FailurePolicy
+from plugtune.jobs.validation import ValidatedJob, validate_job
+from plugtune.runtime.runtime import BaseRuntime, LocalRuntime
+from plugtune.sdk import Context, Kind
+from plugtune.store import Store, StoreWriter
+from plugtune.types import CallOutcome, MetricPoint, TrajectoryRecord
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Per step, as a native job writes them (the console's plugin-error curve reads these).
+FAILED_CALLS, CALLS = "plugin/failed_calls", "plugin/calls"
+
+
+class EngineRun:
+    """One engine run as a plugtune job: deployed plugins, the failure policy, the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        job_id: int,
+        functions: list[JobFunction],
+        *,
+        job: ValidatedJob | None,
+        failure_policy: FailurePolicy,
+        loop: asyncio.AbstractEventLoop,
+        runtime: BaseRuntime,
+        owns_job: bool,
+        attempt: int,
+    ) -> None:
+        self.store, self.job_id, self.job, self.functions = store, job_id, job, functions
+        self.caller = PolicyCaller(failure_policy)
+        self.hashes = {jf.spec.name: jf.fn.code_hash for jf in functions}
+        self.stopped: PluginCallError | None = None
+        self._failure: tuple[BaseException, str] | None = None
+        self._loop, self._runtime = loop, runtime
+        self._owns_job, self._attempt = owns_job, attempt
+        self._drain = Drain(functions)
+        self._writer = StoreWriter(store, job_id)
+        self._closed = False
+        atexit.register(self.close)  # a run whose engine never said it ended still ends in the store
+
+    @property
+    def rollout(self) -> JobFunction | None:
+        found = [jf for jf in self.functions if jf.spec.kind is Kind.ROLLOUT]
+        return found[0] if found else None
+
+    @property
+    def graders(self) -> list[JobFunction]:
+        return [jf for jf in self.functions if jf.spec.kind is Kind.GRADER]
+
+    @property
+    def group_graders(self) -> list[JobFunction]:
+        return [jf for jf in self.functions if jf.spec.kind is Kind.GROUP_GRADER]
+
+    @classmethod
+    def open(
+        cls,
+        job: ValidatedJob | str | Path | None = None,
+        *,
+        engine: str,
+        graders: Sequence[str] = (),
+        failure_policy: FailurePolicy | None = None,
+        store: Store | None = None,
+        job_id: int | None = None,
+        name: str = "",
+    ) -> EngineRun:
+        """Deploy the plugins of ``job`` (a job.yaml or a validated job), or only ``graders``
+        (``file.py:function`` entries), and record the run in ``store`` (default: the store
+        ``plugtune serve`` reads). ``job_id``: the job already exists (``plugtune run``)."""
+        validated = validate_job(job) if isinstance(job, (str, Path)) else job
+        if validated is None and not graders:
+            raise ValueError("EngineRun.open needs a job.yaml or at least one grader entry")
+        policy = failure_policy or (validated.spec.failure_policy if validated else FailurePolicy())
+        store = store or Store.open()
+        owns_job = job_id is None
+        if job_id is None:
+            job_id = _create_job(store, validated, graders, engine, name)
+        loop = _loop_thread()
+        runtime = LocalRuntime()
+        try:
+            functions = _run(loop, _deploy(runtime, validated, graders))
+        except BaseException as exc:
+            _run(loop, runtime.close())
+            loop.call_soon_threadsafe(loop.stop)
+            if owns_job:
+                _end_job(store, job_id, store.start_attempt(job_id, os.getpid()), exc)
+            raise
+        record_deployed(store, job_id, functions)
+        attempt = store.start_attempt(job_id, os.getpid()) if owns_job else 0
+        return cls(
+            store,
+            job_id,
+            functions,
+            job=validated,
+            failure_policy=policy,
+            loop=loop,
+            runtime=runtime,
+            owns_job=owns_job,
+            attempt=attempt,
+        )
+
+    # --- calling plugins -------------------------------------------------------------------
+
+    def submit(self, fn: JobFunction, ctx: Context, *args: Any) -> concurrent.futures.Future[CallOutcome]:
+        """Start a call on the run's loop; the future raises as :meth:`call` does."""
+        return asyncio.run_coroutine_threadsafe(self._call(fn, ctx, *args), self._loop)
+
+    def call(self, fn: JobFunction, ctx: Context, *args: Any) -> CallOutcome:
+        """Call a plugin under the failure policy and wait (from any thread but the run's loop)."""
+        return self.submit(fn, ctx, *args).result()
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the run's loop (where the runtime lives) and wait for its result."""
+        return _run(self._loop, coro)
+
+    async def _call(self, fn: JobFunction, ctx: Context, *args: Any) -> CallOutcome:
+        ctx = dataclasses.replace(ctx, job_id=ctx.job_id or str(self.job_id), plugin=fn.spec.name)
+        try:
+            return await self.caller(fn, ctx, *args)
+        except JobStop as stop:
+            self.fail(stop.error, reason=stop.reason)
+            raise stop.error from stop
+
+    # --- recording -------------------------------------------------------------------------
+
+    def add_trajectories(self, records: Sequence[TrajectoryRecord]) -> None:
+        self._writer.add_trajectories(dataclasses.replace(r, code_hash=self.hashes) for r in records)
+
+    def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Training metrics of ``step`` (names as the console's curves: ``reward/mean``, ``loss``...)."""
+        now = time.time()
+        self._writer.add_metrics(
+            MetricPoint(now, "", name, float(v), step=step) for name, v in metrics.items() if _finite(v)
+        )
+
+    def flush(self, step: int | None = None) -> None:
+        """Write plugin logs and resource metrics so far (and ``step``'s call counts); durable on return."""
+        if step is not None:
+            counts = self.caller.take_counts(step)
+            failed = float(sum(counts.errors.values()))
+            self.add_metrics(step, {FAILED_CALLS: failed, CALLS: float(counts.calls)})
+            self.store.update_job(self.job_id, steps_done=step)
+        logs, points = self._drain.take()
+        self._writer.add_logs(logs)
+        self._writer.add_metrics(points)
+        self._writer.flush()
+
+    def fail(self, error: BaseException, *, reason: str = "") -> None:
+        """Record ``error`` as the way this run ends (the first one recorded wins)."""
+        if self._failure is not None:
+            return
+        if isinstance(error, PluginCallError):
+            self.stopped = error
+            self.store.set_plugin_status(self.job_id, error.plugin, "failed", failure_reason=str(error))
+        self._failure = (error, reason)
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the run: flush, stop the plugins, and (when this run created the job) end it in the
+        store as succeeded, or failed with ``error`` / the error ``fail()`` recorded."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if error is not None:
+            self.fail(error)
+        failure = self._failure
+        try:
+            for jf in self.functions:
+                jf.fn.flush_metrics()
+            self.flush()
+            for jf in self.functions:
+                if self.stopped is None or jf.spec.name != self.stopped.plugin:
+                    self.store.set_plugin_status(self.job_id, jf.spec.name, "completed")
+        finally:
+            self._writer.close()
+            _run(self._loop, self._runtime.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._owns_job:
+            exc, reason = failure if failure is not None else (None, "")
+            _end_job(self.store, self.job_id, self._attempt, exc, reason)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _create_job(
+    store: Store, job: ValidatedJob | None, graders: Sequence[str], engine: str, name: str
+) -> int:
+    if job is not None:
+        text = job.job_file.read_text(errors="replace")
+        spec = {"job_file": str(job.job_file), **job.spec.model_dump(mode="json"), "engine": engine}
+        job_id = store.create_job(name or job.spec.name, spec, spec_yaml=text)
+        store.update_job(job_id, steps_total=job.spec.hyperparameters.steps)
+    else:
+        job_id = store.create_job(name or f"{engine}-run", {"engine": engine, "graders": list(graders)})
+    store.transition(job_id, "running", f"{engine} run started")
+    return job_id
+
+
+def _end_job(store: Store, job_id: int, attempt: int, error: BaseException | None, reason: str = "") -> None:
+    if error is None:
+        store.end_attempt(job_id, attempt, "succeeded")
+        store.transition(job_id, "succeeded", "the engine's run ended")
+        return
+    doc = classify(error, evidence={"decision": reason} if reason else None)
+    store.end_attempt(job_id, attempt, "failed", doc)
+    store.set_job_error(job_id, doc, attempt=attempt)
+    store.transition(job_id, "failed", f"{doc.get('type')}: {doc.get('cause')}")
+
+
+async def _deploy(rt: BaseRuntime, job: ValidatedJob | None, graders: Sequence[str]) -> list[JobFunction]:
+    await rt.start()
+    functions = await deploy_all(rt, job) if job is not None else []
+    for entry in graders:
+        functions.append(JobFunction(await rt.deploy(entry), None))
+    return functions
+
+
+def _loop_thread() -> asyncio.AbstractEventLoop:
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="plugtune-engine-run", daemon=True).start()
+    return loop
+
+
+def _run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()

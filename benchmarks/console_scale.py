@@ -172,7 +172,7 @@ def main() -> None:
         small = fill(store, "small", 100, 1_000, 3600, now)
         big_size = f"{args.trajectories:,} trajectories + {args.logs:,} log lines + 7 d of metrics"
         print(f"filled: big job {big_size} in {fill_s:.1f} s; small job 100 trajectories + 1,000 lines + 1 h")
-        client = TestClient(create_app(store))
+        client = TestClient(create_app(store), base_url="http://127.0.0.1")  # a Host it answers to
         rows = []
         big_requests, small_requests = requests(store, big), requests(store, small)
         for name, big_url in big_requests.items():

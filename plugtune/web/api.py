@@ -26,14 +26,27 @@ from plugtune.web.models import (
     TrajectoryOut,
     TrajectoryPage,
 )
-from plugtune.web.params import BadParameter, LogForm, TrajectoryForm, choice, number
+from plugtune.web.params import (
+    MAX_ID,
+    MAX_PAGE,
+    BadParameter,
+    FilePath,
+    JobId,
+    LogForm,
+    PluginName,
+    RecordId,
+    TrajectoryForm,
+    choice,
+    number,
+)
 from plugtune.web.views import attempts_out, error_out, job_out, plugin_out
 
 router = APIRouter(prefix="/api", tags=["api"])
 
 Limit = Annotated[int, Query(ge=1, le=500, description="rows per page")]
 Before = Annotated[
-    int | None, Query(ge=1, description="cursor: rows older than this (the `before` of the last page)")
+    int | None,
+    Query(ge=1, le=MAX_ID, description="cursor: rows older than this (the `before` of the last page)"),
 ]
 STATUSES = tuple(s.value for s in JobStatus)
 
@@ -47,7 +60,7 @@ def _store(request: Request) -> Store:
 def list_jobs(
     request: Request,
     status: str | None = None,
-    page: Annotated[int, Query(ge=1)] = 1,
+    page: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1,
     page_size: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobPage:
     """Jobs, newest first, optionally only those in one status."""
@@ -60,7 +73,7 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetail)
-def get_job(request: Request, job_id: int) -> JobDetail:
+def get_job(request: Request, job_id: JobId) -> JobDetail:
     """A job with its current error (type, owner, message, hint), its attempts, its error history
     and its warnings."""
     store = _store(request)
@@ -75,14 +88,14 @@ def get_job(request: Request, job_id: int) -> JobDetail:
 
 
 @router.post("/jobs/{job_id}/retry", response_model=RetryOut)
-def retry_job(request: Request, job_id: int) -> RetryOut:
+def retry_job(request: Request, job_id: JobId) -> RetryOut:
     """Retry a failed (or cancelled) job by hand: it is queued again and resumes from its last checkpoint."""
     job = service.retry(_store(request), job_id, request.app.state.on_retry)
     return RetryOut(job_id=job.id, status=job.status, message=f"job {job.id} is {job.status} again")
 
 
 @router.get("/jobs/{job_id}/curves", response_model=ChartsOut)
-def training_curves(request: Request, job_id: int) -> ChartsOut:
+def training_curves(request: Request, job_id: JobId) -> ChartsOut:
     """Training curves by step: reward (mean and per grader), loss, KL, response length, plugin errors."""
     store = _store(request)
     service.require_job(store, job_id)
@@ -90,7 +103,7 @@ def training_curves(request: Request, job_id: int) -> ChartsOut:
 
 
 @router.get("/jobs/{job_id}/plugins", response_model=list[PluginOut])
-def list_plugins(request: Request, job_id: int) -> list[PluginOut]:
+def list_plugins(request: Request, job_id: JobId) -> list[PluginOut]:
     """The job's plugins (rollout first, then graders) with status and failure reason."""
     store = _store(request)
     service.require_job(store, job_id)
@@ -98,12 +111,12 @@ def list_plugins(request: Request, job_id: int) -> list[PluginOut]:
 
 
 @router.get("/jobs/{job_id}/plugins/{name}", response_model=PluginOut)
-def get_plugin(request: Request, job_id: int, name: str) -> PluginOut:
+def get_plugin(request: Request, job_id: JobId, name: PluginName) -> PluginOut:
     return plugin_out(service.require_plugin(_store(request), job_id, name))
 
 
 @router.get("/jobs/{job_id}/plugins/{name}/code", response_model=CodeOut)
-def plugin_code(request: Request, job_id: int, name: str) -> CodeOut:
+def plugin_code(request: Request, job_id: JobId, name: PluginName) -> CodeOut:
     """The exact files that ran (by content hash), as text."""
     plugin, files = service.plugin_code(_store(request), job_id, name)
     return CodeOut(
@@ -113,7 +126,7 @@ def plugin_code(request: Request, job_id: int, name: str) -> CodeOut:
 
 
 @router.get("/jobs/{job_id}/plugins/{name}/code.zip", response_class=Response)
-def download_code(request: Request, job_id: int, name: str) -> Response:
+def download_code(request: Request, job_id: JobId, name: PluginName) -> Response:
     """The files that ran, zipped under a folder named after the plugin and its code hash."""
     plugin, files = service.plugin_code(_store(request), job_id, name)
     if not files:
@@ -127,7 +140,7 @@ def download_code(request: Request, job_id: int, name: str) -> Response:
 
 
 @router.get("/jobs/{job_id}/plugins/{name}/code/{path:path}", response_class=Response)
-def download_file(request: Request, job_id: int, name: str, path: str) -> Response:
+def download_file(request: Request, job_id: JobId, name: PluginName, path: FilePath) -> Response:
     """One file of the code that ran, as plain text."""
     _, files = service.plugin_code(_store(request), job_id, name)
     if path not in files:
@@ -142,8 +155,8 @@ def download_file(request: Request, job_id: int, name: str, path: str) -> Respon
 @router.get("/jobs/{job_id}/plugins/{name}/metrics", response_model=PluginMetricsOut)
 def plugin_metrics(
     request: Request,
-    job_id: int,
-    name: str,
+    job_id: JobId,
+    name: PluginName,
     range: Annotated[str, Query(description="1h, 3h, 6h, 12h, 3d, 7d or custom")] = "1h",
     start: Annotated[str | None, Query(description="custom range start, epoch seconds")] = None,
     end: Annotated[str | None, Query(description="custom range end, epoch seconds")] = None,
@@ -161,13 +174,15 @@ def plugin_metrics(
 @router.get("/jobs/{job_id}/logs", response_model=LogPage)
 def list_logs(
     request: Request,
-    job_id: int,
+    job_id: JobId,
     plugin: str | None = None,
     level: str | None = None,
     trajectory: str | None = None,
     q: Annotated[str | None, Query(description="text the message contains (any case)")] = None,
     before: Before = None,
-    after: Annotated[int | None, Query(ge=0, description="live tail: only lines newer than this id")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=MAX_ID, description="live tail: only lines newer than this id")
+    ] = None,
     limit: Limit = 100,
 ) -> LogPage:
     """Custom plugin logs, newest first; filter by plugin, level, trajectory and text."""
@@ -185,7 +200,7 @@ def list_logs(
 @router.get("/jobs/{job_id}/trajectories", response_model=TrajectoryPage)
 def list_trajectories(
     request: Request,
-    job_id: int,
+    job_id: JobId,
     status: str | None = None,
     plugin: str | None = None,
     step: str | None = None,
@@ -204,7 +219,7 @@ def list_trajectories(
 
 
 @router.get("/jobs/{job_id}/trajectories/{trajectory_id}", response_model=TrajectoryOut)
-def get_trajectory(request: Request, job_id: int, trajectory_id: str) -> TrajectoryOut:
+def get_trajectory(request: Request, job_id: JobId, trajectory_id: RecordId) -> TrajectoryOut:
     """One trajectory: messages (tool calls readable), reward per grader, errors, its log lines,
     metrics and tokens (prompt_ids, response_ids, response_mask, response_logprobs)."""
     return service.trajectory_detail(_store(request), job_id, trajectory_id)
@@ -213,8 +228,8 @@ def get_trajectory(request: Request, job_id: int, trajectory_id: str) -> Traject
 @router.get("/jobs/{job_id}/trajectories/{trajectory_id}/neighbors", response_model=NeighborsOut)
 def trajectory_neighbors(
     request: Request,
-    job_id: int,
-    trajectory_id: str,
+    job_id: JobId,
+    trajectory_id: RecordId,
     status: str | None = None,
     plugin: str | None = None,
     step: str | None = None,
@@ -228,12 +243,15 @@ def trajectory_neighbors(
 
 
 @router.get("/jobs/{job_id}/groups/{group_id}", response_model=GroupOut)
-def get_group(request: Request, job_id: int, group_id: str) -> GroupOut:
+def get_group(request: Request, job_id: JobId, group_id: RecordId) -> GroupOut:
     """All trajectories of one prompt, with rewards and advantages."""
     store = _store(request)
     service.require_job(store, job_id)
-    return GroupOut(group_id=group_id, trajectories=service.group(store, job_id, group_id))
+    members = service.group(store, job_id, group_id)
+    if not members:
+        raise service.Missing(f"job {job_id} has no trajectory group {group_id!r}")
+    return GroupOut(group_id=group_id, trajectories=members)
 
 
-def _filename(name: str) -> str:
+def _filename(name: PluginName) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "code"

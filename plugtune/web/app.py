@@ -1,9 +1,10 @@
-"""The console's FastAPI application: JSON API, pages, /metrics, /docs, and the optional token."""
+"""The console's FastAPI application: JSON API, pages, /metrics, /docs, the optional token, and its
+edge (Host allow-list, limits, CSRF and origin checks, security headers)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -15,20 +16,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from plugtune import __version__
 from plugtune.errors import PlatformError
 from plugtune.store import Store
-from plugtune.web import api, exposition, pages, service
-from plugtune.web.auth import TokenAuth, wants_json
+from plugtune.web import api, exposition, login, pages, service
+from plugtune.web.auth import COOKIE, TokenAuth
+from plugtune.web.csrf import CsrfGuard
 from plugtune.web.docs import operations
+from plugtune.web.guard import EdgeGuard, wants_json
 from plugtune.web.params import BadParameter
 from plugtune.web.templating import templates
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
-# The pages load only the console's own files; injected markup could not run a script anyway.
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
-)
 
 
 def create_app(
@@ -36,12 +34,14 @@ def create_app(
     *,
     api_token: str | None = None,
     on_retry: Callable[[str], None] | None = None,
+    allowed_hosts: Iterable[str] = (),
 ) -> FastAPI:
     """The console over ``store``.
 
     ``api_token``: when set, every page and API request must carry it (``Authorization: Bearer``,
-    or the cookie a browser gets by opening any page once with ``?token=``). ``on_retry(job_id)``
-    is called after a manual retry has queued the job again (the scheduler's wake-up hook).
+    ``?token=``, or the session cookie of the login form). ``on_retry(job_id)`` is called after a
+    manual retry has queued the job again (the scheduler's wake-up hook). ``allowed_hosts``: names
+    the Host header may carry besides localhost, 127.0.0.1 and ::1 (any other is a 400).
     """
     app = FastAPI(
         title="plugtune",
@@ -52,22 +52,19 @@ def create_app(
     )
     app.state.store = store
     app.state.on_retry = on_retry
+    app.state.api_token = api_token
+    app.state.token_required = api_token is not None
     app.include_router(api.router)
     app.include_router(pages.router)
+    app.include_router(login.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _add_meta_routes(app, token_required=api_token is not None)
     _add_error_handlers(app)
+    # add_middleware puts each in front of the last: requests meet EdgeGuard, CsrfGuard, TokenAuth.
     if api_token is not None:
         app.add_middleware(TokenAuth, token=api_token)
-
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Callable[[Request], object]) -> Response:
-        response: Response = await call_next(request)  # type: ignore[misc]
-        response.headers.setdefault("Content-Security-Policy", CSP)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        return response
-
+    app.add_middleware(CsrfGuard, session_cookie=COOKIE)
+    app.add_middleware(EdgeGuard, allowed_hosts=tuple(allowed_hosts))
     return app
 
 

@@ -14,7 +14,7 @@ from plugtune.store import Store
 from plugtune.store.records import JobStatus
 from plugtune.web import charts, service
 from plugtune.web.codeview import render_files
-from plugtune.web.params import LEVELS, LogForm, TrajectoryForm, choice, integer
+from plugtune.web.params import LEVELS, MAX_PAGE, JobId, LogForm, RecordId, TrajectoryForm, choice, integer
 from plugtune.web.templating import templates
 from plugtune.web.views import attempts_out, job_out, plugin_out
 
@@ -53,7 +53,7 @@ def jobs_page(request: Request, status: str | None = None, page: str | None = No
     store = _store(request)
     statuses = tuple(s.value for s in JobStatus)
     wanted = choice("status", status, statuses)
-    number = integer("page", page, minimum=1) or 1
+    number = integer("page", page, minimum=1, maximum=MAX_PAGE) or 1
     total = store.count_jobs(wanted)
     pages = max(1, math.ceil(total / JOBS_PER_PAGE))
     jobs = store.list_jobs(wanted, limit=JOBS_PER_PAGE, offset=(number - 1) * JOBS_PER_PAGE)
@@ -69,7 +69,7 @@ def jobs_page(request: Request, status: str | None = None, page: str | None = No
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: int, retried: str | None = None) -> HTMLResponse:
+def job_page(request: Request, job_id: JobId, retried: str | None = None) -> HTMLResponse:
     return _job_page(request, job_id, message="Retry requested: the job is queued again." if retried else "")
 
 
@@ -87,7 +87,7 @@ def _job_page(request: Request, job_id: int, *, message: str = "", status_code: 
 
 
 @router.post("/jobs/{job_id}/retry")
-def retry_page(request: Request, job_id: int) -> Response:
+def retry_page(request: Request, job_id: JobId) -> Response:
     try:
         service.retry(_store(request), job_id, request.app.state.on_retry)
     except service.Conflict as e:
@@ -97,7 +97,7 @@ def retry_page(request: Request, job_id: int) -> Response:
 
 @router.get("/jobs/{job_id}/plugins", response_class=HTMLResponse)
 def plugins_page(
-    request: Request, job_id: int, plugin: str | None = None, range: str | None = None
+    request: Request, job_id: JobId, plugin: str | None = None, range: str | None = None
 ) -> HTMLResponse:
     store = _store(request)
     job = service.require_job(store, job_id)
@@ -128,7 +128,7 @@ def plugins_page(
 @router.get("/jobs/{job_id}/logs", response_class=HTMLResponse)
 def logs_page(
     request: Request,
-    job_id: int,
+    job_id: JobId,
     plugin: str | None = None,
     level: str | None = None,
     trajectory: str | None = None,
@@ -161,7 +161,7 @@ def logs_page(
 @router.get("/jobs/{job_id}/trajectories", response_class=HTMLResponse)
 def trajectories_page(
     request: Request,
-    job_id: int,
+    job_id: JobId,
     status: str | None = None,
     plugin: str | None = None,
     step: str | None = None,
@@ -192,7 +192,7 @@ def trajectories_page(
 
 
 @router.get("/jobs/{job_id}/groups/{group_id}", response_class=HTMLResponse)
-def group_page(request: Request, job_id: int, group_id: str) -> HTMLResponse:
+def group_page(request: Request, job_id: JobId, group_id: RecordId) -> HTMLResponse:
     store = _store(request)
     job = service.require_job(store, job_id)
     members = service.group(store, job_id, group_id)

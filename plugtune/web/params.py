@@ -1,14 +1,25 @@
-"""Query parameters as HTML forms send them (blank = not set), parsed with errors that say what to fix."""
+"""Query parameters as HTML forms send them (blank = not set), parsed with errors that say what to fix,
+and the bounds of path parameters (an id the store cannot hold is a 4xx, never a 500)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 from urllib.parse import urlencode
+
+from fastapi import Path
 
 from plugtune.web.queries import LogFilter, TrajectoryFilter
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TRAJECTORY_STATUSES = ("success", "failed", "discard")
+MAX_ID = 2**63 - 1  # the store's integers are 64-bit
+MAX_PAGE = 10**9
+
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="the job's id")]
+PluginName = Annotated[str, Path(min_length=1, max_length=256, description="the plugin's name")]
+RecordId = Annotated[str, Path(min_length=1, max_length=512, description="a trajectory or group id")]
+FilePath = Annotated[str, Path(min_length=1, max_length=1024, description="a file's path in the code")]
 
 
 class BadParameter(ValueError):
@@ -20,16 +31,20 @@ def text(raw: str | None) -> str | None:
     return value or None
 
 
-def integer(name: str, raw: str | None, *, minimum: int | None = None) -> int | None:
+def integer(name: str, raw: str | None, *, minimum: int | None = None, maximum: int = MAX_ID) -> int | None:
     value = text(raw)
     if value is None:
         return None
     try:
-        number = int(value)
+        number = int(value) if len(value) <= 40 else None
     except ValueError:
-        raise BadParameter(f"{name} must be a whole number, got {value!r}") from None
+        number = None
+    if number is None:
+        raise BadParameter(f"{name} must be a whole number, got {value[:40]!r}")
     if minimum is not None and number < minimum:
         raise BadParameter(f"{name} must be >= {minimum}, got {number}")
+    if number > maximum:
+        raise BadParameter(f"{name} must be <= {maximum}, got {value[:40]}")
     return number
 
 

@@ -15,6 +15,7 @@ from plugtune.store import Store
 from plugtune.web import create_app
 from tests.web.seed import Seeded, seed
 
+BASE_URL = "http://127.0.0.1:8321"  # a name the console answers to (any other Host is a 400)
 POSTGRES_URL = os.environ.get(
     "PLUGTUNE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -68,4 +69,4 @@ def retried() -> list[str]:
 
 @pytest.fixture
 def client(store: Store, seeded: Seeded, retried: list[str]) -> TestClient:
-    return TestClient(create_app(store, on_retry=retried.append))
+    return TestClient(create_app(store, on_retry=retried.append), base_url=BASE_URL)

@@ -6,13 +6,14 @@ from fastapi.testclient import TestClient
 
 from plugtune.store import Store
 from plugtune.web import create_app
+from tests.web.conftest import BASE_URL
 from tests.web.seed import Seeded
 
 TOKEN = "s3cret-token"
 
 
 def _client(store: Store) -> TestClient:
-    return TestClient(create_app(store, api_token=TOKEN))
+    return TestClient(create_app(store, api_token=TOKEN), base_url=BASE_URL)
 
 
 def test_without_token_api_pages_and_metrics_are_refused(store: Store, seeded: Seeded) -> None:
@@ -41,7 +42,8 @@ def test_token_query_sets_a_cookie_once_for_the_browser(store: Store, seeded: Se
     answer = client.get("/jobs", params={"token": TOKEN, "status": "failed"}, follow_redirects=False)
     assert answer.status_code == 303 and answer.headers["location"] == "/jobs?status=failed"
     cookie = answer.headers["set-cookie"]
-    assert "plugtune_token=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert "plugtune_session=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert TOKEN not in cookie  # the session cookie is derived from the token, not the token
     assert client.get("/jobs?status=failed").status_code == 200
     assert client.get(f"/api/jobs/{seeded.failed_job}").status_code == 200
     client.cookies.clear()

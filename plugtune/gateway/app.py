@@ -30,6 +30,8 @@ Send = Callable[[Message], Awaitable[None]]
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 CHAT_PATH = "/v1/chat/completions"
+#: A request body above this is a 413 (a whole trajectory's messages fit many times over).
+MAX_BODY_BYTES = 16 << 20
 
 
 def build_app(service: CompletionService, resolve: KeyResolver, version: Callable[[], int]) -> AsgiApp:
@@ -61,7 +63,8 @@ async def _chat(
     status, body = 200, b""
     try:
         builder = _authorize(_header(scope, b"authorization"), resolve)
-        request = _validate(await _read_body(receive))
+        _check_content_type(_header(scope, b"content-type"))
+        request = _validate(await _read_body(receive, _header(scope, b"content-length")))
         async with builder.call_lock:
             answer = await service.complete(builder, request, version())
         body = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
@@ -83,15 +86,41 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def _read_body(receive: Receive, declared: str = "") -> bytes:
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large(f"{int(declared)} bytes")
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ApiError(400, "the client disconnected before sending the whole request body")
         chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_BODY_BYTES:
+            raise _too_large(f"more than {MAX_BODY_BYTES} bytes")
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _too_large(size: str) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is {size}; the policy gateway accepts at most {MAX_BODY_BYTES} bytes "
+        "(16 MiB) per request: send shorter messages",
+        code="request_too_large",
+    )
+
+
+def _check_content_type(value: str) -> None:
+    kind = value.partition(";")[0].strip().lower()
+    if kind not in ("", "application/json"):
+        raise ApiError(
+            415,
+            f"Content-Type {value!r} is not accepted: send the request as JSON (application/json)",
+            param="content-type",
+            code="unsupported_media_type",
+        )
 
 
 def _authorize(header: str, resolve: KeyResolver) -> TraceBuilder:
@@ -110,8 +139,12 @@ def _authorize(header: str, resolve: KeyResolver) -> TraceBuilder:
 def _validate(body: bytes) -> ChatCompletionRequest:
     try:
         raw = json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not UTF-8 JSON: {exc}") from exc
     except ValueError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+        raise ApiError(400, f"the request body is not valid JSON: {str(exc)[:200]}") from exc
+    except RecursionError as exc:
+        raise ApiError(400, "the request body is not valid JSON: it is nested too deeply") from exc
     if not isinstance(raw, dict):
         raise ApiError(400, "the request body must be a JSON object")
     try:
@@ -137,7 +170,8 @@ def _fastapi_app(service: CompletionService, resolve: KeyResolver, version: Call
     async def chat_completions(request: Request) -> JSONResponse:
         """An OpenAI chat completion (``build_app`` serves POSTs directly; this route names the path)."""
         builder = authorize(request)
-        body = _validate(await request.body())
+        _check_content_type(request.headers.get("content-type", ""))
+        body = _validate(await _read_body(request.receive, request.headers.get("content-length", "")))
         async with builder.call_lock:
             return JSONResponse(await service.complete(builder, body, version()))
 

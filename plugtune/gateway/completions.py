@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ class CompletionService:
             )
         sampling_params(request, self.sampling, self.max_context)  # refused before the record changes
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        self._refuse_overlong(messages)
         prompt_ids = self._prepare(builder, messages, request.tools, version)
         params = sampling_params(request, self.sampling, self.max_context - len(prompt_ids))
         generation = await asyncio.wrap_future(self.engine.submit(prompt_ids, params))
@@ -86,6 +88,28 @@ class CompletionService:
             )
         with builder.lock:
             return builder.apply(plan, messages, tools, version)
+
+    def _refuse_overlong(self, messages: list[dict[str, Any]]) -> None:
+        """Messages too long for the context whatever they tokenize to: refused before tokenizing
+        (10 MB of text takes the tokenizer most of a minute, on the gateway's one thread)."""
+        chars = sum(len(m.get("content") or "") for m in messages if isinstance(m.get("content"), str))
+        # A token covers at most the longest vocabulary entry's characters (a few more through
+        # Unicode normalization: hence the margin), so fewer tokens than this cannot hold them.
+        fewest_tokens = chars // (4 * self._longest_token_chars)
+        if fewest_tokens >= self.max_context:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.max_context} tokens. However, your "
+                f"messages hold {chars} characters, at least {fewest_tokens} tokens. Please reduce "
+                "the length of the messages.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+
+    @functools.cached_property
+    def _longest_token_chars(self) -> int:
+        vocab = self.renderer.tokenizer.get_vocab()
+        return max((len(piece) for piece in vocab), default=1) or 1
 
     def _text(self, generation: Generation) -> str:
         ids = generation.token_ids[:-1] if generation.ended_with_eos else generation.token_ids

@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+#: Larger than any context a policy has; a larger ``max_tokens`` is a 400 naming the field.
+MAX_TOKENS = 1 << 20
+
 
 class ApiError(Exception):
     """An error the gateway answers with an OpenAI-shaped body."""
@@ -62,10 +65,10 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch can seed
     n: int | None = Field(default=None, ge=1)  # more than one is refused with a pointer to group_size
     stream: bool | None = None
     logprobs: bool | None = None

@@ -474,6 +474,13 @@ def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JS
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8321, min=1, max=65535, help="Port to listen on."),
+    allowed_host: list[str] = typer.Option(
+        [],
+        "--allowed-host",
+        metavar="NAME",
+        help="A name the console may be reached by besides localhost, 127.0.0.1, ::1 and --host "
+        "(repeatable; also PLUGTUNE_ALLOWED_HOSTS). Requests with any other Host header are refused.",
+    ),
 ) -> None:
     """Start the control plane: JSON API (/docs), web console, scheduler for submitted jobs.
 
@@ -486,7 +493,9 @@ def serve(
     sock = _listening_socket(host, port)  # before anything is printed or started
     with sock, _opened_store(create=True) as (settings, store):
         scheduler = Scheduler(store, settings)
-        app_ = create_app(store, api_token=settings.api_token, on_retry=None)
+        bound = [host] if host not in ("0.0.0.0", "::", "") else []
+        hosts = [*bound, *settings.allowed_hosts, *allowed_host]
+        app_ = create_app(store, api_token=settings.api_token, on_retry=None, allowed_hosts=hosts)
         scheduler.start()
         typer.echo(f"plugtune console: http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
         try:

@@ -18,6 +18,8 @@ class Settings:
     PLUGTUNE_MAX_FUNCTIONS / _MAX_INSTANCES / _TOTAL_MEMORY_MB: the function runtime's quota.
     PLUGTUNE_RAY_ADDRESS: the Ray cluster (``host:port`` or ``auto``) of jobs whose
     ``plugins.runtime_backend`` is ``ray``; unset: each such job starts a local Ray head.
+    PLUGTUNE_ALLOWED_HOSTS: comma-separated names the console answers to besides localhost,
+    127.0.0.1, ::1 and the address it is bound to (its Host header; any other is a 400).
     """
 
     home: Path
@@ -28,6 +30,7 @@ class Settings:
     max_instances: int
     total_memory_mb: int
     ray_address: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -42,6 +45,9 @@ class Settings:
             max_instances=int(_number(env, "PLUGTUNE_MAX_INSTANCES", 64)),
             total_memory_mb=int(_number(env, "PLUGTUNE_TOTAL_MEMORY_MB", 16_384)),
             ray_address=env.get("PLUGTUNE_RAY_ADDRESS") or None,
+            allowed_hosts=tuple(
+                h.strip() for h in env.get("PLUGTUNE_ALLOWED_HOSTS", "").split(",") if h.strip()
+            ),
         )
 
 

@@ -80,7 +80,7 @@ class RayBackend:
         except Exception as exc:
             if not is_ray_error(exc):
                 raise
-            raise start_failed(exc) from None
+            raise start_failed(exc) from None  # DeployFailed, or PlatformError for plugtune's own bug
         if "error" in answer:
             message, tb, logs = answer["error"]
             raise DeployFailed(message, tb, logs)

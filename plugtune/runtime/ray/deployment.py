@@ -40,6 +40,7 @@ class RayInstance:
     in_flight: int = 0
     ready: bool = False
     ended: bool = False
+    lost: bool = False
     last_used: float = field(default_factory=time.monotonic)
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -118,9 +119,11 @@ class RayDeployment:
         except Exception as exc:
             if not is_ray_error(exc):
                 raise
-            error = start_failed(exc)
-            await self._stop(instance, "it failed to start", error)
-            raise error from None
+            failure = start_failed(exc)
+            await self._stop(
+                instance, "it failed to start", failure if isinstance(failure, DeployFailed) else None
+            )
+            raise failure from None
         if "error" in info:
             message, tb, logs = info["error"]
             error = DeployFailed(message, tb, logs)
@@ -162,8 +165,9 @@ class RayDeployment:
 
     def _lost(self, instance: RayInstance, why: str) -> None:
         """Ray says the actor is gone (crash, node lost): forget it, grow again if needed."""
-        if instance.ended:
+        if instance.ended or instance.lost:
             return
+        instance.lost = True
         self.runtime_log("WARNING", f"instance {instance.tag} lost: {why}", instance.tag)
         self._spawn(self._stop(instance, why))
         self._wake(all_of_them=True)

@@ -34,10 +34,17 @@ def call_failed(exc: BaseException, instance_id: str, node: str, latency_ms: flo
     return Failed(Happened.DIED, text, instance_id=instance_id, latency_ms=latency_ms)
 
 
-def start_failed(exc: BaseException) -> DeployFailed:
-    """The reason an actor could not be created or did not become ready."""
+def start_failed(exc: BaseException) -> DeployFailed | PlatformError:
+    """The reason an actor could not be created or did not become ready (a PlatformError when
+    plugtune's own code on the node raised: that is an internal error, not the plugin's)."""
     import ray.exceptions as rex
 
+    if isinstance(exc, rex.RayTaskError):
+        inner = exc.cause if isinstance(exc.cause, BaseException) else exc
+        return PlatformError(
+            f"plugtune's instance host failed on a Ray node: {type(inner).__name__}: {first_line(inner)}",
+            cause="ray host error",
+        )
     if isinstance(exc, rex.RuntimeEnvSetupError):
         return DeployFailed(f"Ray could not set up the plugin's code on a node: {_reason(exc)}")
     if isinstance(exc, rex.RayActorError):

@@ -207,17 +207,59 @@ def test_live_tail_shows_new_lines_while_the_job_runs(served: tuple[str, Store, 
     assert f"tailed {XSS_SCRIPT}" in page.locator("#log-table tbody tr").first.inner_text()
 
 
-def test_token_protected_console_works_after_one_token_link(
-    served: tuple[str, Store, Seeded], browser: Any, page: Any
-) -> None:
-    _, store, seeded = served
+def test_token_protected_console_login_retry_and_logout(tmp_path: Path, browser: Any, page: Any) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
+    seeded = seed(store)
     with _serving(create_app(store, api_token="browser-token")) as base:
         refused = page.goto(f"{base}/jobs/{seeded.failed_job}")
         assert refused.status == 401 and page.locator("#token-input").count() == 1
-        page.problems.clear()  # the browser logs the expected 401
+        page.problems.clear()  # the browser logs the expected 401s
+        page.fill("#token-input", "not-the-token")
+        page.click("#login-form button[type=submit]")
+        page.wait_for_selector("#login-error")
+        assert page.locator("#login-error").inner_text() == "the API token is wrong"
+        page.problems.clear()
         page.fill("#token-input", "browser-token")
-        page.click("button[type=submit]")
+        page.click("#login-form button[type=submit]")
         page.wait_for_selector("#failure-banner")
-        assert "token=" not in page.url
+        assert page.url == f"{base}/jobs/{seeded.failed_job}"  # back where it was, no token in the URL
+        cookies = {c["name"]: c for c in page.context.cookies()}
+        assert cookies["plugtune_session"]["httpOnly"] and cookies["plugtune_session"]["sameSite"] == "Strict"
+        assert "browser-token" not in cookies["plugtune_session"]["value"]
         page.goto(f"{base}/jobs/{seeded.failed_job}/plugins")
         page.wait_for_selector("#plugin-charts .chart svg path.series")  # the JSON API took the cookie
+        page.goto(f"{base}/jobs/{seeded.failed_job}")
+        page.click("#retry-button")  # the form carries the CSRF token
+        page.wait_for_selector("#flash")
+        assert store.get_job(seeded.failed_job).status == "queued"  # type: ignore[union-attr]
+        page.click("#logout-button")
+        page.wait_for_url(f"{base}/login")
+        assert page.locator("#token-input").count() == 1
+        assert page.goto(f"{base}/jobs").status == 401
+        page.problems.clear()
+    store.close()
+
+
+ATTACKER_PAGE = """<!doctype html><html><body>
+<form id="f" method="post" action="{target}"><input name="x" value="1"></form>
+<script>document.getElementById("f").submit();</script></body></html>"""
+
+
+def test_a_page_on_another_port_cannot_retry_a_job(tmp_path: Path, page: Any) -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
+    seeded = seed(store)
+    with _serving(create_app(store)) as console:
+        target = f"{console}/jobs/{seeded.failed_job}/retry"
+        evil = Starlette(routes=[Route("/", lambda _: HTMLResponse(ATTACKER_PAGE.format(target=target)))])
+        with _serving(evil) as attacker:  # same site (127.0.0.1) to the browser, another origin
+            with page.expect_response(target) as answer:
+                page.goto(attacker)
+            assert answer.value.status == 403
+            assert "cross-origin request refused" in page.locator("main").inner_text()
+            page.problems.clear()  # the browser logs the 403
+    assert store.get_job(seeded.failed_job).status == "failed"  # type: ignore[union-attr]
+    store.close()

@@ -27,11 +27,11 @@ def start_eagerly(
     The task finishes with what the coroutine returned or raised, also when it finished (or
     raised) before suspending. Call it outside any task (from a loop callback).
     """
-    started = _Started(coro)
-    task: asyncio.Task[Any] = asyncio.Task(started, loop=loop, context=context)
+    started = _Started(coro, context)
+    task: asyncio.Task[Any] = asyncio.Task(started, loop=loop)
     _enter_task(loop, task)
     try:
-        context.run(started.step)
+        started.step()
     finally:
         _leave_task(loop, task)
     return task
@@ -42,20 +42,23 @@ class _Started(Coroutine[Any, Any, Any]):
 
     The task's first ``send(None)`` gets what that step yielded (or its result or exception);
     later sends and throws go straight to the coroutine. A cancel that arrives before the task's
-    first step is thrown into the coroutine, which waits at its first ``await``.
+    first step is thrown into the coroutine, which waits at its first ``await``. Every step runs
+    in ``context`` (the task's own context is a copy that only its callbacks see; Python 3.10's
+    ``Task`` cannot be given one).
     """
 
-    __slots__ = ("coro", "yielded", "result", "error")
+    __slots__ = ("coro", "context", "yielded", "result", "error")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
         self.coro = coro
+        self.context = context
         self.yielded: Any = _NOTHING
         self.result: Any = _NOTHING
         self.error: BaseException | None = None
 
     def step(self) -> None:
         try:
-            self.yielded = self.coro.send(None)
+            self.yielded = self.context.run(self.coro.send, None)
         except StopIteration as stop:
             self.result = stop.value
         except BaseException as exc:  # noqa: BLE001 - the task finishes with it
@@ -71,15 +74,15 @@ class _Started(Coroutine[Any, Any, Any]):
         if self.result is not _NOTHING:
             result, self.result = self.result, _NOTHING
             raise StopIteration(result)
-        return self.coro.send(value)
+        return self.context.run(self.coro.send, value)
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
         if self.result is not _NOTHING or self.error is not None:
             return self.send(None)  # finished already: its reply has left, the cancel comes late
         self.yielded = _NOTHING  # the task never waited on it: the coroutine is told instead
         if val is None and tb is None:
-            return self.coro.throw(typ)
-        return self.coro.throw(typ, val, tb)
+            return self.context.run(self.coro.throw, typ)
+        return self.context.run(self.coro.throw, typ, val, tb)
 
     def close(self) -> None:
         self.coro.close()

@@ -166,3 +166,18 @@ def test_token_in_the_query_of_a_post_is_accepted(store: Store, seeded: Seeded) 
     assert store.get_job(seeded.failed_job).status == "queued"  # type: ignore[union-attr]
     wrong = client.post(f"/api/jobs/{seeded.failed_job}/retry", params={"token": "nope"})
     assert wrong.status_code == 401 and wrong.json()["detail"] == "the API token is wrong"
+
+
+def test_a_pages_script_writes_through_the_api_with_the_csrf_header(
+    client: TestClient, store: Store, seeded: Seeded
+) -> None:
+    docs = client.get("/docs").text
+    assert "X-CSRF-Token" in docs
+    token = re.search(r'<meta name="csrf-token" content="([0-9a-f]{64})">', docs)
+    assert token
+    job = seeded.platform_job
+    answer = client.post(
+        f"/api/jobs/{job}/retry", headers={"origin": BASE_URL, "x-csrf-token": token.group(1)}
+    )
+    assert answer.status_code == 200, answer.text
+    assert store.get_job(job).status == "queued"  # type: ignore[union-attr]

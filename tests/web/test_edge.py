@@ -118,6 +118,8 @@ def test_oversized_bodies_queries_and_absurd_numbers_are_4xx_naming_what(
         assert answer.status_code in (400, 422) and name in answer.json()["detail"], (path, answer.text[:200])
     page = client.get(f"/jobs?page={10**30}")
     assert page.status_code == 400 and "page must be &lt;= 1000000000" in page.text
+    digits = client.get(f"/jobs/{job}/logs", params={"before": "9" * 5000})
+    assert digits.status_code == 400 and "a 5000-digit number" in digits.text
 
 
 def test_login_form_signs_a_browser_in_and_out(store: Store, seeded: Seeded) -> None:

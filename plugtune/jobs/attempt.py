@@ -92,6 +92,9 @@ async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[
     from plugtune.runtime import Quota, runtime_for
 
     job = validate_job(spec["job_file"])
+    if job.spec.trainer != "plugtune":  # an engine's trainer, with the job's plugins in the runtime
+        _train_with_engine(store, settings, job_id, job)
+        return
     rows = read_dataset(job.train_path)
     quota = Quota(
         max_functions=settings.max_functions,
@@ -118,6 +121,18 @@ async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[
             for jf in functions:  # the others ended with the attempt, without a fault of their own
                 if jf.spec.name != failed:
                     store.set_plugin_status(job_id, jf.spec.name, "completed")
+
+
+#: ``trainer:`` -> the integration that trains such a job; named, not imported: the core never
+#: imports an engine.
+ENGINE_TRAINERS = {"trl": "plugtune.integrations.trl"}
+
+
+def _train_with_engine(store: Store, settings: Settings, job_id: int, job: ValidatedJob) -> None:
+    import importlib
+
+    engine = importlib.import_module(ENGINE_TRAINERS[job.spec.trainer])
+    engine.train_job(store, job_id, job, job_dir(settings, job_id))
 
 
 async def _train(

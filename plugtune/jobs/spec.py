@@ -227,6 +227,12 @@ class JobSpec(BaseModel):
         description="Local Hugging Face model folder (relative to job.yaml), or `builtin:tiny-chat`.",
     )
     algorithm: Literal["grpo"] = Field(default="grpo", description="Training algorithm.")
+    trainer: Literal["plugtune", "trl"] = Field(
+        default="plugtune",
+        description="Which engine trains: `plugtune` (the embedded GRPO trainer) or `trl` (TRL's "
+        "GRPOTrainer, with the plugins in plugtune's runtime; needs pip install -e '.[trl]'). verl runs "
+        "from its own launcher (see README, Scaling training).",
+    )
     hyperparameters: TrainerConfig = Field(
         default_factory=TrainerConfig,
         description="GRPO training settings; names, defaults, ranges and docs come from TrainerConfig.",
@@ -249,6 +255,15 @@ class JobSpec(BaseModel):
             return TrainerConfig.from_dict(value)
         except InvalidValueError as exc:
             raise ValueError("; ".join(f"{p.field}: {p.message}" for p in exc.problems)) from None
+
+    @field_validator("trainer")
+    @classmethod
+    def _trl_installed(cls, value: str) -> str:
+        import importlib.util
+
+        if value == "trl" and importlib.util.find_spec("trl") is None:
+            raise ValueError("trainer: trl needs TRL installed: pip install -e '.[trl]'")
+        return value
 
     @field_validator("model")
     @classmethod

@@ -1,4 +1,4 @@
-"""A rollout for the TRL tests that calls a tool: the calculator's result goes back to the policy."""
+"""A rollout for the TRL tests that calls a tool between two policy turns."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ def calculator(question: str) -> str:
 @rollout
 async def with_tool(ctx: Context, policy: Policy, sample: Sample) -> RolloutResult | None:
     question = sample.messages[-1]["content"]
-    call = {"id": "call-1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    first = await policy.achat(sample.messages, max_tokens=sample.sampling.max_tokens)
+    result = calculator(question)
     messages = [
         *sample.messages,
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call-1", "content": calculator(question)},
+        {"role": "assistant", "content": Policy.content(first)},
+        {"role": "tool", "tool_call_id": "calculator", "content": f"calculator: {result}"},
     ]
     reply = await policy.achat(messages, max_tokens=sample.sampling.max_tokens)
-    ctx.logger.info("tool said %s, policy said %r", calculator(question), Policy.content(reply))
+    ctx.logger.info("tool said %s, policy said %r", result, Policy.content(reply))
     ctx.metric("tool_calls", 1)
     return None

@@ -1,0 +1,550 @@
+"""plugtune's plugins under TRL's ``GRPOTrainer`` (``pip install -e '.[trl]'``, TRL 1.16).
+
+    from plugtune.integrations import trl as pt
+
+    run = pt.open_run("job.yaml")                 # deploys the plugins, records a job in the store
+    trainer = GRPOTrainer(
+        model=model, args=config, train_dataset=run.dataset(), processing_class=tokenizer,
+        reward_funcs=run.reward_funcs(),           # one per grader, in plugtune's runtime
+        rollout_func=run.rollout_func(),           # optional: the job's @rollout, per completion
+        callbacks=[run.callback()],                # TRL's logs -> the console; ends the job
+    )
+    trainer.train()
+
+``pt.reward_funcs(job_or_graders)`` and ``pt.rollout_func(job)`` are the one-line forms (each
+opens its own run). A grader's ``None`` (or a call the failure policy drops) reaches TRL as
+``None``, its "unscorable"; a call the policy fails the job with raises the classified
+``PluginCallError`` out of ``trainer.train()`` and the job ends ``failed`` with it.
+
+With ``rollout_func`` the rollout's ``policy`` calls are answered by plugtune's policy gateway
+decoding from the trainer's own model object (the weights TRL updates), and TRL trains on the
+gateway's token records: ``prompt_ids``, ``completion_ids`` (model and tool tokens), the sampling
+``logprobs`` and ``env_mask`` (1 = sampled by the policy). ``use_vllm`` is not supported on this
+path yet (a clear error says so); the reward path works with any TRL generation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plugtune.errors import PluginCallError
+from plugtune.integrations.recording import EngineRun
+from plugtune.jobs.plugins import JobFunction
+from plugtune.jobs.validation import ValidatedJob, validate_job
+from plugtune.jobs.validation_rows import read_dataset
+from plugtune.sdk import Context, PluginSpec, Sample, Sampling, Status, Trajectory
+from plugtune.trainer.rewards import final_reward
+from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
+
+log = logging.getLogger(__name__)
+
+ROW = "plugtune_row"  # the dataset column naming the job's row
+TRAJECTORY = "plugtune_trajectory_id"  # what rollout_func hands the reward functions
+_TRL_KEYS = {"trainer_state", "log_extra", "log_metric", "environments", TRAJECTORY, ROW}
+#: TRL's log keys -> the console's curve names
+_METRICS = {
+    "reward": "reward/mean",
+    "reward_std": "reward/std",
+    "loss": "loss",
+    "kl": "kl",
+    "grad_norm": "grad_norm",
+    "learning_rate": "learning_rate",
+    "completions/mean_length": "response_length/mean",
+    "step_time": "time/step_s",
+}
+
+RewardFunc = Callable[..., list[float | None]]
+
+
+@dataclass
+class _Episode:
+    """One completion's rollout, kept until its rewards are in."""
+
+    sample: Sample
+    group_id: str
+    rollout_index: int
+    messages: list[dict[str, Any]]
+    trace: TokenTrace | None = None
+    status: str = "success"
+    errors: list[ErrorRecord] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class TRLRun:
+    """A TRL run of a plugtune job: the reward functions, the rollout function, the callback."""
+
+    def __init__(self, run: EngineRun, rows: list[dict[str, Any]], group_size: int) -> None:
+        self.run = run
+        self.rows = rows
+        self.group_size = group_size
+        self._by_prompt = {_key(r["messages"]): i for i, r in enumerate(rows)}
+        self._episodes: dict[str, _Episode] = {}
+        self._graded: tuple[int, dict[str, list[float | None]]] | None = None
+        self._gateway: Any = None
+        self._callback: Any = None
+
+    # --- what TRL is given -----------------------------------------------------------------
+
+    def dataset(self) -> Any:
+        """The job's training rows as a ``datasets.Dataset``: ``prompt`` and ``plugtune_row``."""
+        from datasets import Dataset
+
+        return Dataset.from_list([{"prompt": r["messages"], ROW: i} for i, r in enumerate(self.rows)])
+
+    def reward_weights(self) -> list[float]:
+        """job.yaml's grader weights, in :meth:`reward_funcs` order (for ``GRPOConfig.reward_weights``)."""
+        return [jf.spec.weight for jf in self._graders()]
+
+    def reward_funcs(self) -> list[RewardFunc]:
+        """One TRL reward function per grader and group grader, named by it; the first call of a
+        batch grades it with every grader at once, the others read that result."""
+        return [self._reward_func(i, jf.spec.name) for i, jf in enumerate(self._graders())]
+
+    def rollout_func(self) -> Callable[[list[Any], Any], dict[str, Any]]:
+        """TRL's ``rollout_func(prompts, trainer)``: the job's rollout once per prompt in the runtime."""
+        if self.run.rollout is None:
+            raise ValueError("this run has no rollout plugin: open it from a job.yaml")
+        return self._rollouts
+
+    def callback(self) -> Any:
+        """A ``TrainerCallback``: TRL's logged metrics go to the store; the train's end ends the job."""
+        if self._callback is None:
+            self._callback = _callback_class()(self)
+        return self._callback
+
+    def close(self, error: BaseException | None = None) -> None:
+        if self._gateway is not None:
+            self._gateway.stop()
+            self._gateway = None
+        self.run.close(error)
+
+    # --- rewards ---------------------------------------------------------------------------
+
+    def _graders(self) -> list[JobFunction]:
+        return [*self.run.graders, *self.run.group_graders]
+
+    def _reward_func(self, index: int, name: str) -> RewardFunc:
+        def reward(
+            prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **kwargs: Any
+        ) -> list[float | None]:
+            if index == 0 or self._graded is None or self._graded[0] != id(completion_ids):
+                self._graded = (id(completion_ids), self._grade(prompts, completions, completion_ids, kwargs))
+            return self._graded[1][name]
+
+        reward.__name__ = name
+        return reward
+
+    def _grade(
+        self, prompts: list[Any], completions: list[Any], ids: list[list[int]], kwargs: dict[str, Any]
+    ) -> dict[str, list[float | None]]:
+        step = _step(kwargs)
+        episodes = [self._episode_for(step, i, prompts, completions, kwargs) for i in range(len(prompts))]
+        components: list[dict[str, float | None]] = [{} for _ in episodes]
+        try:
+            self._grade_single(step, episodes, components)
+            self._grade_groups(step, episodes, components)
+        except PluginCallError:
+            if self.run.stopped is not None:  # the failure policy ended the job
+                self.close()
+            raise
+        weights = {jf.spec.name: jf.spec.weight for jf in self._graders()}
+        self.run.add_trajectories(
+            [
+                _record(step, e, c, weights, ids[i])
+                for i, (e, c) in enumerate(zip(episodes, components, strict=True))
+            ]
+        )
+        self.run.flush(step)
+        return {name: [c.get(name) for c in components] for name in weights}
+
+    def _episode_for(
+        self, step: int, i: int, prompts: list[Any], completions: list[Any], kwargs: dict[str, Any]
+    ) -> _Episode:
+        if TRAJECTORY in kwargs:
+            found = self._episodes.pop(kwargs[TRAJECTORY][i], None)
+            if found is not None:
+                return found
+        group, k = divmod(i, self.group_size)
+        sample = self._sample(prompts[i], kwargs, i)
+        reply = completions[i] if isinstance(completions[i], list) else [_assistant(completions[i])]
+        return _Episode(sample, f"s{step}-p{group}", k, [*sample.messages, *reply])
+
+    def _sample(self, prompt: Any, kwargs: dict[str, Any], i: int) -> Sample:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+        index = kwargs[ROW][i] if ROW in kwargs else self._by_prompt.get(_key(messages))
+        if index is not None and index < len(self.rows):
+            return _sample_of(self.rows[index], int(index), self.run)
+        extra = {k: v[i] for k, v in kwargs.items() if k not in _TRL_KEYS and isinstance(v, list)}
+        return Sample(messages=list(messages), extra=extra, index=i)
+
+    def _grade_single(self, step: int, episodes: list[_Episode], components: list[dict[str, Any]]) -> None:
+        calls: list[tuple[int, JobFunction, concurrent.futures.Future[CallOutcome]]] = []
+        for i, e in enumerate(episodes):
+            if e.status != "success":
+                continue
+            trajectory = Trajectory(_tid(e), e.messages, e.sample.tools, e.metrics)
+            for jf in self.run.graders:
+                calls.append((i, jf, self.run.submit(jf, _ctx(step, e), e.sample, trajectory)))
+        for i, jf, future in calls:
+            components[i][jf.spec.name] = self._value(future, episodes[i], jf.spec.name)
+
+    def _grade_groups(self, step: int, episodes: list[_Episode], components: list[dict[str, Any]]) -> None:
+        for jf in self.run.group_graders:
+            for start in range(0, len(episodes), self.group_size):
+                members = [
+                    i for i in range(start, start + self.group_size) if episodes[i].status == "success"
+                ]
+                if not members:
+                    continue
+                first = episodes[members[0]]
+                group = [Trajectory(_tid(episodes[i]), episodes[i].messages) for i in members]
+                ctx = Context(step=step, sample_id=first.sample.index, rollout_index=-1)
+                future = self.run.submit(jf, ctx, first.sample, group)
+                values = self._value(future, first, jf.spec.name, members=[episodes[i] for i in members])
+                for n, i in enumerate(members):
+                    components[i][jf.spec.name] = values[n] if isinstance(values, list) else None
+
+    def _value(
+        self,
+        future: concurrent.futures.Future[CallOutcome],
+        episode: _Episode,
+        name: str,
+        members: list[_Episode] | None = None,
+    ) -> Any:
+        """The grader's value, or None for a call that was dropped or did not succeed (recorded)."""
+        try:
+            outcome = future.result()
+        except PluginCallError as exc:
+            if self.run.stopped is not None:
+                raise
+            for e in members or [episode]:
+                e.errors.append(exc.record(trajectory_id=_tid(e)))
+            return None
+        if outcome.status == Status.SUCCESS.value:
+            return outcome.value
+        for e in members or [episode]:
+            message = outcome.reason or f"{name} returned status {outcome.status!r}"
+            e.errors.append(ErrorRecord("Call plugin error", "plugin", outcome.status, message, plugin=name))
+        return None
+
+    # --- rollouts --------------------------------------------------------------------------
+
+    def _rollouts(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        if getattr(trainer.args, "use_vllm", False):
+            raise ValueError(
+                "plugtune's rollout_func answers the rollout's policy calls from the trainer's model; "
+                "with use_vllm=True use plugtune's reward_funcs only (TRL generates), or set use_vllm=False"
+            )
+        if self.callback() not in trainer.callback_handler.callbacks:
+            trainer.add_callback(self.callback())  # TRL's metrics and the run's end reach the store
+        gateway = self._gateway_for(trainer)
+        step = trainer.state.global_step + 1
+        gateway.set_policy_version(trainer.state.global_step)
+        rollout = self.run.rollout
+        assert rollout is not None
+        started = []
+        for i, prompt in enumerate(prompts):
+            group, k = divmod(i, self.group_size)
+            sample = self._sample(prompt, {}, i)
+            episode = _Episode(sample, f"s{step}-p{group}", k, list(sample.messages))
+            fresh = _FreshPolicy(rollout, gateway, _tid(episode))
+            started.append((episode, self.run.submit(fresh, _ctx(step, episode), sample)))  # type: ignore[arg-type]
+        out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
+        out[TRAJECTORY] = []
+        pad = trainer.processing_class.eos_token_id
+        for episode, future in started:
+            self._finish_rollout(episode, future, gateway)
+            trace = episode.trace
+            ok = episode.status == "success" and trace is not None and bool(trace.response_ids)
+            if trace is not None and ok:
+                out["prompt_ids"].append(list(trace.prompt_ids))
+                out["completion_ids"].append(list(trace.response_ids))
+                out["logprobs"].append(list(trace.response_logprobs))
+                out["env_mask"].append(list(trace.response_mask))
+            else:  # nothing to learn from: one masked token keeps TRL's batch shape
+                episode.status = "failed" if episode.status == "success" else episode.status
+                out["prompt_ids"].append(list(trace.prompt_ids) if trace and trace.prompt_ids else [pad])
+                out["completion_ids"].append([pad])
+                out["logprobs"].append([0.0])
+                out["env_mask"].append([0])
+            out[TRAJECTORY].append(_tid(episode))
+            self._episodes[_tid(episode)] = episode
+        return out
+
+    def _finish_rollout(
+        self, episode: _Episode, future: concurrent.futures.Future[CallOutcome], gateway: Any
+    ) -> None:
+        try:
+            outcome = future.result()
+        except PluginCallError as exc:
+            _take(gateway, _tid(episode))
+            if self.run.stopped is not None:
+                self.close()
+                raise
+            episode.status = "failed"
+            episode.errors.append(exc.record(trajectory_id=_tid(episode)))
+            return
+        trace = episode.trace = _take(gateway, _tid(episode))
+        result = outcome.value if isinstance(outcome.value, dict) else {}
+        recorded = trace.messages if trace is not None else []
+        episode.messages = list(result.get("messages") or recorded or episode.messages)
+        episode.metrics.update(outcome.metrics)
+        episode.metrics.update(result.get("metrics") or {})
+        if outcome.status != Status.SUCCESS.value:
+            episode.status = "discard" if outcome.status == Status.DISCARD.value else "failed"
+            name = self.run.rollout.spec.name if self.run.rollout else "rollout"
+            message = outcome.reason or f"{name} returned status {outcome.status!r}"
+            episode.errors.append(
+                ErrorRecord("Call plugin error", "plugin", outcome.status, message, plugin=name)
+            )
+
+    def _gateway_for(self, trainer: Any) -> Any:
+        if self._gateway is None:
+            from plugtune.gateway import JobSampling, PolicyGateway
+
+            args = trainer.args
+            sampling = JobSampling(args.temperature, args.top_p, args.max_completion_length)
+            self._gateway = PolicyGateway(trainer.model, trainer.processing_class, sampling=sampling)
+            self._gateway.start()
+        return self._gateway
+
+
+class _FreshPolicy:
+    """The rollout with a fresh gateway record per attempt (a retry's tokens start over)."""
+
+    def __init__(self, fn: JobFunction, gateway: Any, trajectory_id: str) -> None:
+        self.fn, self.gateway, self.trajectory_id = fn, gateway, trajectory_id
+
+    @property
+    def spec(self) -> PluginSpec:
+        return self.fn.spec
+
+    async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
+        return await self.fn.invoke(ctx, self.gateway.open(self.trajectory_id), *args)
+
+
+def _callback_class() -> type:
+    from transformers import TrainerCallback
+
+    class PlugtuneCallback(TrainerCallback):  # type: ignore[misc]
+        """TRL's logs as the job's training metrics; the end of ``train()`` ends the job."""
+
+        def __init__(self, owner: TRLRun) -> None:
+            self.owner = owner
+
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any
+        ) -> None:
+            metrics = {_METRICS.get(k, f"trl/{k}"): v for k, v in (logs or {}).items()}
+            self.owner.run.add_metrics(state.global_step, metrics)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            self.owner.close()
+
+    return PlugtuneCallback
+
+
+# --- opening a run ---------------------------------------------------------------------------
+
+
+def open_run(
+    job_or_graders: ValidatedJob | str | Path | Sequence[str | Callable[..., Any]],
+    *,
+    group_size: int | None = None,
+    store: Any = None,
+    job_id: int | None = None,
+) -> TRLRun:
+    """Deploy a job's plugins (a job.yaml, a validated job) or only graders (``file.py:function``
+    entries or decorated functions) and record the TRL run as a plugtune job.
+
+    ``group_size``: TRL's ``num_generations`` (default: the job's ``group_size``, else 1)."""
+    if isinstance(job_or_graders, (str, Path)) and str(job_or_graders).endswith((".yaml", ".yml")):
+        job: ValidatedJob | None = validate_job(job_or_graders)
+    elif isinstance(job_or_graders, ValidatedJob):
+        job = job_or_graders
+    else:
+        job = None
+    if job is not None:
+        run = EngineRun.open(job, engine="trl", store=store, job_id=job_id)
+        rows = read_dataset(job.train_path)
+        size = group_size or job.spec.hyperparameters.group_size
+    else:
+        items = [job_or_graders] if isinstance(job_or_graders, (str, Path)) else list(job_or_graders)  # type: ignore[arg-type]
+        run = EngineRun.open(engine="trl", graders=[_entry(g) for g in items], store=store, job_id=job_id)
+        rows, size = [], group_size or 1
+    return TRLRun(run, rows, size)
+
+
+def reward_funcs(
+    job_or_graders: TRLRun | ValidatedJob | str | Path | Sequence[str | Callable[..., Any]],
+    *,
+    group_size: int | None = None,
+) -> list[RewardFunc]:
+    """TRL reward functions backed by the job's graders (or the given ones) in plugtune's runtime."""
+    run = (
+        job_or_graders
+        if isinstance(job_or_graders, TRLRun)
+        else open_run(job_or_graders, group_size=group_size)
+    )
+    return run.reward_funcs()
+
+
+def rollout_func(job: TRLRun | ValidatedJob | str | Path) -> Callable[[list[Any], Any], dict[str, Any]]:
+    """TRL's ``rollout_func`` running the job's ``@rollout`` per completion in plugtune's runtime."""
+    return (job if isinstance(job, TRLRun) else open_run(job)).rollout_func()
+
+
+def _entry(grader: str | Path | Callable[..., Any]) -> str:
+    if isinstance(grader, (str, Path)):
+        return str(grader)
+    import inspect
+
+    source = inspect.getsourcefile(grader)
+    if source is None:
+        raise ValueError(f"{grader!r} has no source file; pass its 'file.py:function' entry instead")
+    return f"{Path(source).resolve()}:{grader.__name__}"
+
+
+# --- small pieces ----------------------------------------------------------------------------
+
+
+def _key(messages: Any) -> str:
+    return json.dumps(messages, sort_keys=True, default=str)
+
+
+def _step(kwargs: dict[str, Any]) -> int:
+    state = kwargs.get("trainer_state")
+    return int(getattr(state, "global_step", 0)) + 1
+
+
+def _tid(e: _Episode) -> str:
+    return f"{e.group_id}-r{e.rollout_index}"
+
+
+def _ctx(step: int, e: _Episode) -> Context:
+    return Context(step=step, sample_id=e.sample.index, rollout_index=e.rollout_index, trajectory_id=_tid(e))
+
+
+def _assistant(text: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": str(text)}
+
+
+def _sample_of(row: dict[str, Any], index: int, run: EngineRun) -> Sample:
+    sample = Sample.from_dict({**row, "index": index})
+    if run.job is None:
+        return sample
+    c = run.job.spec.hyperparameters
+    return Sample(
+        sample.messages,
+        sample.tools,
+        sample.extra,
+        index,
+        Sampling(temperature=c.temperature, top_p=c.top_p, max_tokens=c.max_new_tokens),
+    )
+
+
+def _take(gateway: Any, trajectory_id: str) -> TokenTrace | None:
+    try:
+        return gateway.take(trajectory_id)  # type: ignore[no-any-return]
+    except KeyError:
+        return None
+
+
+def _record(
+    step: int, e: _Episode, components: dict[str, float | None], weights: dict[str, float], ids: list[int]
+) -> TrajectoryRecord:
+    trace = e.trace
+    status = e.status if e.status != "success" or not e.errors else "failed"
+    return TrajectoryRecord(
+        trajectory_id=_tid(e),
+        group_id=e.group_id,
+        step=step,
+        sample_index=e.sample.index,
+        rollout_index=e.rollout_index,
+        attempt=1,
+        policy_version=step - 1,
+        prompt_ids=list(trace.prompt_ids) if trace else [],
+        response_ids=list(trace.response_ids) if trace else list(ids),
+        response_mask=list(trace.response_mask) if trace else [1] * len(ids),
+        response_logprobs=list(trace.response_logprobs) if trace else [],
+        messages=e.messages,
+        tools=list(e.sample.tools),
+        reward=final_reward(components, weights) if status == "success" else None,
+        reward_components=dict(components),
+        status=status,
+        stop_reason=trace.finish_reason if trace else "",
+        errors=list(e.errors),
+        metrics=dict(e.metrics),
+    )
+
+
+# --- `trainer: trl` under `plugtune run` ------------------------------------------------------
+
+
+def grpo_config(job: ValidatedJob, output_dir: Path, reward_weights: list[float]) -> Any:
+    """TRL's ``GRPOConfig`` with job.yaml's hyperparameters (names mapped one to one)."""
+    import torch
+    from trl import GRPOConfig
+
+    c = job.spec.hyperparameters
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=c.batch_size * c.group_size,
+        num_generations=c.group_size,
+        max_completion_length=c.max_new_tokens,
+        learning_rate=c.learning_rate,
+        max_steps=c.steps,
+        beta=c.kl_coef,
+        temperature=c.temperature,
+        top_p=c.top_p,
+        epsilon=c.clip_ratio,
+        max_grad_norm=c.grad_clip,
+        weight_decay=c.weight_decay,
+        seed=c.seed,
+        loss_type="dapo",  # token-level, as plugtune's trainer
+        lr_scheduler_type="constant",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        reward_weights=reward_weights,
+    )
+
+
+def train_job(store: Any, job_id: int, job: ValidatedJob, out: Path) -> None:
+    """One attempt of a ``trainer: trl`` job: TRL's GRPOTrainer on the job's model and data, the
+    job's rollout and graders in plugtune's runtime; the trained model lands in ``out/final``.
+    The attempt process (``plugtune.jobs.attempt``) owns the job's status and classifies errors."""
+    import os
+
+    from trl import GRPOTrainer
+
+    from plugtune.trainer.model import load_model
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL
+    lm = load_model(job.model_dir)
+    run = open_run(job, store=store, job_id=job_id)
+    try:
+        trainer = GRPOTrainer(
+            model=lm.model,
+            reward_funcs=list[Any](run.reward_funcs()),
+            args=grpo_config(job, out / "trl", run.reward_weights()),
+            train_dataset=run.dataset(),
+            processing_class=lm.tokenizer,
+            rollout_func=run.rollout_func(),
+            callbacks=[run.callback()],
+        )
+        trainer.train()
+        trainer.save_model(str(out / "final"))
+    except BaseException as exc:
+        run.close(exc)
+        raise
+    run.close()

@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU build on this machine's disk (a plain "torch" pulls CUDA).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,ray]'
+	$(PY) -m pip install -q -e '.[dev,ray,trl]'
 	touch $(STAMP)
 
 browser:

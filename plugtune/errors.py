@@ -36,6 +36,8 @@ class Cause(str, enum.Enum):
     EOF = "EOF"
     ERROR_500 = "500"
     OOM = "FaaS OOM"
+    PIDS = "FaaS pids limit"
+    DISK = "FaaS disk limit"
     CREATE_FAULT = "Create faas fault"
     INVALID_REWARD = "Invalid reward"
 
@@ -73,6 +75,16 @@ HINTS: dict[ErrorType | Cause, str] = {
     Cause.OOM: (
         "The plugin's instance went over runtime.memory_mb. Free large objects between calls, "
         "lower max_concurrency, or raise memory_mb."
+    ),
+    Cause.PIDS: (
+        "The plugin's instance hit its runtime.max_pids limit (processes and threads it may start): "
+        "a fork bomb, a subprocess per call that is never waited for, or a thread per call. Reuse a "
+        "pool, wait for children, or raise max_pids."
+    ),
+    Cause.DISK: (
+        "The plugin's instance filled its private temp space (runtime.tmp_mb, $TMPDIR and $HOME). "
+        "Delete temp files when a call ends, stream large outputs instead of writing them, or raise "
+        "tmp_mb."
     ),
     Cause.CREATE_FAULT: (
         "The plugin's instance could not be created: fix the import, syntax or setup() error shown, "

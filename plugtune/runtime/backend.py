@@ -25,6 +25,8 @@ class Happened(str, enum.Enum):
     DEADLINE = "deadline"  # the caller's deadline passed
     DIED = "died"  # the instance ended mid-call (exit, signal, lost connection)
     OOM_KILLED = "oom_killed"  # the instance was killed for going over its memory limit
+    PIDS_LIMIT = "pids_limit"  # the instance hit its pids limit (fork/thread creation failed)
+    DISK_FULL = "disk_full"  # the instance's private temp space is full (ENOSPC/EFBIG)
     NOT_CREATED = "not_created"  # no instance could be created (quota, import, setup, start-up)
 
 

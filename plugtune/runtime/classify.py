@@ -20,6 +20,8 @@ CAUSES: dict[Happened, Cause] = {
     Happened.BAD_RETURN: Cause.ERROR_500,
     Happened.MEMORY_ERROR: Cause.OOM,
     Happened.OOM_KILLED: Cause.OOM,
+    Happened.PIDS_LIMIT: Cause.PIDS,
+    Happened.DISK_FULL: Cause.DISK,
     Happened.DEADLINE: Cause.TIMEOUT,
     Happened.DIED: Cause.EOF,
     Happened.NOT_CREATED: Cause.CREATE_FAULT,

@@ -21,8 +21,10 @@ from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
 from plugtune.runtime.instance import Instance
 from plugtune.runtime.launcher import Launcher
+from plugtune.runtime.limits import InstanceLimits, pids_max
 from plugtune.runtime.monitor import ResourceMonitor
 from plugtune.runtime.quota import QuotaExceeded
+from plugtune.runtime.sandbox import User
 from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import PluginSpec, Runtime
 from plugtune.types import LogLine
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 ASYNC_CANCEL_GRACE_S = 1.0
 DEADLINE_SLOT_S = 0.005  # calls' deadlines are kept in slots this long (one timer per slot)
 MAX_LOG_LINES = 20_000
+NOFILE = 4096  # open files per instance (RLIMIT_NOFILE); more with a large max_concurrency
 
 
 class LocalDeployment:
@@ -54,6 +57,7 @@ class LocalDeployment:
         self.launcher = Launcher(zygote, self.runtime_log)
         self.monitor = ResourceMonitor(runtime)
         self.config = config
+        self.user = User(*config["user"]) if config.get("user") else None
         self.plugin = request.entry
         self.instances: list[Instance] = []
         self.starting = 0
@@ -105,6 +109,7 @@ class LocalDeployment:
         for instance in ending:
             await self._cleanup(instance)
         await self.launcher.close()
+        self.backend.release(self.config)
 
     def runtime_log(self, level: str, text: str, instance_id: str = "") -> None:
         self.log_lines.append(
@@ -133,22 +138,33 @@ class LocalDeployment:
         except QuotaExceeded as exc:
             raise DeployFailed(str(exc)) from None
         started = time.perf_counter()
+        uid = self.user.uid if self.user else None
         try:
             limits = self.backend.limits.instance(
-                instance_id, runtime.memory_mb, runtime.cpu, runtime.max_concurrency
+                instance_id, runtime.memory_mb, runtime.cpu, runtime.max_concurrency, runtime.max_pids, uid
             )
         except OSError as exc:
             self.backend.ledger.release(runtime.memory_mb)
             raise DeployFailed(f"could not create the instance's cgroup: {exc}") from None
         # on_freed: an abandoned call ended, so its slot is free for a waiter
         instance = Instance(instance_id, self.plugin, limits, self.log_lines.append, self._on_end, self._wake)
+        instance.max_pids = runtime.max_pids
+        try:
+            instance.tmp_dir = self.backend.sandbox.make_tmp(instance_id, self.user, runtime.tmp_mb)
+        except OSError as exc:
+            limits.remove()
+            self.backend.ledger.release(runtime.memory_mb)
+            raise DeployFailed(f"could not create the instance's temp folder: {exc}") from None
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         config = {
             **self.config,
             "instance_id": instance_id,
             "cgroup_procs": limits.cgroup_procs,
+            "cgroup_wait": self._cgroup_wait(limits),
             "rlimit_data": limits.rlimit_data,
+            "rlimits": self._rlimits(runtime),
+            "tmp_dir": str(instance.tmp_dir),
             "memory_mb": runtime.memory_mb,
             "max_concurrency": runtime.max_concurrency,
         }
@@ -184,6 +200,8 @@ class LocalDeployment:
             raise DeployFailed(f"could not start an instance: {exc}") from None
         child.close()
         os.close(out_w)
+        if config["cgroup_wait"]:
+            self._move_into_cgroup(instance)
         try:
             setup_ms = await asyncio.wait_for(asyncio.shield(instance.ready), self.backend.start_timeout_s)
         except asyncio.TimeoutError:
@@ -203,6 +221,26 @@ class LocalDeployment:
             instance_id,
         )
         return instance
+
+    def _rlimits(self, runtime: Runtime) -> dict[str, int]:
+        """Per-instance rlimits: open files, file size (the temp space's backstop) and, for a function
+        with its own uid but no pids cgroup, its processes (RLIMIT_NPROC counts the whole uid)."""
+        out = {"nofile": max(NOFILE, 4 * runtime.max_concurrency), "fsize": runtime.tmp_mb << 20}
+        if self.user is not None and not self.backend.limits.has_pids:
+            per_instance = pids_max(runtime.max_pids, runtime.max_concurrency)
+            out["nproc"] = per_instance * (runtime.max_instances + 2)  # + the zygote and the spare
+        return out
+
+    def _cgroup_wait(self, limits: InstanceLimits) -> str:
+        """cgroup v2 lets only the runtime move a process it does not own: the child waits for it."""
+        if self.user is None or limits.version != 2 or limits.memory_dir is None:
+            return ""
+        return f"/{limits.memory_dir.parent.name}/{limits.memory_dir.name}"
+
+    def _move_into_cgroup(self, instance: Instance) -> None:
+        for procs in instance.limits.cgroup_procs:
+            with open(procs, "w") as f:
+                f.write(str(instance.pid))
 
     def _on_end(self, instance: Instance) -> None:
         if instance in self.instances:
@@ -228,6 +266,9 @@ class LocalDeployment:
             await asyncio.sleep(0.02)
         self._release(instance)
         self.launcher.forget(instance.id)
+        if instance.tmp_dir is not None:
+            tmp, instance.tmp_dir = instance.tmp_dir, None
+            self.backend.sandbox.remove_tmp(tmp)
 
     def _release(self, instance: Instance) -> None:
         if not instance.ledger_released:
@@ -389,6 +430,10 @@ class LocalDeployment:
         finally:
             watched.pop(request.call_id, None)
             self._wake()
+        if isinstance(result, Failed) and result.happened in (Happened.PIDS_LIMIT, Happened.DISK_FULL):
+            # its stray processes, or its full temp space, would fail the next calls too
+            what = "pids limit" if result.happened is Happened.PIDS_LIMIT else "temp space is full"
+            self._recycle(instance, f"it hit its {what}")
         return result
 
     def _watch_deadline(
@@ -415,10 +460,11 @@ class LocalDeployment:
             return
         latency = (time.perf_counter() - started) * 1000
         message = f"the call ran past timeout_s={request.timeout_s:g} on instance {instance.id}"
+        happened = Happened.DEADLINE
+        if instance.limits.pids_hits() > 0:  # it was stuck behind its own fork bomb
+            happened, message = Happened.PIDS_LIMIT, f"{message} ({instance.pids_text()})"
         peak = instance.limits.peak_mb() or (instance.peak_rss_mb or None)
-        pending.future.set_result(
-            Failed(Happened.DEADLINE, message, pending.logs, "", instance.id, peak, latency)
-        )
+        pending.future.set_result(Failed(happened, message, pending.logs, "", instance.id, peak, latency))
         if self.spec.is_async:
             # The task is cancelled; if the loop is blocked and does not answer, recycle the instance.
             handle = asyncio.get_running_loop().call_later(

@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -30,6 +31,12 @@ log = logging.getLogger(__name__)
 
 DRAIN_OUTPUT_S = 0.5
 MAX_LINE_BYTES = 64 << 10
+KINDS = {
+    p.MEMORY: Happened.MEMORY_ERROR,
+    p.BAD_RETURN: Happened.BAD_RETURN,
+    p.PIDS: Happened.PIDS_LIMIT,
+    p.DISK: Happened.DISK_FULL,
+}
 
 
 @dataclass(slots=True)
@@ -85,6 +92,8 @@ class Instance:
         self.startup_logs: list[LogLine] = []
         self.ledger_released = False
         self.end_task: asyncio.Task[None] | None = None
+        self.tmp_dir: Path | None = None  # its private temp folder (removed after it ends)
+        self.max_pids = 0
 
     # ---- wiring -----------------------------------------------------------------------------
 
@@ -195,9 +204,10 @@ class Instance:
         self._settled(call_id)
         if pending is None or pending.future.done():
             return
-        happened = {p.MEMORY: Happened.MEMORY_ERROR, p.BAD_RETURN: Happened.BAD_RETURN}.get(
-            kind, Happened.RAISED
-        )
+        happened = KINDS.get(kind, Happened.RAISED)
+        if happened is Happened.RAISED and self.limits.pids_hits() > 0:
+            happened = Happened.PIDS_LIMIT  # it raised because a fork or thread was refused
+            text = f"{text} ({self.pids_text()})"
         latency = (time.perf_counter() - pending.started) * 1000
         peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
         pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency))
@@ -272,6 +282,8 @@ class Instance:
                 fatal = DeployFailed(text, tb, self.startup_logs)
             self.ready.set_exception(fatal)
         happened = Happened.OOM_KILLED if oom else Happened.DIED
+        if not oom and self.limits.pids_hits() > 0:
+            happened, message = Happened.PIDS_LIMIT, f"{message} ({self.pids_text()})"
         for pending in list(self.pending.values()):
             if not pending.future.done():
                 latency = (time.perf_counter() - pending.started) * 1000
@@ -280,6 +292,10 @@ class Instance:
         for timer in self.cancel_timers.values():
             timer.cancel()
         self.on_end(self)
+
+    def pids_text(self) -> str:
+        hits = self.limits.pids_hits()
+        return f"its cgroup refused {hits} new process(es) or thread(s) at pids.max, max_pids={self.max_pids}"
 
     def _death_message(self, oom: bool, code: int | None, peak: float | None) -> str:
         where = f"instance {self.id} (pid {self.pid})"

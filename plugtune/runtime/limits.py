@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
 MIB = 1 << 20
+#: Threads the runtime itself runs in an instance (reader, deputy, watchdogs), on top of max_pids.
+RUNTIME_TASKS = 16
 
 CGROUP_V1, CGROUP_V2, RLIMIT = "cgroup-v1", "cgroup-v2", "rlimit+watchdog"
 
@@ -34,6 +36,7 @@ class InstanceLimits:
     memory_dir: Path | None = None
     dirs: list[Path] = field(default_factory=list)
     version: int = 0
+    pids_dir: Path | None = None  # where pids.max is set (None: no pids controller)
 
     @property
     def watchdog(self) -> bool:
@@ -44,6 +47,10 @@ class InstanceLimits:
             return 0
         name = "memory.oom_control" if self.version == 1 else "memory.events"
         return _read_key(self.memory_dir / name, "oom_kill")
+
+    def pids_hits(self) -> int:
+        """How often the instance was refused a new process or thread by its pids.max."""
+        return _read_key(self.pids_dir / "pids.events", "max") if self.pids_dir else 0
 
     def usage_mb(self) -> float | None:
         name = "memory.usage_in_bytes" if self.version == 1 else "memory.current"
@@ -85,12 +92,21 @@ class InstanceLimits:
         return ok
 
 
+def pids_max(max_pids: int, concurrency: int) -> int:
+    """The instance's pids.max: what the plugin may start plus the runtime's own threads."""
+    return max_pids + min(concurrency, 10_000) + RUNTIME_TASKS
+
+
 class Limits:
-    """Creates :class:`InstanceLimits`; one per runtime."""
+    """Creates :class:`InstanceLimits`; one per runtime. ``uid``: the instance's own user, which
+    then owns the files it writes itself into (so it can enter its cgroup after dropping root)."""
 
     mechanism = RLIMIT
+    has_pids = False
 
-    def instance(self, instance_id: str, memory_mb: int, cpu: float, concurrency: int) -> InstanceLimits:
+    def instance(
+        self, instance_id: str, memory_mb: int, cpu: float, concurrency: int, max_pids: int, uid: int | None
+    ) -> InstanceLimits:
         # Thread stacks count against RLIMIT_DATA: leave room for the pool, the watchdog does the rest.
         headroom = 128 + 8 * min(concurrency, 64)
         return InstanceLimits(memory_mb=memory_mb, rlimit_data=(memory_mb + headroom) * MIB)
@@ -104,8 +120,11 @@ class CgroupV1Limits(Limits):
 
     def __init__(self, roots: dict[str, Path]) -> None:
         self.roots = roots  # controller -> this runtime's folder in that hierarchy
+        self.has_pids = "pids" in roots
 
-    def instance(self, instance_id: str, memory_mb: int, cpu: float, concurrency: int) -> InstanceLimits:
+    def instance(
+        self, instance_id: str, memory_mb: int, cpu: float, concurrency: int, max_pids: int, uid: int | None
+    ) -> InstanceLimits:
         dirs = {name: root / instance_id for name, root in self.roots.items()}
         for d in dirs.values():
             d.mkdir()
@@ -114,7 +133,10 @@ class CgroupV1Limits(Limits):
             _write(dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
             _write(dirs["cpu"] / "cpu.cfs_quota_us", str(max(1000, int(cpu * CPU_PERIOD_US))))
         if "pids" in dirs:
-            _write(dirs["pids"] / "pids.max", str(max(1024, concurrency + 256)))
+            _write(dirs["pids"] / "pids.max", str(pids_max(max_pids, concurrency)))
+        if uid is not None:
+            for d in dirs.values():
+                os.chown(d / "tasks", uid, -1)
         return InstanceLimits(
             memory_mb=memory_mb,
             # The single-threaded child writes "0" to each `tasks` file: moving only the calling
@@ -124,6 +146,7 @@ class CgroupV1Limits(Limits):
             memory_dir=dirs["memory"],
             dirs=list(dirs.values()),
             version=1,
+            pids_dir=dirs.get("pids"),
         )
 
     def close(self) -> None:
@@ -146,8 +169,11 @@ class CgroupV2Limits(Limits):
     def __init__(self, root: Path, controllers: set[str]) -> None:
         self.root = root
         self.controllers = controllers
+        self.has_pids = "pids" in controllers
 
-    def instance(self, instance_id: str, memory_mb: int, cpu: float, concurrency: int) -> InstanceLimits:
+    def instance(
+        self, instance_id: str, memory_mb: int, cpu: float, concurrency: int, max_pids: int, uid: int | None
+    ) -> InstanceLimits:
         d = self.root / instance_id
         d.mkdir()
         _write(d / "memory.max", str(memory_mb * MIB))
@@ -155,9 +181,14 @@ class CgroupV2Limits(Limits):
         if "cpu" in self.controllers:
             _write(d / "cpu.max", f"{max(1000, int(cpu * CPU_PERIOD_US))} {CPU_PERIOD_US}")
         if "pids" in self.controllers:
-            _write(d / "pids.max", str(max(1024, concurrency + 256)))
+            _write(d / "pids.max", str(pids_max(max_pids, concurrency)))
         return InstanceLimits(
-            memory_mb=memory_mb, cgroup_procs=[str(d / "cgroup.procs")], memory_dir=d, dirs=[d], version=2
+            memory_mb=memory_mb,
+            cgroup_procs=[str(d / "cgroup.procs")],
+            memory_dir=d,
+            dirs=[d],
+            version=2,
+            pids_dir=d if self.has_pids else None,
         )
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -11,8 +12,10 @@ from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import Limits
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
+from plugtune.runtime.sandbox import Sandbox, User, protect_state
 from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import Kind, PluginSpec, Runtime
+from plugtune.settings import Settings
 
 
 def spec_from(raw: dict[str, Any]) -> PluginSpec:
@@ -49,26 +52,26 @@ class LocalBackend:
         self.spares = spares
         self.start_timeout_s = start_timeout_s
         self.deployments: list[LocalDeployment] = []
+        self.sandbox = Sandbox(limits.has_pids)
+        self.isolation = self.sandbox.isolation
+        self.functions = itertools.count(1)
 
     async def deploy(self, request: DeployRequest) -> LocalDeployment:
-        config = {
-            "code_root": str(request.code_root),
-            "relpath": request.relpath,
-            "function": request.function,
-            "env": dict(request.env),
-        }
+        config = self.sandboxed(request)
         zygote = Zygote(config, request.entry)
         try:
             raw = await zygote.start(self.start_timeout_s)
         except DeployFailed as exc:
             exc.logs = zygote.output_logs() + exc.logs
             await zygote.aclose()
+            self.release(config)
             raise
         spec = spec_from(raw)
         runtime = request.effective_runtime(spec.runtime)
         machine_mb = psutil.virtual_memory().total >> 20
         if runtime.memory_mb > machine_mb:
             await zygote.aclose()
+            self.release(config)
             raise DeployFailed(
                 f"memory_mb={runtime.memory_mb} is more than this machine has ({machine_mb} MiB)"
             )
@@ -86,6 +89,35 @@ class LocalBackend:
         self.deployments.append(deployment)
         return deployment
 
+    def sandboxed(self, request: DeployRequest) -> dict[str, Any]:
+        """The function's worker config: its own user (when root), its snapshot granted to that user's
+        group, a private temp folder for its zygote (which imports the user's code)."""
+        try:
+            user = self.sandbox.lease_user(request.code_root)
+            if user is not None and request.code_root.parent.name == "code":  # a snapshot in a state dir
+                protect_state(request.code_root.parent.parent, Settings.from_env().home)
+            self.sandbox.grant(request.code_root, user)
+            name = f"f{next(self.functions)}"
+            code_root = self.sandbox.expose(request.code_root, f"{name}-code", user)
+            tmp = self.sandbox.make_tmp(f"{name}-zygote", user, Runtime().tmp_mb)
+        except OSError as exc:
+            raise DeployFailed(f"could not prepare the plugin's sandbox: {exc}") from None
+        return {
+            "code_root": str(code_root),
+            "relpath": request.relpath,
+            "function": request.function,
+            "env": dict(request.env),
+            "user": [user.uid, user.gid] if user else None,
+            "tmp_dir": str(tmp),
+        }
+
+    def release(self, config: dict[str, Any]) -> None:
+        """Give back what :meth:`sandboxed` took (the function was closed or never started)."""
+        user = config.get("user")
+        self.sandbox.release_user(User(*user) if user else None)
+        self.sandbox.remove_tmp(Path(config["tmp_dir"]))
+        self.sandbox.unexpose(Path(config["code_root"]))
+
     def reserve(self, memory_mb: int) -> None:
         """Reserve quota for an instance; spare instances give theirs up first."""
         try:
@@ -100,3 +132,4 @@ class LocalBackend:
 
     async def close(self) -> None:
         self.limits.close()
+        self.sandbox.close()

@@ -31,6 +31,7 @@ READY, FATAL, LOG, OK, ERR = "ready", "fatal", "log", "ok", "err"
 
 # ERR kinds: what the worker saw happen (the supervisor maps them onto the taxonomy).
 RAISED, MEMORY, CANCELLED, BAD_RETURN = "raised", "memory", "cancelled", "bad_return"
+PIDS, DISK = "pids", "disk"  # the call failed on the instance's pids limit / full temp space
 
 TYPE_KEY = "$t"
 

@@ -19,6 +19,7 @@ from plugtune.runtime.function import RUNNING, Function
 from plugtune.runtime.limits import detect
 from plugtune.runtime.local import LocalBackend
 from plugtune.runtime.quota import Quota, QuotaLedger
+from plugtune.runtime.sandbox import Isolation
 from plugtune.runtime.snapshot import SnapshotError, take
 from plugtune.sdk import Runtime
 
@@ -215,6 +216,13 @@ class LocalRuntime(BaseRuntime):
         self._limits_choice = limits
         self.idle_timeout_s = idle_timeout_s
         self.use_zygote = use_zygote
+
+    @property
+    def isolation(self) -> Isolation:
+        """What each instance is held to: its user, temp space, pids limit, environment."""
+        if not isinstance(self.backend, LocalBackend):
+            raise RuntimeError("use the runtime as `async with ...` (or await start()) first")
+        return self.backend.isolation
 
     async def start(self) -> None:
         if self.backend is None:

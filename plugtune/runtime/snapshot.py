@@ -36,14 +36,27 @@ class CodeSnapshot:
 
 
 def collect(code_root: Path) -> dict[str, bytes]:
+    """Every regular file under ``code_root``; a symlink counts as its target when that is inside too."""
     files: dict[str, bytes] = {}
     total = 0
-    for dirpath, dirnames, filenames in os.walk(code_root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+    seen: set[Path] = set()
+    for dirpath, dirnames, filenames in os.walk(code_root, followlinks=True):
+        real = Path(dirpath).resolve()
+        if real in seen:  # a link back to a folder already walked
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d not in SKIP_DIRS and not d.startswith(".") and _inside(Path(dirpath) / d, code_root)
+        )
         for name in sorted(filenames):
             path = Path(dirpath) / name
-            if name.endswith((".pyc", ".pyo")) or name.startswith(".") or not path.is_file():
+            if name.endswith((".pyc", ".pyo")) or name.startswith("."):
                 continue
+            if not _inside(path, code_root) or not path.is_file():
+                continue  # not a regular file (a socket, a fifo, a dangling link)
             data = path.read_bytes()
             total += len(data)
             files[path.relative_to(code_root).as_posix()] = data
@@ -53,6 +66,19 @@ def collect(code_root: Path) -> dict[str, bytes]:
                     f"{MAX_BYTES >> 20} MiB; put the plugin in its own folder and keep data files elsewhere"
                 )
     return files
+
+
+def _inside(path: Path, code_root: Path) -> bool:
+    """True for a path whose target is inside ``code_root``; a symlink out of it is refused."""
+    if not path.is_symlink():
+        return True
+    target = path.resolve()
+    if target == code_root or code_root in target.parents:
+        return True
+    raise SnapshotError(
+        f"{path}: is a symlink to {target}, outside the plugin's folder {code_root}; a snapshot holds "
+        "only the folder's own files: copy what the plugin needs into the folder, or remove the link"
+    )
 
 
 def content_hash(files: dict[str, bytes]) -> str:

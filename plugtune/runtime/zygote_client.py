@@ -10,7 +10,6 @@ from __future__ import annotations
 import array
 import asyncio
 import json
-import os
 import socket
 import sys
 from pathlib import Path
@@ -18,17 +17,18 @@ from typing import Any
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import DeployFailed
+from plugtune.runtime.sandbox import scrubbed_env
 from plugtune.types import LogLine
 
 LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def worker_env(env: dict[str, str]) -> dict[str, str]:
-    out = dict(os.environ)
-    out.update(env)
-    out["PYTHONPATH"] = os.pathsep.join(x for x in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if x)
-    out["PYTHONUNBUFFERED"] = "1"
+def worker_env(config: dict[str, Any]) -> dict[str, str]:
+    """A worker's whole environment: scrubbed (see :mod:`..sandbox`), HOME/TMPDIR its own folder."""
+    out = scrubbed_env(config.get("env") or {}, PACKAGE_ROOT)
+    if config.get("tmp_dir"):
+        out["HOME"] = out["TMPDIR"] = str(config["tmp_dir"])
     return out
 
 
@@ -60,7 +60,7 @@ class Zygote:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env=worker_env(self.config.get("env") or {}),
+            env=worker_env(self.config),
             start_new_session=True,
         )
         child.close()
@@ -187,6 +187,6 @@ async def spawn(config: dict[str, Any], sock_fd: int, out_fd: int) -> asyncio.su
         stdin=asyncio.subprocess.DEVNULL,
         stdout=out_fd,
         stderr=out_fd,
-        env=worker_env(config.get("env") or {}),
+        env=worker_env(config),
         start_new_session=True,
     )

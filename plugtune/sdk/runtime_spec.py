@@ -13,6 +13,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "min_instances": (0, 1_000),
     "max_instances": (1, 1_000),
     "cpu": (0.01, 256),
+    "tmp_mb": (1, 1_048_576),
+    "max_pids": (1, 1_000_000),
 }
 
 
@@ -27,6 +29,10 @@ class Runtime:
         main thread (signal-based timeouts work); with more, every call runs on a pool thread.
     min_instances / max_instances: the autoscaler's bounds.
     cpu: CPU quota per instance in cores, where the host lets the runtime set one.
+    tmp_mb: size of the instance's private temp space ($TMPDIR and $HOME, removed when the
+        instance ends); filling it is ``FaaS disk limit``.
+    max_pids: processes and threads the plugin's code may start in one instance (on top of one
+        per ``max_concurrency`` the runtime itself uses); going over it is ``FaaS pids limit``.
     """
 
     memory_mb: int = 1024
@@ -35,6 +41,8 @@ class Runtime:
     min_instances: int = 0
     max_instances: int = 4
     cpu: float = 1.0
+    tmp_mb: int = 512
+    max_pids: int = 256
 
     def __post_init__(self) -> None:
         for problem in self.problems():

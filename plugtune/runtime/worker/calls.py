@@ -23,6 +23,7 @@ from plugtune.runtime.protocol import (
 )
 from plugtune.runtime.worker.channel import CURRENT_CALL, Channel
 from plugtune.runtime.worker.loader import Plugin, user_traceback
+from plugtune.runtime.worker.sandbox import limit_hint, limit_kind
 from plugtune.sdk import Discard, Kind, Retry
 
 INJECTED_EXIT_CODE = 71
@@ -77,8 +78,8 @@ class CallRunner:
             return [ERR, call_id, CANCELLED, "cancelled by the runtime", "", metrics]
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             self._exit_like(exc)
-        kind = MEMORY if isinstance(exc, MemoryError) else RAISED
-        message = f"{type(exc).__name__}: {exc}" + _signal_hint(exc)
+        kind = MEMORY if isinstance(exc, MemoryError) else (limit_kind(exc) or RAISED)
+        message = f"{type(exc).__name__}: {exc}" + _signal_hint(exc) + limit_hint(exc)
         return [ERR, call_id, kind, message, user_traceback(exc, self.code_root), metrics]
 
     def _exit_like(self, exc: BaseException) -> None:

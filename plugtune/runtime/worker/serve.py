@@ -49,14 +49,29 @@ RECV_SIZE = 1 << 18
 
 
 def enter_limits(config: dict[str, Any]) -> None:
-    """Move this process into its cgroups and set its rlimits (first thing, before any work)."""
+    """Move this process into its cgroups and set its rlimits (first thing, before any work).
+    ``cgroup_wait``: the supervisor moves it (cgroup v2 under a dropped uid); wait until it has."""
     pid = str(os.getpid())
-    for procs in config.get("cgroup_procs", []):
-        with open(procs, "w") as f:  # v1 `tasks` takes "0" (this thread); cgroup.procs takes the pid
-            f.write("0" if procs.endswith("/tasks") else pid)
+    wait = config.get("cgroup_wait")
+    if wait and os.geteuid() != 0:
+        _wait_for_cgroup(str(wait))
+    else:
+        for procs in config.get("cgroup_procs", []):
+            with open(procs, "w") as f:  # v1 `tasks` takes "0" (this thread); cgroup.procs takes the pid
+                f.write("0" if procs.endswith("/tasks") else pid)
     data = config.get("rlimit_data")
     if data:
         resource.setrlimit(resource.RLIMIT_DATA, (int(data), int(data)))
+
+
+def _wait_for_cgroup(path: str, limit_s: float = 10.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with open("/proc/self/cgroup") as f:
+            if any(line.rstrip("\n").endswith(path) for line in f):
+                return
+        time.sleep(0.0002)
+    raise RuntimeError(f"the runtime did not move this instance into its cgroup {path} in {limit_s:g} s")
 
 
 def reseed() -> None:

@@ -19,15 +19,33 @@ from typing import Any
 from plugtune.runtime.protocol import FATAL, FrameReader
 from plugtune.runtime.worker.channel import Channel
 from plugtune.runtime.worker.loader import LoadError, Plugin, load
+from plugtune.runtime.worker.sandbox import SandboxError, drop_privileges, enter_instance, enter_network
 from plugtune.runtime.worker.serve import enter_limits, reseed, serve
 from plugtune.runtime.worker.watch import install_net_counter
 
 LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"
 
 
+def enter_sandbox(config: dict[str, Any], channel: Channel) -> None:
+    """The environment is scrubbed already; then the network, then the function's own user."""
+    try:
+        enter_network(config)
+        drop_privileges(config)
+    except LoadError as exc:  # the network step's NetworkUnavailable says what to do itself
+        channel.send([FATAL, exc.message, exc.traceback])
+        os._exit(2)
+    except SandboxError as exc:
+        channel.send([FATAL, f"the plugin's sandbox could not be entered: {exc}", ""])
+        os._exit(2)
+
+
 def load_or_report(config: dict[str, Any], channel: Channel) -> Plugin:
     install_net_counter()
-    os.chdir(config["code_root"])
+    try:
+        os.chdir(config["code_root"])
+    except OSError as exc:
+        channel.send([FATAL, f"the plugin's code folder {config['code_root']} is not readable: {exc}", ""])
+        os._exit(2)
     os.environ.update(config.get("env") or {})
     try:
         return load(config["code_root"], config["relpath"], config["function"])
@@ -54,6 +72,7 @@ def spec_message(plugin: Plugin) -> list[Any]:
 def zygote_main(config: dict[str, Any]) -> None:
     control = socket.socket(fileno=int(config["control_fd"]))
     channel = Channel(control)
+    enter_sandbox(config, channel)
     plugin = load_or_report(config, channel)
     channel.send(spec_message(plugin))
     wake_r, wake_w = os.pipe()
@@ -123,8 +142,9 @@ def _child(
         control.close()
         for fd in close:
             os.close(fd)
-        os.setsid()
         enter_limits(config)
+        enter_instance(config)
+        os.setsid()
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         os.close(out_fd)
@@ -152,7 +172,9 @@ def spawn_main(config: dict[str, Any]) -> None:
     """Fresh-spawn fallback: this process loads the plugin itself and becomes the instance."""
     sock = socket.socket(fileno=int(config["sock_fd"]))
     channel = Channel(sock)
-    enter_limits(config)
+    enter_limits(config)  # still root here: the cgroup's files are the runtime's
+    enter_sandbox(config, channel)
+    enter_instance(config)
     plugin = load_or_report(config, channel)
     reseed()
     serve(plugin, sock, config)

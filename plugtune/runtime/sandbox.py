@@ -1,0 +1,299 @@
+"""What a plugin instance may reach: its environment, its user, its files, its temp space.
+
+The supervisor side of the isolation contract (the worker side is :mod:`.worker.sandbox`):
+
+* environment: only :data:`PASSED_ENV` from the runtime's own environment, plus the function's
+  ``env`` (``deploy(env=...)``, job.yaml ``env:`` and ``secrets:``); ``PLUGTUNE_*`` never passes;
+* user: when the runtime runs as root, each deployed function gets its own numeric uid (leased
+  from :data:`PLUGIN_UIDS`, no /etc/passwd entry) and its snapshot's gid; not root: the runtime's
+  own user (the rest still applies; ``rt.isolation`` says what is active);
+* files: the state dir is traversable but not listable, each snapshot readable by its own group
+  only, the rest of PLUGTUNE_HOME (store, checkpoints) private to the runtime's user;
+* temp space: a private folder per instance (``$HOME``/``$TMPDIR``), a ``tmp_mb`` tmpfs owned by
+  the instance's uid when the runtime may mount, else a plain folder capped per file by
+  ``RLIMIT_FSIZE``; removed when the instance ends, however it ended.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import logging
+import os
+import random
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: Variables of the runtime's environment a plugin gets (besides its own ``env``).
+PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH")
+#: The uids leased to functions and the gids derived from snapshots (halves of one high range).
+PLUGIN_UIDS = range(1_000_000, 1_500_000)
+PLUGIN_GIDS = range(1_500_000, 2_000_000)
+LEASES = Path("/run/plugtune/uids")
+MNT_DETACH, MS_RDONLY, MS_REMOUNT, MS_BIND = 2, 1, 32, 4096
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the runtime enforces on every instance (``rt.isolation``)."""
+
+    user: str  # "uid per function" | "runtime's uid (not root)"
+    tmp: str  # "tmpfs per instance" | "folder per instance"
+    pids: str  # "cgroup pids.max" | "RLIMIT_NPROC per function uid" | "none"
+    env: str = "scrubbed"
+
+    def __str__(self) -> str:
+        return f"user: {self.user}; tmp: {self.tmp}; pids: {self.pids}; env: {self.env}"
+
+
+@dataclass(frozen=True)
+class User:
+    uid: int
+    gid: int
+
+
+def scrubbed_env(env: dict[str, str], package_root: str) -> dict[str, str]:
+    """The whole environment of a worker process: the allow-list, the function's env, what Python needs."""
+    source = os.environ
+    out = {k: v for k, v in source.items() if k in PASSED_ENV or k.startswith("LC_")}
+    out.update({k: v for k, v in env.items() if not k.startswith("PLUGTUNE_")})
+    out["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, source.get("PYTHONPATH", "")) if x)
+    out["PYTHONUNBUFFERED"] = "1"
+    out.setdefault("PATH", os.defpath)
+    return out
+
+
+class Sandbox:
+    """One per runtime: leases users, grants snapshots, makes and removes private temp folders."""
+
+    def __init__(self, has_pids_cgroup: bool) -> None:
+        self.is_root = os.geteuid() == 0
+        remove_stale()
+        self.tmp_root = Path(tempfile.mkdtemp(prefix=f"plugtune-tmp-{os.getpid()}-"))
+        self.tmp_root.chmod(0o711)  # instances reach their own folder; nobody lists the others
+        self.can_mount = self.is_root and _try_mount(self.tmp_root)
+        self.leased: set[int] = set()
+        if self.is_root:
+            pids = "cgroup pids.max" if has_pids_cgroup else "RLIMIT_NPROC per function uid"
+        else:
+            pids = "cgroup pids.max" if has_pids_cgroup else "none (not root, no pids cgroup)"
+        self.isolation = Isolation(
+            user="uid per function" if self.is_root else "the runtime's own uid (not root)",
+            tmp="tmpfs of tmp_mb per instance" if self.can_mount else "folder per instance (RLIMIT_FSIZE)",
+            pids=pids,
+        )
+
+    # ---- users ------------------------------------------------------------------------------
+
+    def lease_user(self, code_root: Path) -> User | None:
+        """A uid of the function's own (None when not root) with its snapshot's group."""
+        if not self.is_root:
+            return None
+        uid = _lease(PLUGIN_UIDS)
+        self.leased.add(uid)
+        return User(uid, group_of(code_root))
+
+    def release_user(self, user: User | None) -> None:
+        if user is not None and user.uid in self.leased:
+            self.leased.discard(user.uid)
+            _unlease(user.uid)
+
+    def expose(self, code_root: Path, name: str, user: User | None) -> Path:
+        """Where the function's worker finds its snapshot: a read-only bind mount of it in the temp
+        root when it runs as its own user (the state dir's parents, e.g. /root, stay closed)."""
+        if user is None or not self.can_mount:
+            return code_root
+        path = self.tmp_root / name
+        path.mkdir(mode=0o700)
+        _mount_bind(code_root, path)
+        return path
+
+    def unexpose(self, path: Path) -> None:
+        if path.parent == self.tmp_root and os.path.ismount(path):
+            _umount(path)
+            path.rmdir()
+
+    def grant(self, code_root: Path, user: User | None) -> None:
+        """Make the snapshot readable by its group only (root:gid, 0750/0640)."""
+        if user is None:
+            return
+        for path in [code_root, *code_root.rglob("*")]:
+            if path.is_symlink():
+                continue
+            os.chown(path, 0, user.gid)
+            path.chmod(0o750 if path.is_dir() else 0o640)
+
+    # ---- temp folders -----------------------------------------------------------------------
+
+    def make_tmp(self, name: str, user: User | None, tmp_mb: int) -> Path:
+        """A private folder for one instance (or zygote): a tmpfs of ``tmp_mb`` where possible."""
+        path = self.tmp_root / name
+        path.mkdir(mode=0o700)
+        if self.can_mount:
+            uid, gid = (user.uid, user.gid) if user else (0, 0)
+            _mount_tmpfs(path, f"size={tmp_mb}m,nr_inodes=65536,mode=0700,uid={uid},gid={gid}")
+        elif user is not None:
+            os.chown(path, user.uid, user.gid)
+        return path
+
+    def remove_tmp(self, path: Path) -> None:
+        _remove(path)
+
+    def close(self) -> None:
+        _remove(self.tmp_root)
+        for uid in list(self.leased):
+            _unlease(uid)
+        self.leased.clear()
+
+
+def _remove(path: Path) -> None:
+    """Unmount whatever is mounted at or below ``path`` (deepest first), then delete it."""
+    if not path.exists():
+        return
+    mounts = [m for m in _mounts() if m == path or path in m.parents]
+    for mount in sorted(mounts, key=lambda m: len(m.parts), reverse=True):
+        _umount(mount)
+    if any(os.path.ismount(m) for m in mounts):
+        log.warning("%s is still mounted; left in place", path)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _mounts() -> list[Path]:
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    return [Path(line.split()[1].replace("\\040", " ")) for line in lines if len(line.split()) > 1]
+
+
+def remove_stale() -> None:
+    """Remove temp roots left by runtimes whose process is gone (they were killed before closing)."""
+    for root in Path(tempfile.gettempdir()).glob("plugtune-tmp-*-*"):
+        try:
+            pid = int(root.name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if not Path(f"/proc/{pid}").exists():
+            _remove(root)
+            log.info("removed the stale plugin temp root %s", root)
+
+
+def group_of(code_root: Path) -> int:
+    """The snapshot's gid: derived from where it is stored, so every runtime agrees on it."""
+    digest = hashlib.sha256(str(code_root.resolve()).encode()).digest()
+    return PLUGIN_GIDS[int.from_bytes(digest[:8], "big") % len(PLUGIN_GIDS)]
+
+
+def protect_state(state_dir: Path, home: Path | None) -> None:
+    """State dir (and PLUGTUNE_HOME above it) traversable, not listable; the rest of home private."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    code = state_dir / "code"
+    code.mkdir(exist_ok=True)
+    for d in (state_dir, code):
+        d.chmod(0o711)
+    if home is None or not _is_below(state_dir, home):
+        return
+    keep = {code.resolve(), state_dir.resolve(), *state_dir.resolve().parents}
+    for d in [state_dir.resolve(), *state_dir.resolve().parents]:
+        if d == home.resolve() or _is_below(d, home):
+            d.chmod(0o711)
+            for entry in d.iterdir():
+                if entry.resolve() in keep or entry.is_symlink():
+                    continue
+                mode = entry.lstat().st_mode
+                entry.chmod(stat.S_IMODE(mode) & 0o700)  # the store, jobs/, checkpoints: owner only
+
+
+def _is_below(path: Path, top: Path) -> bool:
+    try:
+        path.resolve().relative_to(top.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+# ---- uid leases: one file per uid, naming the runtime process that holds it -------------------
+
+
+def _lease(pool: range) -> int:
+    LEASES.mkdir(parents=True, exist_ok=True, mode=0o700)
+    rng = random.Random()
+    for _ in range(256):
+        uid = pool[rng.randrange(len(pool))]
+        path = LEASES / str(uid)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            if _holder_alive(path):
+                continue
+            path.unlink(missing_ok=True)  # its runtime is gone: the uid is free again
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return uid
+    raise OSError(f"no free plugin uid in {pool.start}..{pool.stop - 1} (leases in {LEASES})")
+
+
+def _unlease(uid: int) -> None:
+    (LEASES / str(uid)).unlink(missing_ok=True)
+
+
+def _holder_alive(path: Path) -> bool:
+    try:
+        pid = int(path.read_text() or "0")
+    except (OSError, ValueError):
+        return True  # being written right now
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---- mounts -----------------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def _mount_tmpfs(path: Path, options: str) -> None:
+    if _libc.mount(b"plugtune-tmp", str(path).encode(), b"tmpfs", 0, options.encode()) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"could not mount the instance's tmpfs on {path}: {os.strerror(errno)}")
+
+
+def _mount_bind(source: Path, target: Path) -> None:
+    for flags in (MS_BIND, MS_BIND | MS_REMOUNT | MS_RDONLY):
+        if _libc.mount(str(source).encode(), str(target).encode(), None, flags, None) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"could not bind {source} at {target}: {os.strerror(errno)}")
+
+
+def _umount(path: Path) -> None:
+    if _libc.umount2(str(path).encode(), MNT_DETACH) != 0:
+        errno = ctypes.get_errno()
+        log.warning("could not unmount %s: %s", path, os.strerror(errno))
+
+
+def _try_mount(root: Path) -> bool:
+    probe = root / ".probe"
+    probe.mkdir()
+    try:
+        _mount_tmpfs(probe, "size=1m,mode=0700")
+    except OSError as exc:
+        log.info("private temp folders are plain folders (no tmpfs): %s", exc.strerror)
+        probe.rmdir()
+        return False
+    _umount(probe)
+    probe.rmdir()
+    return True

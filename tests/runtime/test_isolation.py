@@ -1,0 +1,144 @@
+"""Plugin instances reach nothing that is not theirs: environment, files, users, temp space, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from plugtune.errors import Cause, PluginCallError
+from plugtune.runtime import LocalRuntime
+from tests.runtime.helpers import ctx, entry, sample, trajectory
+
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="a uid per function needs the runtime to run as root")
+
+
+def _messages(result: object) -> list[str]:
+    return [line.message for line in result.logs]  # type: ignore[attr-defined]
+
+
+async def test_plugin_environment_holds_only_the_allow_list_and_its_own_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PLUGTUNE_API_TOKEN", "console-token")
+    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", "postgresql://admin:pw@db/plugtune")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "the-shell's-secret")
+    async with LocalRuntime() as rt:
+        assert rt.isolation.env == "scrubbed"
+        fn = await rt.deploy(entry("isolation.py", "environment"), env={"JUDGE_URL": "http://judge"})
+        result = await fn.invoke(ctx(), sample(), trajectory())
+    (line,) = [m for m in _messages(result) if m.startswith("env ")]
+    env = dict(item.split("=", 1) for item in line[4:].split(" "))
+    assert not [k for k in env if k.startswith("PLUGTUNE_")], env
+    assert "AWS_SECRET_ACCESS_KEY" not in env and env["JUDGE_URL"] == "http://judge"
+    allowed = {"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONUNBUFFERED", "HOME", "TMPDIR"}
+    assert set(env) <= allowed | {"JUDGE_URL"} | {k for k in env if k.startswith("LC_")}
+    assert env["HOME"] == env["TMPDIR"] and env["HOME"] != os.environ.get("HOME")
+
+
+@AS_ROOT
+async def test_plugin_cannot_read_the_store_home_checkpoints_other_snapshots_or_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    (home / "jobs" / "1").mkdir(parents=True)
+    sqlite3.connect(home / "plugtune.db").execute("create table secrets (token text)").connection.commit()
+    (home / "jobs" / "1" / "checkpoint.pt").write_bytes(b"weights")
+    monkeypatch.setenv("PLUGTUNE_HOME", str(home))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "grader.py").write_text(
+        "from plugtune import grader\n\n\n@grader\ndef score(ctx, sample, trajectory):\n    return 0.5\n"
+    )
+    async with LocalRuntime(state_dir=home / "runtime") as rt:
+        assert rt.isolation.user == "uid per function"
+        neighbour = await rt.deploy(f"{other / 'grader.py'}:score")
+        fn = await rt.deploy(entry("isolation.py", "reach"))
+        own = await rt.deploy(entry("isolation.py", "own_snapshot"))
+        assert (await own.invoke(ctx(), sample(), trajectory())).value == 1.0  # its own code it reads
+        neighbour_pid = neighbour.deployment.instances[0].pid
+        reaches = {
+            "read": [
+                str(home / "plugtune.db"),
+                str(home / "jobs" / "1" / "checkpoint.pt"),
+                str(neighbour.snapshot.root / "grader.py"),
+                "/etc/shadow",
+            ],
+            "list": [str(home), str(home / "runtime" / "code")],
+            "signal": [os.getpid(), neighbour_pid],
+        }
+        result = await fn.invoke(ctx(), sample(**reaches), trajectory())
+        assert (await neighbour.invoke(ctx(), sample(), trajectory())).value == 0.5  # still serving
+    messages = _messages(result)
+    for kind, targets in reaches.items():
+        for target in targets:
+            assert f"{kind} {target}: PermissionError" in messages, messages
+    assert result.value == 0.0
+
+
+async def test_private_tmp_is_per_instance_and_removed_even_when_killed() -> None:
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(entry("isolation.py", "write_tmp"))
+        result = await fn.invoke(ctx(), sample(), trajectory())
+        (wrote,) = [m for m in _messages(result) if m.startswith("wrote ")]
+        scratch = Path(wrote.split(" ", 1)[1])
+        assert scratch.exists() and scratch.parent.stat().st_mode & 0o077 == 0
+        if os.geteuid() == 0:
+            assert os.path.ismount(scratch.parent)  # a tmpfs of tmp_mb, owned by the function's uid
+        await fn.deployment.kill()  # SIGKILL: nothing of its own runs to clean up
+        for _ in range(200):
+            if not scratch.parent.exists():
+                break
+            await asyncio.sleep(0.02)
+        assert not scratch.parent.exists()
+        assert (await fn.invoke(ctx(), sample(), trajectory())).value == 1.0
+        tmp_root = rt.backend.sandbox.tmp_root  # type: ignore[union-attr]
+    assert not tmp_root.exists()
+
+
+async def test_filling_the_temp_space_is_faas_disk_limit_and_the_function_keeps_serving() -> None:
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(entry("isolation.py", "fill_tmp"))
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(fill=True), trajectory())
+        assert info.value.cause == Cause.DISK.value == "FaaS disk limit"
+        assert "tmp_mb" in info.value.hint
+        assert (await fn.invoke(ctx(), sample(), trajectory())).value == 1.0
+
+
+@AS_ROOT
+async def test_fork_bomb_is_faas_pids_limit_recycled_and_leaves_no_process() -> None:
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(entry("isolation.py", "fork_bomb"))
+        uid = fn.deployment.user.uid
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(bomb=True), trajectory())
+        assert info.value.cause == Cause.PIDS.value == "FaaS pids limit", info.value
+        assert "max_pids" in info.value.hint
+        assert (await fn.invoke(ctx(), sample(), trajectory())).value == 1.0
+    assert _processes_of(uid) == []
+
+
+def _processes_of(uid: int) -> list[psutil.Process]:
+    """The uid's live processes, once its killed ones have been reaped (bounded wait)."""
+    for _ in range(250):
+        procs = [
+            p for p in psutil.process_iter(["uids", "status"]) if p.info["uids"] and p.info["uids"][0] == uid
+        ]
+        if not procs:
+            break
+        time.sleep(0.02)
+    return [p for p in procs if p.info["status"] != psutil.STATUS_ZOMBIE]
+
+
+async def test_running_out_of_file_descriptors_is_500_naming_the_limit() -> None:
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(entry("isolation.py", "open_files"))
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(), trajectory())
+    assert info.value.cause == "500" and "RLIMIT_NOFILE" in info.value.message

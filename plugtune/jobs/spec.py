@@ -74,6 +74,18 @@ class RuntimeOverrides(BaseModel):
     cpu: float | None = Field(
         default=None, ge=LIMITS["cpu"][0], le=LIMITS["cpu"][1], description="CPU quota per instance (cores)."
     )
+    tmp_mb: int | None = Field(
+        default=None,
+        ge=LIMITS["tmp_mb"][0],
+        le=LIMITS["tmp_mb"][1],
+        description="Private temp space per instance (MiB; $TMPDIR and $HOME); full is `FaaS disk limit`.",
+    )
+    max_pids: int | None = Field(
+        default=None,
+        ge=LIMITS["max_pids"][0],
+        le=LIMITS["max_pids"][1],
+        description="Processes and threads the plugin may start per instance; more is `FaaS pids limit`.",
+    )
 
     @model_validator(mode="after")
     def _instances_ordered(self) -> RuntimeOverrides:

@@ -105,6 +105,15 @@ def test_runtime_overrides_check_limits_and_ordering() -> None:
         RuntimeOverrides(min_instances=5, max_instances=2)
 
 
+def test_runtime_overrides_take_the_sandbox_limits() -> None:
+    merged = merge_runtime(Runtime(), RuntimeOverrides(tmp_mb=64, max_pids=32))
+    assert (merged.tmp_mb, merged.max_pids) == (64, 32)
+    with pytest.raises(ValidationError, match="tmp_mb"):
+        RuntimeOverrides(tmp_mb=0)
+    with pytest.raises(ValidationError, match="max_pids"):
+        RuntimeOverrides(max_pids=10_000_000)
+
+
 def test_parse_entry_forms() -> None:
     ref = parse_entry("plugins/rollout.py:solve")
     assert (ref.file, ref.function, ref.module) == ("plugins/rollout.py", "solve", None)

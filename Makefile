@@ -11,6 +11,11 @@ $(STAMP): pyproject.toml
 	# torch first, pinned to the CPU build on this machine's disk (a plain "torch" pulls CUDA).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev,ray,trl]'
+	# verl without its pins (transformers<5.11, packaging<26, wandb, ...), plus just what its agent-loop
+	# and reward modules import: torch and transformers stay as installed.
+	$(PY) -m pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 omegaconf==2.3.1 \
+	  hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 cloudpickle==3.1.3 pillow==13.0.0 codetiming==1.4.0 \
+	  orjson==3.13.0 cachetools==8.0.2
 	touch $(STAMP)
 
 browser:

@@ -1,0 +1,220 @@
+"""``TokenGateway``: the policy gateway in front of an engine's token-in/token-out generation.
+
+A rollout plugin calls the policy over OpenAI-compatible HTTP; an engine (verl's
+``server_manager.generate``, a vLLM client, ...) takes prompt token ids and returns sampled token
+ids and their log-probs. This gateway joins the two with the policy gateway's own pieces (chat
+template, per-trajectory token record, tool-call parsing, HTTP surface), so a trajectory's record
+holds exactly the tokens the engine sampled and the template tokens between them, never
+re-tokenized text.
+
+    gw = TokenGateway(tokenizer, generate, loop)   # generate(prompt_ids, params) -> TokenReply
+    gw.start()
+    policy = gw.open(trajectory_id)                # sdk Policy for the rollout
+    trace = gw.take(trajectory_id)                 # TokenTrace
+    gw.stop()
+
+``generate`` is a coroutine function run on ``loop`` (the engine's own event loop: its clients
+and locks belong to it). Nothing here imports an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import uvicorn
+
+from plugtune.errors import PlatformError
+from plugtune.gateway.app import build_app
+from plugtune.gateway.chat import ChatRenderer
+from plugtune.gateway.completions import CompletionService
+from plugtune.gateway.engine import Generation, GenerationEngine, SamplingParams
+from plugtune.gateway.trace import TraceBuilder
+from plugtune.sdk import Policy
+from plugtune.types import TokenTrace
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenReply:
+    """What an engine sampled for one request (its end-of-sequence token included, if any)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # per token; None when the engine gave none
+
+
+#: The engine's generation: prompt ids and how to sample -> the sampled tokens.
+Generate = Callable[[list[int], SamplingParams], Awaitable[TokenReply]]
+
+
+class _EngineAdapter:
+    """What ``CompletionService`` needs of an engine (``submit``), over an external ``generate``."""
+
+    def __init__(
+        self,
+        generate: Generate,
+        loop: asyncio.AbstractEventLoop,
+        eos_ids: set[int],
+        decode: Callable[[list[int]], str],
+        version: Callable[[], int],
+    ) -> None:
+        self._generate, self._loop, self._eos = generate, loop, eos_ids
+        self._decode, self._version = decode, version
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> concurrent.futures.Future[Generation]:
+        return asyncio.run_coroutine_threadsafe(self._run(prompt_ids, params), self._loop)
+
+    async def _run(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        version = self._version()
+        reply = await self._generate(list(prompt_ids), params)
+        tokens = [int(t) for t in reply.token_ids][: params.max_tokens]
+        logprobs = [float(x) for x in (reply.logprobs or [])][: len(tokens)]
+        if len(logprobs) != len(tokens):  # no log-probs from the engine: the record says 0.0
+            logprobs = [0.0] * len(tokens)
+        return self._generation(tokens, logprobs, params, version)
+
+    def _generation(
+        self, tokens: list[int], logprobs: list[float], params: SamplingParams, version: int
+    ) -> Generation:
+        for i, token in enumerate(tokens):
+            if token in self._eos:
+                return _done(tokens[: i + 1], logprobs[: i + 1], "stop", True, None, version)
+        cut = _stop_cut(tokens, params.stop, self._decode)
+        if cut is not None:
+            n, at = cut
+            return _done(tokens[:n], logprobs[:n], "stop", False, at, version)
+        reason = "length" if len(tokens) >= params.max_tokens else "stop"
+        return _done(tokens, logprobs, reason, False, None, version)
+
+
+def _stop_cut(
+    tokens: list[int], stops: tuple[str, ...], decode: Callable[[list[int]], str]
+) -> tuple[int, int] | None:
+    """The fewest tokens whose text holds a stop string, and where it starts (None: no stop)."""
+    stops = tuple(s for s in stops if s)
+    if not stops or not any(s in decode(tokens) for s in stops):
+        return None
+    for n in range(1, len(tokens) + 1):
+        text = decode(tokens[:n])
+        hits = [text.find(s) for s in stops if s in text]
+        if hits:
+            return n, min(hits)
+    return None
+
+
+def _done(
+    tokens: list[int], logprobs: list[float], reason: str, eos: bool, at: int | None, version: int
+) -> Generation:
+    return Generation(
+        token_ids=tokens,
+        logprobs=logprobs,
+        top_logprobs=[],
+        finish_reason=reason,
+        ended_with_eos=eos,
+        stop_text_at=at,
+        policy_version=version,
+        batch_size=1,
+    )
+
+
+class TokenGateway:
+    """An OpenAI-compatible server whose replies an external engine samples; records tokens."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        generate: Generate,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        model_name: str = "policy",
+        max_context: int = 4096,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.model_name, self.host, self.port = model_name, host, 0
+        self._version = 0
+        renderer = ChatRenderer(copy.deepcopy(tokenizer))
+        eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+        adapter = _EngineAdapter(generate, loop, eos, renderer.decode, lambda: self._version)
+        # CompletionService only calls ``submit`` on its engine.
+        engine = cast(GenerationEngine, adapter)
+        self._service = CompletionService(renderer, engine, model_name, max_context, None)
+        self._keys: dict[str, str] = {}
+        self._traces: dict[str, TraceBuilder] = {}
+        self._registry = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def set_policy_version(self, version: int) -> None:
+        self._version = int(version)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Serve HTTP on a background thread; returns once the server accepts connections."""
+        if self._server is not None:
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, 0))
+        except OSError as exc:
+            sock.close()
+            raise PlatformError(f"the policy gateway cannot listen on {self.host}: {exc}") from exc
+        self.port = sock.getsockname()[1]
+        app = build_app(self._service, self._resolve, lambda: self._version)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="plugtune-token-gateway", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise PlatformError(f"the policy gateway did not start within {timeout_s:.0f} s")
+            time.sleep(0.01)
+        logger.info("token gateway serving %s at %s", self.model_name, self.base_url)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._server, self._thread = None, None
+
+    def open(self, trajectory_id: str) -> Policy:
+        """A fresh key (and empty record) for one trajectory; opening an id again starts it over."""
+        key = "pt-" + secrets.token_urlsafe(24)
+        with self._registry:
+            for old in [k for k, t in self._keys.items() if t == trajectory_id]:
+                del self._keys[old]
+            self._keys[key] = trajectory_id
+            self._traces[trajectory_id] = TraceBuilder(trajectory_id)
+        return Policy(base_url=self.base_url, api_key=key, model=self.model_name)
+
+    def take(self, trajectory_id: str) -> TokenTrace:
+        """The trajectory's token record; its key stops working. KeyError for an unknown id."""
+        with self._registry:
+            builder = self._traces.pop(trajectory_id)
+            for old in [k for k, t in self._keys.items() if t == trajectory_id]:
+                del self._keys[old]
+        with builder.lock:
+            return builder.snapshot()
+
+    def _resolve(self, key: str) -> TraceBuilder | None:
+        with self._registry:
+            trajectory_id = self._keys.get(key)
+            return self._traces.get(trajectory_id) if trajectory_id is not None else None

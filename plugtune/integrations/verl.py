@@ -1,0 +1,295 @@
+"""plugtune as verl's plugin layer: an agent loop and a reward function backed by the runtime.
+
+verl (``pip install -e '.[verl]'``) keeps its launcher, Ray workers, FSDP/Megatron and
+vLLM/SGLang; plugtune runs the job's ``@rollout`` and ``@grader`` plugins, isolated and limited,
+classifies their failures and records the run as a job that ``plugtune serve`` shows.
+
+Agent loop (``actor_rollout_ref.rollout.agent.agent_loop_config_path=agent_loops.yaml``)::
+
+    - name: plugtune
+      _target_: plugtune.integrations.verl.PlugtuneAgentLoop
+      job: /abs/path/job.yaml
+
+and ``agent_name: plugtune`` in the dataset (or ``rollout.agent.default_agent_loop=plugtune``).
+Each trajectory runs the rollout plugin in the runtime; its OpenAI-style policy calls are answered
+by verl's ``server_manager.generate`` (token in, token out) and the ``AgentLoopOutput`` is built
+from the recorded tokens. When the job lists graders they grade it there and then
+(``reward_score``); a trajectory that failed or could not be scored is masked out
+(``response_mask`` all 0: no gradient) with ``reward_score`` 0.0.
+
+Reward function (``reward.custom_reward_function``): ``path=pkg://plugtune.integrations.verl``,
+``name=compute_score`` (verl's per-sample form) or ``name=compute_score_batch`` (the ``batch``
+reward manager's form), ``reward_kwargs.job=/abs/path/job.yaml``.
+
+``PLUGTUNE_JOB`` may name the job.yaml instead. One ``EngineRun`` (one plugtune job) per process
+and job.yaml; ``close_runs()`` (or the process's exit) ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
+from verl.workers.rollout.replica import TokenOutput
+
+from plugtune.errors import InvalidValueError, Problem
+from plugtune.gateway.engine import GenerationEngine, SamplingParams
+from plugtune.integrations.recording import EngineRun
+from plugtune.integrations.token_gateway import TokenGateway, TokenReply
+from plugtune.integrations.verl_trajectory import TrajectoryRunner, plain, sample_of
+from plugtune.jobs.validation import validate_job
+from plugtune.types import TrajectoryRecord
+
+log = logging.getLogger(__name__)
+
+JOB_ENV = "PLUGTUNE_JOB"
+
+# verl builds a new agent loop object per trajectory and loads the reward function by path, so
+# the run they share lives here: one per process and job.yaml.
+_runs: dict[Path, _VerlRun] = {}
+_runs_lock = threading.Lock()
+
+
+class _VerlRun:
+    """One job's EngineRun in this process, and the gateway per verl server manager."""
+
+    def __init__(self, run: EngineRun) -> None:
+        self.run = run
+        self.runner = TrajectoryRunner(run)
+        self._gateways: dict[int, TokenGateway] = {}
+        self._lock = threading.Lock()
+
+    def gateway_for(self, server_manager: Any, tokenizer: Any, max_context: int) -> TokenGateway:
+        """The policy gateway in front of ``server_manager`` (started on first use)."""
+        with self._lock:
+            gateway = self._gateways.get(id(server_manager))
+            if gateway is None:
+                generate = _verl_generate(server_manager)
+                loop = asyncio.get_running_loop()  # verl's loop: its clients belong to it
+                gateway = TokenGateway(tokenizer, generate, loop, max_context=max_context)
+                gateway.start()
+                self._gateways[id(server_manager)] = gateway
+            return gateway
+
+    def close(self) -> None:
+        for gateway in self._gateways.values():
+            gateway.stop()
+        self.run.close()
+
+
+def run_for(job: str | os.PathLike[str] | None) -> _VerlRun:
+    """This process's run of ``job`` (else ``$PLUGTUNE_JOB``), opened on first use."""
+    path = _job_path(job)
+    with _runs_lock:
+        found = _runs.get(path)
+        if found is None:
+            validated = validate_job(path, check_model=False)  # the model is verl's
+            if validated.group_graders:
+                ref = validated.group_graders[0]
+                message = (
+                    f"group graders ({ref.entry}) need a whole group, which verl's agent loop and "
+                    "reward function never see together: move the scoring into a @grader"
+                )
+                raise InvalidValueError([Problem(str(path), message, ref.line, "plugins.group_graders")])
+            found = _VerlRun(EngineRun.open(validated, engine="verl"))
+            _runs[path] = found
+        return found
+
+
+def close_runs() -> None:
+    """End every run this process opened (each job is then succeeded, or failed with its error)."""
+    with _runs_lock:
+        runs = list(_runs.values())
+        _runs.clear()
+    for run in runs:
+        run.close()
+
+
+def _job_path(job: str | os.PathLike[str] | None) -> Path:
+    given = str(job) if job else os.environ.get(JOB_ENV, "")
+    if not given:
+        raise ValueError(
+            "plugtune's verl integration needs the job.yaml with the plugins: set `job:` in the agent "
+            "loop config, reward.custom_reward_function.reward_kwargs.job=/path/job.yaml, or "
+            f"${JOB_ENV}=/path/job.yaml"
+        )
+    path = Path(given).expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"the plugtune job file {path} does not exist (from {given!r})")
+    return path
+
+
+def _verl_generate(server_manager: Any) -> Any:
+    async def generate(prompt_ids: list[int], params: SamplingParams) -> TokenReply:
+        sampling: dict[str, Any] = {
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+            "logprobs": True,
+        }
+        if params.stop:
+            sampling["stop"] = list(params.stop)
+        if params.seed is not None:
+            sampling["seed"] = params.seed
+        output = await server_manager.generate(
+            request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params=sampling
+        )
+        return TokenReply(list(output.token_ids), list(output.log_probs) if output.log_probs else None)
+
+    return generate
+
+
+@register("plugtune")
+class PlugtuneAgentLoop(AgentLoopBase):
+    """verl agent loop that runs the job's ``@rollout`` plugin in plugtune's runtime."""
+
+    def __init__(self, *args: Any, job: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.job = job
+        self.tokenizer: Any = self.tokenizer  # a transformers tokenizer (verl annotates the class)
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        verl_run = run_for(self.job)
+        max_context = self.prompt_length + self.response_length
+        gateway = verl_run.gateway_for(self.server_manager, self.tokenizer, max_context)
+        sample = sample_of(kwargs, sampling_params, self.response_length)
+        started = time.perf_counter()
+        record = await verl_run.runner.roll(gateway, sample)
+        elapsed = time.perf_counter() - started
+        if verl_run.run.stopped is not None:  # failure_policy fail_job: the run ends with this error
+            verl_run.run.flush()
+            raise verl_run.run.stopped
+        return self._output(record, verl_run.runner.grades, elapsed)
+
+    def _output(self, record: TrajectoryRecord, grades: bool, elapsed: float) -> AgentLoopOutput:
+        prompt_ids = list(record.prompt_ids) or self._prompt_of(record)
+        prompt_ids = self._cap_text_prompt_length(prompt_ids)
+        response_ids = list(record.response_ids)[: self.response_length]
+        mask = list(record.response_mask)[: len(response_ids)]
+        logprobs = list(record.response_logprobs)[: len(response_ids)]
+        usable = record.status == "success" and (record.reward is not None or not grades)
+        if not response_ids:  # verl needs one response token; this one trains nothing
+            response_ids, mask, logprobs = [int(self.tokenizer.eos_token_id)], [0], [0.0]
+        if not usable:
+            mask = [0] * len(response_ids)
+        reward = (record.reward if usable else 0.0) if grades else None
+        turns = sum(1 for m in record.messages if m.get("role") in ("user", "assistant", "tool"))
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=mask,
+            response_logprobs=logprobs,
+            reward_score=reward,
+            num_turns=turns,
+            metrics=AgentLoopMetrics(generate_sequences=elapsed),
+            extra_fields={
+                "turn_scores": [],
+                "tool_rewards": [],
+                "plugtune_trajectory_id": record.trajectory_id,
+                "plugtune_status": record.status,
+            },
+        )
+
+    def _prompt_of(self, record: TrajectoryRecord) -> list[int]:
+        """The prompt of a rollout that never called the policy (it trains nothing)."""
+        messages = [m for m in record.messages if m.get("role") != "assistant"] or record.messages
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+
+
+def compute_score(
+    data_source: Any,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None = None,
+    *,
+    job: str | None = None,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """verl's ``custom_reward_function`` (per sample): the job's graders score ``solution_str``.
+
+    Returns ``{"score": reward, "plugtune_scored": 1.0}``; a response no grader could score (every
+    grader said ``None``, or its call failed and the policy dropped the sample) scores 0.0 with
+    ``plugtune_scored`` 0.0, as verl needs a number. Under ``fail_job`` a failed call raises the
+    classified ``PluginCallError``."""
+    verl_run = run_for(job)
+    record = verl_run.runner.grade_text(data_source, solution_str, ground_truth, plain(extra_info or {}))
+    if verl_run.run.stopped is not None:
+        raise verl_run.run.stopped
+    if record.reward is None or record.status != "success":
+        return {"score": 0.0, "plugtune_scored": 0.0}
+    return {"score": float(record.reward), "plugtune_scored": 1.0}
+
+
+def compute_score_batch(
+    data_sources: Any,
+    solution_strs: list[str],
+    ground_truths: list[Any],
+    extra_infos: list[dict[str, Any]] | None = None,
+    *,
+    job: str | None = None,
+    **kwargs: Any,
+) -> list[dict[str, float]]:
+    """The ``batch`` reward manager's form: every response graded concurrently in the runtime."""
+    verl_run = run_for(job)
+    infos = list(extra_infos) if extra_infos is not None else [{} for _ in solution_strs]
+    rows = zip(list(data_sources), solution_strs, ground_truths, infos, strict=True)
+    records = verl_run.runner.grade_texts([(ds, text, gt, plain(info or {})) for ds, text, gt, info in rows])
+    if verl_run.run.stopped is not None:
+        raise verl_run.run.stopped
+    return [
+        {"score": float(r.reward), "plugtune_scored": 1.0}
+        if r.reward is not None and r.status == "success"
+        else {"score": 0.0, "plugtune_scored": 0.0}
+        for r in records
+    ]
+
+
+class LocalServerManager:
+    """verl's server interface (``await generate(request_id, prompt_ids=, sampling_params=)`` ->
+    ``TokenOutput``) over plugtune's CPU ``GenerationEngine``: a verl agent loop runs on one
+    machine without vLLM (tests, a dry run of a rollout before a cluster job)."""
+
+    def __init__(self, engine: GenerationEngine) -> None:
+        self.engine = engine
+        self.requests = 0
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
+        self.requests += 1
+        params = SamplingParams(
+            max_tokens=int(sampling_params.get("max_tokens") or sampling_params.get("max_new_tokens") or 64),
+            temperature=float(sampling_params.get("temperature", 1.0)),
+            top_p=float(sampling_params.get("top_p", 1.0)),
+            stop=tuple(sampling_params.get("stop") or ()),
+            seed=sampling_params.get("seed"),
+        )
+        generation = await asyncio.wrap_future(self.engine.submit(list(prompt_ids), params))
+        logprobs = generation.logprobs if sampling_params.get("logprobs") else None
+        return TokenOutput(token_ids=generation.token_ids, log_probs=logprobs, stop_reason="completed")
+
+
+__all__ = [
+    "LocalServerManager",
+    "PlugtuneAgentLoop",
+    "close_runs",
+    "compute_score",
+    "compute_score_batch",
+    "run_for",
+]

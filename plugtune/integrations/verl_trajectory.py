@@ -1,0 +1,244 @@
+"""One verl trajectory through plugtune: the rollout plugin, the graders, the store's record.
+
+verl hands plugtune one sample at a time (an agent loop per trajectory, a reward call per
+response), so a trajectory here is rolled out and graded alone; the failure policy and the store
+are the ``EngineRun``'s. Engine-neutral apart from the shape of verl's dataset rows (``raw_prompt``,
+``extra_info``, ``reward_model.ground_truth``, ``data_source``, ``index``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import uuid4
+
+from plugtune.errors import ErrorType, Owner, PluginCallError
+from plugtune.integrations.recording import EngineRun
+from plugtune.integrations.token_gateway import TokenGateway
+from plugtune.jobs.plugins import JobFunction
+from plugtune.sdk import Context, PluginSpec, Sample, Sampling, Status, Trajectory
+from plugtune.trainer.rewards import final_reward
+from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
+
+#: Logs and metrics reach the store at most this often (and when the run closes).
+FLUSH_EVERY_S = 1.0
+
+EMPTY_TRACE = TokenTrace(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[], messages=[])
+
+
+def plain(value: Any) -> Any:
+    """``value`` with numpy arrays and scalars (verl's non-tensor batch) as plain Python."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy array or scalar
+        return plain(value.tolist())
+    return value
+
+
+def sample_of(row: dict[str, Any], sampling_params: dict[str, Any], response_length: int) -> Sample:
+    """A plugtune ``Sample`` from a verl dataset row: ``raw_prompt`` is the messages; ``extra`` is
+    ``extra_info`` plus ``ground_truth`` and ``data_source``; sampling is verl's for this step."""
+    extra = dict(plain(row.get("extra_info")) or {})
+    reward_model = plain(row.get("reward_model")) or {}
+    if isinstance(reward_model, dict) and "ground_truth" in reward_model:
+        extra.setdefault("ground_truth", reward_model["ground_truth"])
+    if row.get("data_source") is not None:
+        extra.setdefault("data_source", plain(row["data_source"]))
+    index = plain(row.get("index", extra.get("index", 0)))
+    return Sample(
+        messages=list(plain(row.get("raw_prompt")) or []),
+        tools=list(plain(row.get("tools")) or extra.get("tools") or []),
+        extra=extra,
+        index=int(index) if isinstance(index, (int, float)) else 0,
+        sampling=Sampling(
+            temperature=float(sampling_params.get("temperature", 1.0)),
+            top_p=float(sampling_params.get("top_p", 1.0)),
+            max_tokens=int(response_length),
+        ),
+    )
+
+
+class _FreshRollout:
+    """The rollout as the caller sees it: every attempt starts the trajectory's record over."""
+
+    def __init__(self, fn: JobFunction, gateway: TokenGateway, trajectory_id: str) -> None:
+        self.fn, self.gateway, self.trajectory_id = fn, gateway, trajectory_id
+        self.attempts = 0
+
+    @property
+    def spec(self) -> PluginSpec:
+        return self.fn.spec
+
+    async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
+        self.attempts += 1
+        return await self.fn.invoke(ctx, self.gateway.open(self.trajectory_id), *args)
+
+
+@dataclass
+class _Trajectory:
+    """A trajectory while it is produced (becomes a TrajectoryRecord)."""
+
+    trajectory_id: str
+    sample: Sample
+    trace: TokenTrace = EMPTY_TRACE
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    attempt: int = 1
+    status: str = "success"
+    errors: list[ErrorRecord] = field(default_factory=list)
+    components: dict[str, float | None] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+class TrajectoryRunner:
+    """Rolls out and grades single trajectories of ``run``'s job and records them."""
+
+    def __init__(self, run: EngineRun) -> None:
+        self.run = run
+        self.grades = bool(run.graders)
+        self._weights = {jf.spec.name: jf.spec.weight for jf in run.graders}
+        self._flush_lock = threading.Lock()
+        self._flushed = 0.0
+
+    async def roll(self, gateway: TokenGateway, sample: Sample) -> TrajectoryRecord:
+        """The rollout plugin on ``sample`` (policy calls through ``gateway``), then the graders."""
+        t = _Trajectory(f"verl-{uuid4().hex[:16]}", sample)
+        rollout = self.run.rollout
+        if rollout is None:
+            raise RuntimeError("the job has no rollout plugin")
+        fresh = _FreshRollout(rollout, gateway, t.trajectory_id)
+        started = time.perf_counter()
+        try:
+            outcome = await self._call(fresh, t, sample)
+        except PluginCallError as exc:
+            outcome = None
+            t.errors.append(exc.record(trajectory_id=t.trajectory_id, attempt=max(fresh.attempts, 1)))
+            t.status = "failed"
+        finally:
+            t.trace = _take(gateway, t.trajectory_id)
+            t.attempt = max(fresh.attempts, 1)
+            t.timing["rollout_s"] = time.perf_counter() - started
+        result = outcome.value if outcome is not None and isinstance(outcome.value, dict) else {}
+        t.messages = list(result.get("messages") or t.trace.messages or sample.messages)
+        if outcome is not None:
+            t.metrics.update(outcome.metrics)
+            t.metrics.update(result.get("metrics") or {})
+            self._apply(t, outcome, rollout.spec.name)
+        if t.status == "success":
+            await self._grade(t)
+        return self._record(t)
+
+    def grade_text(
+        self, data_source: Any, text: str, ground_truth: Any, extra: dict[str, Any]
+    ) -> TrajectoryRecord:
+        """Grade one response verl decoded (no rollout ran through plugtune); blocks."""
+        return self.grade_texts([(data_source, text, ground_truth, extra)])[0]
+
+    def grade_texts(self, rows: list[tuple[Any, str, Any, dict[str, Any]]]) -> list[TrajectoryRecord]:
+        """Grade responses concurrently; blocks until all are graded and recorded."""
+
+        async def grade_all() -> list[TrajectoryRecord]:
+            return list(await asyncio.gather(*(self._grade_text(*row) for row in rows)))
+
+        return self.run.run_coroutine(grade_all())
+
+    async def _grade_text(
+        self, data_source: Any, text: str, ground_truth: Any, extra: dict[str, Any]
+    ) -> TrajectoryRecord:
+        extra = {**extra, "ground_truth": plain(ground_truth), "data_source": plain(data_source)}
+        given = extra.get("messages")
+        messages: list[dict[str, Any]] = list(given) if isinstance(given, list) else []
+        index = extra.get("index", 0)
+        sample = Sample(messages=messages, extra=extra, index=int(index) if isinstance(index, int) else 0)
+        t = _Trajectory(f"verl-{uuid4().hex[:16]}", sample)
+        t.messages = [*sample.messages, {"role": "assistant", "content": text}]
+        await self._grade(t)
+        return self._record(t)
+
+    async def _grade(self, t: _Trajectory) -> None:
+        started = time.perf_counter()
+        trajectory = Trajectory(t.trajectory_id, t.messages, tools=t.sample.tools, metrics=t.metrics)
+        graders = self.run.graders
+
+        async def one(fn: JobFunction) -> None:
+            try:
+                outcome = await self._call(fn, t, t.sample, trajectory)
+            except PluginCallError as exc:
+                t.errors.append(exc.record(trajectory_id=t.trajectory_id, attempt=t.attempt))
+                t.status = "failed"
+                return
+            if self._apply(t, outcome, fn.spec.name):
+                t.components[fn.spec.name] = None if outcome.value is None else float(outcome.value)
+
+        await asyncio.gather(*(one(fn) for fn in graders))
+        t.timing["graders_s"] = time.perf_counter() - started
+
+    async def _call(self, fn: Any, t: _Trajectory, *args: Any) -> CallOutcome:
+        ctx = Context(sample_id=t.sample.index, trajectory_id=t.trajectory_id, attempt=t.attempt)
+        return await asyncio.wrap_future(self.run.submit(fn, ctx, *args))
+
+    def _apply(self, t: _Trajectory, outcome: CallOutcome, plugin: str) -> bool:
+        """A non-success status on the trajectory; True when the outcome's value stands."""
+        if outcome.status == Status.SUCCESS.value:
+            return True
+        if outcome.status == Status.DISCARD.value:
+            t.status = "discard"
+            return False
+        t.status = "failed"
+        t.errors.append(
+            ErrorRecord(
+                type=ErrorType.CALL_PLUGIN.value,
+                owner=Owner.PLUGIN.value,
+                cause=outcome.status,
+                message=outcome.reason or f"{plugin} returned status {outcome.status!r}",
+                plugin=plugin,
+                call_id=outcome.call_id,
+                trajectory_id=t.trajectory_id,
+                attempt=t.attempt,
+            )
+        )
+        return False
+
+    def _record(self, t: _Trajectory) -> TrajectoryRecord:
+        trace = t.trace
+        ok = t.status == "success"
+        record = TrajectoryRecord(
+            trajectory_id=t.trajectory_id,
+            group_id=f"verl-p{t.sample.index}",
+            step=0,  # verl does not tell an agent loop or a reward function its step
+            sample_index=t.sample.index,
+            rollout_index=0,
+            attempt=t.attempt,
+            policy_version=0,
+            prompt_ids=list(trace.prompt_ids),
+            response_ids=list(trace.response_ids),
+            response_mask=list(trace.response_mask),
+            response_logprobs=list(trace.response_logprobs),
+            messages=t.messages,
+            tools=list(t.sample.tools),
+            reward=final_reward(t.components, self._weights) if ok else None,
+            reward_components={} if t.status == "discard" else dict(t.components),
+            status=t.status,
+            stop_reason=trace.finish_reason,
+            errors=list(t.errors),
+            metrics=dict(t.metrics),
+            timing=dict(t.timing),
+        )
+        with self._flush_lock:  # agent loops and reward calls record from different threads
+            self.run.add_trajectories([record])
+            if time.monotonic() - self._flushed >= FLUSH_EVERY_S:
+                self.run.flush()
+                self._flushed = time.monotonic()
+        return record
+
+
+def _take(gateway: TokenGateway, trajectory_id: str) -> TokenTrace:
+    try:
+        return gateway.take(trajectory_id)
+    except KeyError:  # the rollout was never called
+        return EMPTY_TRACE

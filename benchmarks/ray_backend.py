@@ -149,6 +149,7 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from plugtune.runtime.ray import LocalCluster
+    from plugtune.runtime.ray.loopback import keep_loopback
 
     folder = Path(tempfile.mkdtemp(prefix="ptbench-"))
     (folder / "plugins.py").write_text(textwrap.dedent(PLUGINS))
@@ -156,6 +157,7 @@ def main() -> None:
     try:
         cluster.start_head()
         cluster.add_node()
+        keep_loopback()
         ray.init(address=cluster.address, log_to_driver=False, namespace="plugtune-bench")
         rows = asyncio.run(run(cluster.address, folder))
     finally:

@@ -1,8 +1,9 @@
 """Connecting to a Ray cluster, and the small local cluster that tests and benchmarks start.
 
 ``connect()`` joins ``PLUGTUNE_RAY_ADDRESS`` (``host:port`` of an existing head, or ``auto``) or,
-without one, starts a Ray head for this process alone. ``LocalCluster`` starts real
-``ray start`` nodes bound to 127.0.0.1 under their own temp dir and stops exactly those.
+without one, starts a Ray head for this process alone, on 127.0.0.1. ``LocalCluster`` starts real
+``ray start`` nodes bound to 127.0.0.1 under their own temp dir and stops exactly those. Loopback
+addresses stay loopback (see ``loopback``: Ray alone would move them to the host's external one).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import psutil
 
 from plugtune.errors import PlatformError
+from plugtune.runtime.ray.loopback import is_loopback, keep_loopback
 
 
 class RayUnavailable(PlatformError):
@@ -46,9 +48,12 @@ def connect(address: str | None) -> bool:
     ray = import_ray()
     if ray.is_initialized():
         return False
+    if not address or is_loopback(address):
+        keep_loopback()
     try:
         ray.init(
             address=address or None,
+            _node_ip_address=None if address else "127.0.0.1",
             namespace="plugtune",
             log_to_driver=False,
             include_dashboard=False if not address else None,
@@ -100,9 +105,10 @@ class LocalCluster:
         return resource
 
     def _ray_start(self, args: list[str], num_cpus: float, resource: str) -> None:
-        ray_bin = str(Path(sys.executable).with_name("ray"))
         cmd = [
-            ray_bin,
+            sys.executable,
+            "-m",
+            "plugtune.runtime.ray.loopback",  # the ray CLI, kept on 127.0.0.1
             "start",
             *args,
             "--node-ip-address=127.0.0.1",

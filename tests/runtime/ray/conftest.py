@@ -9,6 +9,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
 from plugtune.runtime.ray import LocalCluster  # noqa: E402
+from plugtune.runtime.ray.loopback import keep_loopback  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +19,7 @@ def cluster() -> Iterator[LocalCluster]:
     try:
         cluster.start_head()
         cluster.add_node()
+        keep_loopback()  # this driver too dials 127.0.0.1, not the host's external address
         ray.init(address=cluster.address, namespace="plugtune-tests", log_to_driver=False)
         yield cluster
     finally:

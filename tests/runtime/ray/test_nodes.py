@@ -5,7 +5,9 @@ failed call, every call ends in success on the node that is left."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 
+import psutil
 import pytest
 
 from plugtune.errors import Cause, PluginCallError
@@ -16,6 +18,27 @@ from tests.runtime.helpers import ctx, entry, sample, trajectory
 pytestmark = pytest.mark.slow
 
 MAX_ATTEMPTS = 3  # the job's default max_attempts
+
+
+def is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address.removeprefix("::ffff:")).is_loopback
+
+
+def test_every_node_listens_and_dials_on_127_0_0_1_only(cluster: LocalCluster) -> None:
+    import ray
+
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+    seen = 0
+    for proc in cluster.processes():
+        try:
+            connections = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for conn in connections:
+            seen += 1
+            ends = [conn.laddr.ip] + ([conn.raddr.ip] if conn.raddr else [])
+            assert all(is_loopback(ip) for ip in ends), (proc.name(), conn)
+    assert seen, "the cluster's processes had no sockets to check"
 
 
 async def call_with_retries(fn: Function, index: int, seconds: float) -> tuple[float, list[str]]:

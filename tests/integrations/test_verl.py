@@ -18,6 +18,7 @@ import pytest
 verl = pytest.importorskip("verl", reason="verl is installed by `make test` (pip install --no-deps)")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
@@ -25,6 +26,7 @@ from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
 from plugtune.errors import PluginCallError  # noqa: E402
 from plugtune.gateway.engine import GenerationEngine  # noqa: E402
 from plugtune.integrations import verl as plugtune_verl  # noqa: E402
+from plugtune.jobs.validation import validate_job  # noqa: E402
 from plugtune.settings import Settings  # noqa: E402
 from plugtune.store import Store  # noqa: E402
 from plugtune.trainer.model import load_model  # noqa: E402
@@ -194,3 +196,22 @@ def test_without_a_job_file_the_error_says_where_to_name_it(home: Settings, runs
         plugtune_verl.compute_score("arith", "1", "1", {})
     with pytest.raises(FileNotFoundError, match="nowhere.yaml does not exist"):
         plugtune_verl.compute_score("arith", "1", "1", {}, job="nowhere.yaml")
+
+
+def test_the_example_run_composes_with_verls_config_and_its_job_validates(home: Settings) -> None:
+    example = Path(__file__).parents[2] / "examples" / "verl"
+    command = (example / "run.sh").read_text().split("python -m verl.trainer.main_ppo", 1)[1]
+    values = {"$DATA": "/data", "$MODEL": "m", "$HERE": str(example), "$PLUGTUNE_JOB": "j.yaml"}
+    values.update({"${GPUS:-8}": "8", "${NODES:-1}": "1", "$PLUGTUNE_DATABASE_URL": "sqlite://", '"$@"': ""})
+    for name, value in values.items():
+        command = command.replace(name, value)
+    overrides = [o.replace('"', "") for o in command.replace("\\\n", " ").split() if "=" in o]
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "plugtune"
+    assert get_custom_reward_fn(config) is not None  # pkg://plugtune.integrations.verl:compute_score
+    loops = OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    assert loops[0]["_target_"] == "plugtune.integrations.verl.PlugtuneAgentLoop"
+    validated = validate_job(example / "job.yaml", check_model=False)
+    assert [g.function for g in validated.graders] == ["exact_answer"]

@@ -54,14 +54,17 @@ async def _start(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
     """Start it from a loop callback, as the worker does (never from inside another task)."""
     loop = asyncio.get_running_loop()
     started: asyncio.Future[asyncio.Task[Any]] = loop.create_future()
-    loop.call_soon(lambda: started.set_result(start_eagerly(loop, coro, contextvars.copy_context())))
+    loop.call_soon(lambda: started.set_result(start_eagerly(loop, coro, contextvars.copy_context())[0]))
     return await started
 
 
 async def test_a_coroutine_that_never_awaits_runs_at_once_inside_its_task() -> None:
     log: list[object] = []
-    task = await _start(_quick(log))
-    assert log == [task]  # current_task() was the task, though the task had not stepped yet
+    loop = asyncio.get_running_loop()
+    started: asyncio.Future[tuple[asyncio.Task[Any], bool]] = loop.create_future()
+    loop.call_soon(lambda: started.set_result(start_eagerly(loop, _quick(log), contextvars.copy_context())))
+    task, finished = await started
+    assert finished and log == [task]  # current_task() was the task, though the task had not stepped yet
     assert await task == 1
     assert VAR.get() == "-"  # it ran in its own context
 
@@ -81,7 +84,8 @@ async def test_cancelling_the_task_reaches_the_coroutine(when: str) -> None:
     cancelled: asyncio.Future[asyncio.Task[Any]] = loop.create_future()
 
     def start_and_maybe_cancel() -> None:
-        task = start_eagerly(loop, _waits_for_cancel(log), contextvars.copy_context())
+        task, finished = start_eagerly(loop, _waits_for_cancel(log), contextvars.copy_context())
+        assert not finished
         if when == "before its first step":
             task.cancel()  # the task has not run a step of its own yet
         cancelled.set_result(task)

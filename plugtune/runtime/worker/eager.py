@@ -21,8 +21,9 @@ _NOTHING: Any = object()
 
 def start_eagerly(
     loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
-) -> asyncio.Task[Any]:
-    """Run ``coro`` in ``context`` up to its first suspension, as the task returned.
+) -> tuple[asyncio.Task[Any], bool]:
+    """Run ``coro`` in ``context`` up to its first suspension, as the task returned; the flag says
+    whether it already returned (then the task only collects the result in its first step).
 
     The task finishes with what the coroutine returned or raised, also when it finished (or
     raised) before suspending. Call it outside any task (from a loop callback).
@@ -34,7 +35,7 @@ def start_eagerly(
         started.step()
     finally:
         _leave_task(loop, task)
-    return task
+    return task, started.result is not _NOTHING
 
 
 class _Started(Coroutine[Any, Any, Any]):

@@ -222,9 +222,12 @@ class AsyncServer:
         else:
             self.eager = (call_id, ctx[6])
             try:
-                task = start_eagerly(self.loop, coro, contextvars.copy_context())
+                task, finished = start_eagerly(self.loop, coro, contextvars.copy_context())
             finally:
                 self.eager = None
+            if finished:  # it has replied; its task only collects the result (a cancel comes too late)
+                self.running -= 1
+                return
         self.tasks[task] = (call_id, ctx[6])
         self.by_id[call_id] = task
         task.add_done_callback(self._task_done)

@@ -73,7 +73,10 @@ class Sandbox:
     """One per runtime: leases users, grants snapshots, makes and removes private temp folders."""
 
     def __init__(self, has_pids_cgroup: bool) -> None:
-        self.is_root = os.geteuid() == 0
+        closed = closed_python_paths()
+        if os.geteuid() == 0 and closed:  # a plugin's uid could not import the rest of the stdlib
+            log.warning("plugins keep the runtime's uid: other users cannot read %s", closed[0])
+        self.is_root = os.geteuid() == 0 and not closed
         remove_stale()
         self.tmp_root = Path(tempfile.mkdtemp(prefix=f"plugtune-tmp-{os.getpid()}-"))
         self.tmp_root.chmod(0o711)  # instances reach their own folder; nobody lists the others
@@ -83,8 +86,9 @@ class Sandbox:
             pids = "cgroup pids.max" if has_pids_cgroup else "RLIMIT_NPROC per function uid"
         else:
             pids = "cgroup pids.max" if has_pids_cgroup else "none (not root, no pids cgroup)"
+        same = f"the runtime's own uid ({closed[0]} is not readable by others)" if closed else ""
         self.isolation = Isolation(
-            user="uid per function" if self.is_root else "the runtime's own uid (not root)",
+            user="uid per function" if self.is_root else (same or "the runtime's own uid (not root)"),
             tmp="tmpfs of tmp_mb per instance" if self.can_mount else "folder per instance (RLIMIT_FSIZE)",
             pids=pids,
         )
@@ -183,6 +187,23 @@ def remove_stale() -> None:
         if not Path(f"/proc/{pid}").exists():
             _remove(root)
             log.info("removed the stale plugin temp root %s", root)
+
+
+def closed_python_paths() -> list[str]:
+    """Python's own folders (stdlib, site-packages, plugtune) another user cannot read, e.g. under /root."""
+    import sysconfig
+
+    wanted = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    wanted.add(str(Path(__file__).resolve().parents[2]))
+    closed = []
+    for path in sorted(wanted):
+        p = Path(path)
+        chain = [p, *p.parents]
+        if p.exists() and any(d.exists() and not d.stat().st_mode & stat.S_IXOTH for d in chain):
+            closed.append(path)
+        elif p.exists() and not p.stat().st_mode & stat.S_IROTH:
+            closed.append(path)
+    return closed
 
 
 def group_of(code_root: Path) -> int:

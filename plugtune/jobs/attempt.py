@@ -24,7 +24,7 @@ from plugtune.errors import Cause, PluginCallError
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evidence import failed_record
-from plugtune.jobs.plugins import Drain, as_plugins, deploy_all, record_deployed
+from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed
 from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.jobs.retry_policy import breaker
 from plugtune.jobs.validation import ValidatedJob, validate_job
@@ -36,7 +36,7 @@ from plugtune.types import LogLine, MetricPoint
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 3
-LIVE_TAIL_S = 1.0  # how often plugin logs reach the store while a step runs
+LIVE_TAIL_S = LOG_READ_S  # how often plugin logs reach the store while a step runs
 FAILED_CALLS = "plugin/failed_calls"  # per step; `plugtune run`'s progress bar shows the job's sum
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,8 @@ from plugtune.sdk import Context, Kind, PluginSpec
 from plugtune.store import Store
 from plugtune.trainer.groups import Plugins
 from plugtune.types import CallOutcome, LogLine, MetricPoint
+
+LOG_READ_S = 1.0  # how often a running job reads its plugins' new logs (the live tail's period)
 
 ROLES = {Kind.ROLLOUT: "rollout", Kind.GRADER: "grader", Kind.GROUP_GRADER: "group_grader"}
 
@@ -104,21 +107,50 @@ def record_deployed(store: Store, job_id: int, functions: list[JobFunction]) -> 
 
 @dataclass
 class Drain:
-    """Hands each function's new log lines and metric points to the store exactly once."""
+    """Hands each function's new log lines and metric points to the store exactly once.
+
+    A function keeps its newest lines and points in bounded buffers, so "new" cannot be "past the
+    count seen" (once a buffer is full its length stops growing and every later line would be
+    skipped). The drain remembers the last entry it took, by identity, and takes what follows it.
+    When that entry has already left a full buffer between two drains, the lines in between are
+    gone: the drain says so with a WARNING line of its own, so the console shows the gap.
+    """
 
     functions: list[JobFunction]
-    logs_seen: dict[str, int] = field(default_factory=dict)
-    metrics_seen: dict[str, int] = field(default_factory=dict)
+    last_log: dict[str, LogLine] = field(default_factory=dict)
+    last_point: dict[str, MetricPoint] = field(default_factory=dict)
 
     def take(self) -> tuple[list[LogLine], list[MetricPoint]]:
         logs: list[LogLine] = []
         points: list[MetricPoint] = []
         for jf in self.functions:
             name = jf.spec.name
-            lines = jf.fn.logs()
-            logs += [dataclasses.replace(line, plugin=name) for line in lines[self.logs_seen.get(name, 0) :]]
-            self.logs_seen[name] = len(lines)
-            series = jf.fn.metrics()
-            points += [dataclasses.replace(p, plugin=name) for p in series[self.metrics_seen.get(name, 0) :]]
-            self.metrics_seen[name] = len(series)
+            lines, lost = _after(jf.fn.logs(), self.last_log.get(name))
+            if lines:
+                self.last_log[name] = lines[-1]
+            if lost:
+                logs.append(_gap_line(name, len(lines)))
+            logs += [dataclasses.replace(line, plugin=name) for line in lines]
+            series, _ = _after(jf.fn.metrics(), self.last_point.get(name))
+            if series:
+                self.last_point[name] = series[-1]
+            points += [dataclasses.replace(p, plugin=name) for p in series]
         return logs, points
+
+
+def _after(entries: list[Any], last: Any) -> tuple[list[Any], bool]:
+    """The entries after ``last`` (all of them when it is None), and whether ``last`` was gone."""
+    if last is None:
+        return entries, False
+    for i in range(len(entries) - 1, -1, -1):
+        if entries[i] is last:
+            return entries[i + 1 :], False
+    return entries, True
+
+
+def _gap_line(plugin: str, kept: int) -> LogLine:
+    message = (
+        f"log lines of {plugin} were lost: it wrote more between two reads of its logs (about "
+        f"{LOG_READ_S:g} s apart) than the runtime buffers; the {kept} newest were kept"
+    )
+    return LogLine(time.time(), "WARNING", plugin, message, source="runtime")

@@ -86,6 +86,11 @@ class RuntimeOverrides(BaseModel):
         le=LIMITS["max_pids"][1],
         description="Processes and threads the plugin may start per instance; more is `FaaS pids limit`.",
     )
+    network: Literal["none", "policy-only", "any"] | None = Field(
+        default=None,
+        description="What the instances can reach: `policy-only` (the policy gateway only; the "
+        "default), `none` (nothing but their own loopback) or `any` (the host's network).",
+    )
 
     @model_validator(mode="after")
     def _instances_ordered(self) -> RuntimeOverrides:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
+from plugtune.runtime.bridge import PolicyBridge
 from plugtune.runtime.instance import Instance
 from plugtune.runtime.launcher import Launcher
 from plugtune.runtime.limits import InstanceLimits, pids_max
@@ -73,6 +74,7 @@ class LocalDeployment:
         self.background: set[asyncio.Task[None]] = set()
         self.last_scale_up = time.monotonic()
         self._deadlines: dict[int, dict[str, tuple[Instance, CallRequest, float]]] = {}
+        self.bridge: PolicyBridge | None = None  # network policy-only: the instances' way to the policy
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -110,6 +112,8 @@ class LocalDeployment:
             await self._cleanup(instance)
         await self.launcher.close()
         self.backend.release(self.config)
+        if self.bridge is not None:
+            await self.bridge.close()
 
     def runtime_log(self, level: str, text: str, instance_id: str = "") -> None:
         self.log_lines.append(
@@ -404,6 +408,8 @@ class LocalDeployment:
 
     async def invoke(self, request: CallRequest) -> Returned | Failed:
         ctx = request.context
+        if self.bridge is not None:
+            self.bridge.allow_args(request.args)
         message = [
             p.CALL,
             request.call_id,

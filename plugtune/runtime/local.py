@@ -9,10 +9,12 @@ from typing import Any
 import psutil
 
 from plugtune.runtime.backend import DeployFailed, DeployRequest
+from plugtune.runtime.bridge import PolicyBridge, network_problem
 from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import Limits
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
 from plugtune.runtime.sandbox import Sandbox, User, protect_state
+from plugtune.runtime.worker.network import ANY, POLICY_ONLY
 from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import Kind, PluginSpec, Runtime
 from plugtune.settings import Settings
@@ -52,25 +54,32 @@ class LocalBackend:
         self.spares = spares
         self.start_timeout_s = start_timeout_s
         self.deployments: list[LocalDeployment] = []
+        self.network_problems: dict[str, str | None] = {}  # mode -> why this host cannot give it
         self.sandbox = Sandbox(limits.has_pids)
         self.isolation = self.sandbox.isolation
         self.functions = itertools.count(1)
 
     async def deploy(self, request: DeployRequest) -> LocalDeployment:
         config = self.sandboxed(request)
-        zygote = Zygote(config, request.entry)
+        # The network is entered before the plugin is imported, so before its decorator's Runtime is
+        # known: the job's setting, else the default; a decorator asking otherwise costs a restart.
+        bridge = PolicyBridge(lambda level, text: None)
+        mode = _requested_network(request)
         try:
-            raw = await zygote.start(self.start_timeout_s)
-        except DeployFailed as exc:
-            exc.logs = zygote.output_logs() + exc.logs
-            await zygote.aclose()
+            zygote, raw = await self._start_zygote(config, request.entry, mode, bridge)
+            spec = spec_from(raw)
+            runtime = request.effective_runtime(spec.runtime)
+            if runtime.network != mode:
+                await zygote.aclose()
+                zygote, raw = await self._start_zygote(config, request.entry, runtime.network, bridge)
+        except BaseException:
+            await bridge.close()
             self.release(config)
             raise
-        spec = spec_from(raw)
-        runtime = request.effective_runtime(spec.runtime)
         machine_mb = psutil.virtual_memory().total >> 20
         if runtime.memory_mb > machine_mb:
             await zygote.aclose()
+            await bridge.close()
             self.release(config)
             raise DeployFailed(
                 f"memory_mb={runtime.memory_mb} is more than this machine has ({machine_mb} MiB)"
@@ -79,6 +88,10 @@ class LocalBackend:
         deployment = LocalDeployment(
             self, request, spec, runtime, zygote if self.use_zygote else None, config
         )
+        deployment.bridge = bridge if runtime.network == POLICY_ONLY else None
+        bridge.log = deployment.runtime_log
+        if deployment.bridge is None:
+            await bridge.close()
         if not self.use_zygote:
             await zygote.aclose()
         try:
@@ -88,6 +101,28 @@ class LocalBackend:
             raise
         self.deployments.append(deployment)
         return deployment
+
+    async def _start_zygote(
+        self, config: dict[str, Any], entry: str, mode: str, bridge: PolicyBridge
+    ) -> tuple[Zygote, dict[str, Any]]:
+        """Start the function's zygote in network ``mode``; raises DeployFailed."""
+        if mode != ANY:
+            if mode not in self.network_problems:
+                self.network_problems[mode] = await network_problem(mode)
+            problem = self.network_problems[mode]
+            if problem:
+                raise DeployFailed(problem)
+        network: dict[str, str] = {"mode": mode}
+        if mode == POLICY_ONLY:
+            network["bridge"] = bridge.path or await bridge.start()
+        config["network"] = network
+        zygote = Zygote(config, entry)
+        try:
+            return zygote, await zygote.start(self.start_timeout_s)
+        except DeployFailed as exc:
+            exc.logs = zygote.output_logs() + exc.logs
+            await zygote.aclose()
+            raise
 
     def sandboxed(self, request: DeployRequest) -> dict[str, Any]:
         """The function's worker config: its own user (when root), its snapshot granted to that user's
@@ -133,3 +168,11 @@ class LocalBackend:
     async def close(self) -> None:
         self.limits.close()
         self.sandbox.close()
+
+
+def _requested_network(request: DeployRequest) -> str:
+    if isinstance(request.runtime, Runtime):
+        return request.runtime.network
+    if request.runtime and "network" in request.runtime:
+        return str(request.runtime["network"])
+    return Runtime().network

@@ -17,6 +17,9 @@ LIMITS: dict[str, tuple[float, float]] = {
     "max_pids": (1, 1_000_000),
 }
 
+#: ``Runtime.network``: no network; only the policy gateway; the host's network unrestricted.
+NETWORKS = ("none", "policy-only", "any")
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -29,6 +32,9 @@ class Runtime:
         main thread (signal-based timeouts work); with more, every call runs on a pool thread.
     min_instances / max_instances: the autoscaler's bounds.
     cpu: CPU quota per instance in cores, where the host lets the runtime set one.
+    network: what the instances can reach: ``"policy-only"`` (the default: the policy gateway
+        the rollout is given, nothing else — no other port of this host, no internet),
+        ``"none"`` (only the instance's own loopback) or ``"any"`` (the host's network).
     tmp_mb: size of the instance's private temp space ($TMPDIR and $HOME, removed when the
         instance ends); filling it is ``FaaS disk limit``.
     max_pids: processes and threads the plugin's code may start in one instance (on top of one
@@ -41,6 +47,7 @@ class Runtime:
     min_instances: int = 0
     max_instances: int = 4
     cpu: float = 1.0
+    network: str = "policy-only"
     tmp_mb: int = 512
     max_pids: int = 256
 
@@ -50,7 +57,11 @@ class Runtime:
 
     def problems(self) -> list[str]:
         out: list[str] = []
+        if self.network not in NETWORKS:
+            out.append(f"Runtime.network={self.network!r} must be one of: {', '.join(NETWORKS)}")
         for f in fields(self):
+            if f.name not in LIMITS:
+                continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 out.append(f"Runtime.{f.name} must be a number, got {value!r}")

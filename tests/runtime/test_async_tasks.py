@@ -45,7 +45,7 @@ async def test_the_official_openai_client_works_in_a_rollout(rt: LocalRuntime, g
 
 
 async def test_httpx_async_client_works_in_an_async_grader(rt: LocalRuntime, gateway: Gateway) -> None:
-    fn = await rt.deploy(entry(PLUGINS, "httpx_grader"))
+    fn = await rt.deploy(entry(PLUGINS, "httpx_grader"), runtime={"network": "any"})  # a host URL
     url = gateway.base_url + "/chat/completions"
     assert (await fn.invoke(ctx(), sample(url=url), trajectory())).value == 1.0
 

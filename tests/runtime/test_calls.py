@@ -143,7 +143,7 @@ async def test_outbound_traffic_is_counted(function: str) -> None:
     server = await asyncio.start_server(_drain, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     async with server, LocalRuntime(metrics_period_s=0.2) as rt:
-        fn = await rt.deploy(entry("network.py", function))
+        fn = await rt.deploy(entry("network.py", function), runtime={"network": "any"})  # a host port
         await fn.invoke(ctx(), sample(port=port, size=3 << 20), trajectory())
         await asyncio.sleep(0.7)
         sent = sum(p.value for p in fn.metrics() if p.name == "outbound_mib_s") * 0.2

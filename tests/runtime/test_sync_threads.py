@@ -71,7 +71,8 @@ async def test_a_main_thread_instance_answers_stats_while_its_call_runs() -> Non
     server = await asyncio.start_server(_drain, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     async with server, LocalRuntime(metrics_period_s=0.2) as rt:
-        fn = await rt.deploy(entry("signals.py", "uploads_then_sleeps"))  # max_concurrency=1
+        # max_concurrency=1; the test's port is on the host: network any
+        fn = await rt.deploy(entry("signals.py", "uploads_then_sleeps"), runtime={"network": "any"})
         call = asyncio.ensure_future(
             fn.invoke(ctx(), sample(port=port, size=2 << 20, sleep=4.0), trajectory())
         )

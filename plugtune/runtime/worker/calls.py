@@ -23,6 +23,7 @@ from plugtune.runtime.protocol import (
 )
 from plugtune.runtime.worker.channel import CURRENT_CALL, Channel
 from plugtune.runtime.worker.loader import Plugin, user_traceback
+from plugtune.runtime.worker.network import PolicyForwarder
 from plugtune.runtime.worker.sandbox import limit_hint, limit_kind
 from plugtune.sdk import Discard, Kind, Retry
 
@@ -39,12 +40,18 @@ class CallRunner:
         self.code_root = code_root
         self.memory_mb = memory_mb
         self.logger = logging.getLogger(f"plugtune.plugin.{plugin.spec.name}")
+        self.forwarder: PolicyForwarder | None = None  # network policy-only: the way to the policy
+
+    def _decode(self, args_raw: list[Any]) -> tuple[Any, Any]:
+        if self.forwarder is not None and self.kind is Kind.ROLLOUT:
+            args_raw[0]["base_url"] = self.forwarder.route(args_raw[0]["base_url"])
+        return decode_args(self.kind, args_raw)
 
     def run_sync(self, call_id: str, ctx_raw: list[Any], args_raw: list[Any], fault: str | None) -> None:
         ctx = decode_context(ctx_raw, self.logger)
         token = CURRENT_CALL.set((call_id, ctx.trajectory_id))
         try:
-            args = decode_args(self.kind, args_raw)
+            args = self._decode(args_raw)
             value = self._sync_fault(fault, ctx, args) if fault else self.plugin.function(ctx, *args)
             reply = [OK, call_id, encode_result(value), ctx.metrics]
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, by kind
@@ -59,7 +66,7 @@ class CallRunner:
         ctx = decode_context(ctx_raw, self.logger)
         CURRENT_CALL.set((call_id, ctx.trajectory_id))  # the task has its own context
         try:
-            args = decode_args(self.kind, args_raw)
+            args = self._decode(args_raw)
             if fault:
                 value = await self._async_fault(fault, ctx, args)
             else:

@@ -42,6 +42,7 @@ from plugtune.runtime.worker.eager import start_eagerly
 from plugtune.runtime.worker.loader import Plugin, install_hint, user_line, user_traceback
 from plugtune.runtime.worker.loops import new_event_loop
 from plugtune.runtime.worker.mainthread import MainThreadServer
+from plugtune.runtime.worker.network import policy_router
 from plugtune.runtime.worker.threads import SyncServer
 from plugtune.runtime.worker.watch import LoopWatchdog, outbound_bytes
 
@@ -93,6 +94,7 @@ def serve(plugin: Plugin, sock: socket.socket, config: dict[str, Any]) -> None:
     root.setLevel(logging.INFO)
     code_root = config["code_root"]
     runner = CallRunner(plugin, channel, code_root, int(config["memory_mb"]))
+    runner.forwarder = policy_router(config)
     concurrency = int(config["max_concurrency"])
     gc.freeze()  # what the zygote built stays shared (no copy-on-write from GC) and is never rescanned
     if plugin.spec.is_async:

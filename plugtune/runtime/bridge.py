@@ -1,0 +1,146 @@
+"""``PolicyBridge``: the only way out of a ``policy-only`` function's network namespace.
+
+Each instance's forwarder (``plugtune.runtime.worker.network``) connects to this Unix socket and
+names a target (``"host port\\n"``); the bridge connects there only when one of the function's calls
+was given a policy at that address (``allow``), else it refuses, with a log line. A plugin that
+talks to the socket itself can therefore reach its policy and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from plugtune.runtime.worker.network import HEADER_MAX, Splice
+from plugtune.runtime.zygote_client import worker_env
+from plugtune.sdk import Policy
+
+#: ``log(level, text)``: the function's runtime log (the plugin's logs show it).
+Log = Callable[[str, str], None]
+
+
+PROBE = """
+import sys
+from plugtune.runtime.worker.network import NetworkUnavailable, unshare_network
+try:
+    unshare_network(sys.argv[1])
+except NetworkUnavailable as exc:
+    sys.exit(str(exc))
+"""
+
+
+async def network_problem(mode: str) -> str | None:
+    """Why this host cannot give an instance network ``mode`` (None when it can): a short-lived
+    process tries what the zygote will, so the deploy fails with the reason, not a crashed import."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        PROBE,
+        mode,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=worker_env({}),
+    )
+    _, err = await proc.communicate()
+    if proc.returncode == 0:
+        return None
+    text = err.decode(errors="replace").strip()
+    return text or f"network: {mode} could not be set up (the probe exited with {proc.returncode})"
+
+
+class PolicyBridge:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.allowed: set[tuple[str, int]] = set()
+        self.seen: set[str] = set()
+        self.folder = ""
+        self.path = ""
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> str:
+        """Listen; returns the socket's path (its folder is traversable by a plugin's own uid)."""
+        self.folder = tempfile.mkdtemp(prefix="plugtune-net-")
+        os.chmod(self.folder, 0o711)
+        self.path = os.path.join(self.folder, "policy.sock")
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_unix_server(lambda: _Outbound(self), self.path)
+        os.chmod(self.path, 0o666)  # instances run as the function's own unprivileged uid
+        return self.path
+
+    def allow_args(self, args: Iterable[Any]) -> None:
+        """Let the instances reach the policy a call is given (a set lookup once it is known)."""
+        for arg in args:
+            if isinstance(arg, Policy) and arg.base_url not in self.seen:
+                self.seen.add(arg.base_url)
+                parts = urllib.parse.urlsplit(arg.base_url)
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+                self.allowed.add((parts.hostname or "", port))
+
+    def target(self, header: bytes) -> tuple[str, int] | None:
+        host, _, port = header.decode("ascii", "replace").strip().partition(" ")
+        target = (host, int(port)) if port.isdigit() else None
+        if target is None or target not in self.allowed:
+            self.log(
+                "WARNING",
+                f"network policy-only: refused a connection to {host or '?'}:{port or '?'} "
+                "(only the policy this function's calls were given is reachable)",
+            )
+            return None
+        return target
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _Outbound(Splice):
+    """An instance's connection: the first line names the target, the rest is relayed to it."""
+
+    def __init__(self, bridge: PolicyBridge) -> None:
+        super().__init__()
+        self.bridge = bridge
+        self.head = b""
+        self.connecting = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.connecting:
+            super().data_received(data)
+            return
+        self.head += data
+        line, newline, rest = self.head.partition(b"\n")
+        if not newline:
+            if len(self.head) > HEADER_MAX and self.transport is not None:
+                self.transport.close()
+            return
+        self.connecting = True
+        target = self.bridge.target(line)
+        if target is None:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if rest:
+            self.pending.append(rest)
+        asyncio.get_running_loop().create_task(self._connect(target))
+
+    async def _connect(self, target: tuple[str, int]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            _, upstream = await loop.create_connection(Splice, target[0], target[1])
+        except OSError as exc:
+            self.bridge.log(
+                "WARNING", f"network policy-only: the policy at {target[0]}:{target[1]} is unreachable: {exc}"
+            )
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self.join(upstream)

@@ -43,17 +43,39 @@ def read_text(path: Path, name: str, found: Found, *, what: str, where: str = ""
         found.data.append(Problem(name, f"{what} path is not a file{where}"))
         return None
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         found.data.append(Problem(name, f"{what} file cannot be read: {exc.strerror or exc}{where}"))
         return None
-    except UnicodeDecodeError as exc:
-        found.value.append(Problem(name, f"{what} file is not UTF-8 text: {exc.reason}{where}"))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        found.value.extend(non_utf8_lines(data, name, where))
         return None
     if not text.strip():
         found.data.append(Problem(name, f"{what} file is empty{where}"))
         return None
     return text
+
+
+def non_utf8_lines(data: bytes, name: str, where: str = "") -> list[Problem]:
+    """One problem per line that is not UTF-8, naming the line, the first bad byte and its column."""
+    problems: list[Problem] = []
+    bad_lines = 0
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad_lines += 1
+            if len(problems) < MAX_PROBLEMS_PER_FILE:
+                byte, column = line[exc.start], exc.start + 1  # column in bytes, 1-based
+                message = f"line {number} is not UTF-8 text: byte 0x{byte:02x} at column {column}"
+                problems.append(Problem(name, message + f"; save the file as UTF-8{where}", line=number))
+    if not problems:  # cannot happen (newlines never sit inside a UTF-8 sequence); never silent
+        problems.append(Problem(name, f"file is not UTF-8 text; save it as UTF-8{where}"))
+    if bad_lines > len(problems):
+        problems.append(Problem(name, f"... and {bad_lines - len(problems)} more line(s) not UTF-8{where}"))
+    return problems
 
 
 def describe(value: Any) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plugtune.errors import DataError
 from plugtune.jobs.classify import classify
-from plugtune.jobs.scheduler import AttemptRunner, run_job
+from plugtune.jobs.scheduler import AttemptRunner, recover_interrupted, run_job
 from plugtune.jobs.validation import validate_job
 from plugtune.settings import Settings
 from plugtune.store import Store
@@ -115,6 +115,8 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="plugtune-scheduler", daemon=True)
 
     def start(self) -> None:
+        """Settle the jobs a stopped server left running (see ``recover_interrupted``), then loop."""
+        recover_interrupted(self.store, self.settings)
         self._thread.start()
 
     def stop(self) -> None:

@@ -3,11 +3,14 @@
 The scheduler survives its attempts: an attempt that dies (killed, crashed interpreter) becomes
 an ``internal error`` recorded here. Platform errors retry automatically after
 ``retry.platform_delay_s`` from the last checkpoint; after the last automatic retry a support
-bundle is written and the job error says where.
+bundle is written and the job error says where. An attempt dies with the process that supervises
+it (kill -9 of ``plugtune serve``), and :func:`recover_interrupted` settles the jobs such a process
+left "running" the same way, when the server starts again.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -21,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from plugtune.errors import HINTS, OWNERS, ErrorType
 from plugtune.jobs.attempt import EXIT_CANCELLED
 from plugtune.jobs.classify import attempt_died
 from plugtune.jobs.retry_policy import FailureKind, RetryJobAfter, Stop, decide
@@ -32,6 +38,7 @@ from plugtune.store import IllegalTransitionError, Store
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
+PR_SET_PDEATHSIG = 1
 
 #: ``progress(job_id)`` is called about every POLL_S while an attempt runs.
 Progress = Callable[[int], None]
@@ -75,6 +82,7 @@ class AttemptRunner:
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,
+                preexec_fn=_die_with_parent(),
             )
             while self.proc.poll() is None:
                 if progress is not None:
@@ -124,19 +132,9 @@ def run_job(
         store.clear_job_error(job_id)
         store.transition(job_id, "running", "attempt starting")
         end = runner.run(job_id, progress)
-        if end.status == "succeeded":
-            store.transition(job_id, "succeeded", "all steps done")
-            return "succeeded"
-        if end.status == "cancelled":
-            store.transition(job_id, "cancelled", "cancelled by the user")
-            return "cancelled"
-        error = end.error or attempt_died(None)
-        number = len(store.list_attempts(job_id))
-        store.set_job_error(job_id, error, attempt=number)
-        store.transition(job_id, "failed", f"{error.get('type')}: {error.get('cause')}")
-        delay = schedule_retry(store, settings, job_id, error)
-        if delay is None or not wait_for_retries:
-            return "failed"
+        status, delay = settle(store, settings, job_id, end)
+        if status != "failed" or delay is None or not wait_for_retries:
+            return status
         changed = wait_for_retry(store, runner, job_id, delay, progress)
         if changed is not None:
             return changed
@@ -145,6 +143,94 @@ def run_job(
             store.transition(job_id, "queued", f"automatic retry {job.auto_retries if job else ''}")
         except IllegalTransitionError:  # cancelled elsewhere in the same moment
             return "cancelled"
+
+
+def settle(store: Store, settings: Settings, job_id: int, end: AttemptEnd) -> tuple[str, float | None]:
+    """Record how a running job's attempt ended: the job's new status, and for a failure the delay
+    before its automatic retry (None: no retry)."""
+    if end.status == "succeeded":
+        store.transition(job_id, "succeeded", "all steps done")
+        return "succeeded", None
+    if end.status == "cancelled":
+        store.transition(job_id, "cancelled", "cancelled by the user")
+        return "cancelled", None
+    error = end.error or attempt_died(None)
+    number = len(store.list_attempts(job_id))
+    store.set_job_error(job_id, error, attempt=number)
+    store.transition(job_id, "failed", f"{error.get('type')}: {error.get('cause')}")
+    return "failed", schedule_retry(store, settings, job_id, error)
+
+
+def recover_interrupted(store: Store, settings: Settings) -> list[int]:
+    """Settle the jobs left "running" by a supervisor that is gone (``plugtune serve`` or ``run``
+    killed, crashed, or the machine restarted); return their ids.
+
+    A job with a live attempt process (in this store) is left alone: its supervisor lives, since
+    attempts die with theirs. Otherwise its attempt is recorded as ended with the supervisor (an
+    ``internal error``), and the job goes on as if its supervisor had seen that: a finished attempt
+    succeeds the job, a failed one is retried automatically from the last checkpoint."""
+    settled = []
+    for job in store.list_jobs("running", limit=1000):
+        if _attempt_alive(settings, job.id):
+            continue
+        attempts = store.list_attempts(job.id)
+        last = attempts[-1] if attempts else None
+        if last is not None and last.status == "running":
+            store.end_attempt(job.id, last.number, "failed", supervisor_gone(last.number, last.pid))
+            last = store.list_attempts(job.id)[-1]
+        end = AttemptEnd(last.status, last.error) if last else AttemptEnd("failed", supervisor_gone(0, None))
+        status, delay = settle(store, settings, job.id, end)
+        when = f", automatic retry in {delay:g} s" if delay is not None else ""
+        log.warning("job %d was left running by a stopped supervisor: now %s%s", job.id, status, when)
+        settled.append(job.id)
+    return settled
+
+
+def supervisor_gone(number: int, pid: int | None) -> dict[str, Any]:
+    """The attempt error when the process that supervised the attempt stopped while it ran."""
+    return {
+        "type": ErrorType.INTERNAL.value,
+        "owner": OWNERS[ErrorType.INTERNAL].value,
+        "cause": "supervisor stopped",
+        "message": (
+            f"the plugtune process that ran attempt {number} (pid {pid}) stopped while it ran "
+            "(killed, crashed, or the machine restarted); the attempt ended with it"
+        ),
+        "hint": HINTS[ErrorType.INTERNAL],
+        "evidence": {"pid": pid},
+    }
+
+
+def _attempt_alive(settings: Settings, job_id: int) -> bool:
+    wanted = ["-m", "plugtune.jobs.attempt", str(job_id)]
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if (proc.info["cmdline"] or [])[-3:] != wanted:
+                continue
+            if proc.environ().get("PLUGTUNE_DATABASE_URL") == settings.database_url:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when this process ends (Linux), so that no
+    attempt runs on unsupervised after its supervisor was killed."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent ended before the line above
+            os._exit(1)
+
+    return die_with_parent
 
 
 def wait_for_retry(

@@ -106,6 +106,22 @@ HINTS: dict[ErrorType | Cause, str] = {
     ),
 }
 
+TIMEOUT_HINTS: dict[bool, str] = {  # Cause.TIMEOUT's hint when the plugin's kind is known: is it async?
+    True: (
+        "The call ran past runtime.timeout_s. In an `async def` plugin a blocking call (time.sleep, "
+        "requests, a sync client, heavy CPU work) stalls the event loop for every call in flight: "
+        "run `plugtune lint`, await async clients or move the work to `asyncio.to_thread`. Otherwise "
+        "look for a slow tool or an unbounded loop; raise timeout_s only if the work really takes "
+        "that long."
+    ),
+    False: (
+        "The call ran past runtime.timeout_s. This plugin is sync (`def`), so the event loop is not "
+        "the cause: look for a tool, network or subprocess call without its own timeout, a lock or "
+        "queue that is never released, or an unbounded loop (its last log lines show how far it "
+        "got); raise timeout_s only if the work really takes that long."
+    ),
+}
+
 
 class PlugtuneError(Exception):
     """Base of every classified failure."""
@@ -155,7 +171,8 @@ class UnknownError(PlugtuneError):
 
 
 class PluginCallError(PlugtuneError):
-    """Raised when one plugin call fails; ``cause`` is exactly one :class:`Cause`."""
+    """Raised when one plugin call fails; ``cause`` is exactly one :class:`Cause`; ``hint``, when
+    given, replaces the cause's general one (a sync plugin's Timeout is not about its event loop)."""
 
     error_type = ErrorType.CALL_PLUGIN
 
@@ -171,8 +188,9 @@ class PluginCallError(PlugtuneError):
         traceback: str = "",
         peak_memory_mb: float | None = None,
         code_hash: str = "",
+        hint: str | None = None,
     ) -> None:
-        super().__init__(message, cause=cause.value)
+        super().__init__(message, cause=cause.value, hint=hint)
         self.cause_enum = cause
         self.plugin = plugin
         self.call_id = call_id
@@ -184,7 +202,7 @@ class PluginCallError(PlugtuneError):
 
     @property
     def hint(self) -> str:
-        return HINTS[self.cause_enum]
+        return self._hint if self._hint is not None else HINTS[self.cause_enum]
 
     def __str__(self) -> str:
         where = f" [{self.plugin}]" if self.plugin else ""

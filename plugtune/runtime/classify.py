@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from plugtune.errors import Cause, PluginCallError
+from plugtune.errors import TIMEOUT_HINTS, Cause, PluginCallError
 from plugtune.runtime.backend import Failed, Happened
 from plugtune.runtime.protocol import TYPE_KEY, is_finite_number
 from plugtune.sdk import Kind
@@ -51,8 +51,10 @@ def call_error(
     peak_memory_mb: float | None = None,
     code_hash: str = "",
     logs: list[LogLine] | None = None,
+    is_async: bool | None = None,
 ) -> PluginCallError:
-    """A ``PluginCallError`` with the call's log lines attached as ``.logs``."""
+    """A ``PluginCallError`` with the call's log lines attached as ``.logs``; ``is_async`` (the
+    plugin is ``async def``, when known) picks the hint that fits it."""
     error = PluginCallError(
         cause,
         message,
@@ -63,13 +65,20 @@ def call_error(
         traceback=traceback,
         peak_memory_mb=peak_memory_mb,
         code_hash=code_hash,
+        hint=TIMEOUT_HINTS[is_async] if cause is Cause.TIMEOUT and is_async is not None else None,
     )
     error.logs = list(logs or [])  # type: ignore[attr-defined]
     return error
 
 
 def classify(
-    failed: Failed, *, plugin: str, call_id: str, trajectory_id: str, code_hash: str
+    failed: Failed,
+    *,
+    plugin: str,
+    call_id: str,
+    trajectory_id: str,
+    code_hash: str,
+    is_async: bool | None = None,
 ) -> PluginCallError:
     return call_error(
         CAUSES[failed.happened],
@@ -82,6 +91,7 @@ def classify(
         peak_memory_mb=failed.peak_memory_mb,
         code_hash=code_hash,
         logs=failed.logs,
+        is_async=is_async,
     )
 
 

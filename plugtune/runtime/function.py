@@ -63,6 +63,7 @@ class Function:
                 call_id=call_id,
                 trajectory_id=ctx.trajectory_id,
                 code_hash=self.code_hash,
+                is_async=self.spec.is_async,
             )
             self.recorder.record(result.latency_ms or (time.perf_counter() - started) * 1000, error.cause)
             raise error

@@ -5,6 +5,11 @@ validation, statuses and failure causes (``sys.exit`` and injected crashes are r
 without ending the caller). A sync function runs on a daemon thread of its own, so a call that
 never returns is reported as ``Timeout`` after ``timeout_s`` and abandoned: the caller goes on
 and can exit (a thread cannot be killed; a pool's threads would be joined at exit).
+
+Running a sync call on the caller's main thread instead would block its event loop and leave no
+way to abandon a hung call, so signal handlers (``signal.signal``: math-verify's default timeouts)
+cannot be installed here, although they work in the function runtime with ``max_concurrency: 1``:
+such a failure's message says so and points to ``plugtune test --faas``.
 """
 
 from __future__ import annotations
@@ -94,6 +99,27 @@ async def run_on_daemon_thread(fn: Any, ctx: Any, args: tuple[Any, ...], name: s
     return await done
 
 
+def is_signal_off_main_thread(exc: BaseException) -> bool:
+    """``signal.signal`` called off the main thread (Python refuses it there)."""
+    return isinstance(exc, ValueError) and "signal only works in main thread" in str(exc)
+
+
+def signal_hint(max_concurrency: int) -> str:
+    """What a sync plugin that installs signal handlers should know about in-process tests."""
+    where = (
+        "in the function runtime (`plugtune test --faas` and jobs) this plugin runs every call on its "
+        "instance's main thread (max_concurrency: 1), where it works: check it with `plugtune test --faas`"
+        if max_concurrency == 1
+        else f"in the function runtime it fails too, with max_concurrency: {max_concurrency} (pool "
+        "threads): set max_concurrency: 1 so that every call runs on the instance's main thread, scale "
+        "with max_instances, and check it with `plugtune test --faas`"
+    )
+    return (
+        " (in-process `plugtune test` runs sync plugins on threads of its own, where Python cannot "
+        f"install signal handlers, e.g. signal-based timeouts such as math-verify's; {where})"
+    )
+
+
 class InProcessDeployment:
     def __init__(self, plugin: Plugin, runtime: Runtime, entry: str, code_root: str) -> None:
         self.plugin = plugin
@@ -168,6 +194,8 @@ class InProcessDeployment:
             return Failed(Happened.DIED, f"the plugin called sys.exit({exc.code!r})", logs, tb)
         if isinstance(exc, MemoryError):
             return Failed(Happened.MEMORY_ERROR, text, logs, tb)
+        if not self.spec.is_async and is_signal_off_main_thread(exc):
+            text += signal_hint(self.runtime.max_concurrency)
         return Failed(Happened.RAISED, text, logs, tb)
 
     async def scale(self, instances: int) -> None:

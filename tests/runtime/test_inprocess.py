@@ -70,3 +70,40 @@ async def test_runtime_demo_runs() -> None:
     text = "\n".join(lines)
     assert "per-instance limits:" in text and "16 episodes, all graded" in text
     assert "Invalid reward" in text and "EOF" in text and "metrics exact_match" in text
+
+
+@pytest.mark.parametrize(
+    ("function", "says", "never_says"),
+    [
+        ("sleeps", "This plugin is sync", "`async def` plugin"),
+        ("sleeps_async", "In an `async def` plugin a blocking call", "This plugin is sync"),
+    ],
+)
+async def test_a_timeouts_hint_fits_a_sync_or_an_async_plugin(
+    function: str, says: str, never_says: str
+) -> None:
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("timeouts.py", function))
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(), trajectory())
+    error = info.value
+    assert error.cause == Cause.TIMEOUT.value and "timeout_s=0.3" in error.message
+    assert says in error.hint and never_says not in error.hint
+    assert error.record().hint == error.hint and error.to_dict()["hint"] == error.hint  # what the job keeps
+
+
+@pytest.mark.parametrize(
+    ("limits", "advice"), [(None, "where it works"), ({"max_concurrency": 2}, "set max_concurrency: 1")]
+)
+async def test_signal_handlers_off_the_main_thread_say_to_test_with_faas(
+    limits: dict[str, int] | None, advice: str
+) -> None:
+    """A sync grader that times itself out with signals (as math-verify does) cannot in-process."""
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("signals.py", "verify"), runtime=limits)
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(), trajectory())
+    message = info.value.message
+    assert info.value.cause == Cause.ERROR_500.value and "signal only works in main thread" in message
+    assert "in-process `plugtune test` runs sync plugins on threads" in message
+    assert "`plugtune test --faas`" in message and advice in message

@@ -91,7 +91,9 @@ def blocking_warnings(fn: FunctionSnapshot) -> list[str]:
 
 
 def plugin_summary(fn: FunctionSnapshot, calls: Sequence[CallRecord], wall_s: float) -> dict[str, Any]:
-    mine = [c for c in calls if c.plugin == fn.entry]
+    """One row of the per-plugin table. Calls belong to a plugin by its name (unique in a job):
+    one ``file.py:function`` listed twice under different ``name:``s is two plugins."""
+    mine = [c for c in calls if c.name == fn.name]
     instances = [p.value for p in fn.metrics if p.name == "instances"]
     blocked = blocking_warnings(fn)
     return {
@@ -124,7 +126,7 @@ def demand(
     wanted = batch_size * group_size
     rt = rollout.runtime
     capacity = rt.max_instances * rt.max_concurrency
-    mine = [c for c in calls if c.plugin == rollout.entry]
+    mine = [c for c in calls if c.name == rollout.name]
     done = [c for c in mine if c.error is None]
     service_s = percentile([c.service_ms or c.latency_ms for c in done], 0.95) / 1000.0
     waits = [max(0.0, c.latency_ms - c.service_ms) for c in done if c.service_ms]

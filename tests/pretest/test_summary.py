@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from plugtune.pretest.calls import CallError, CallRecord
+from plugtune.pretest.command import local_test
 from plugtune.pretest.faas import Injection
 from plugtune.pretest.summary import demand, errors_by_cause, percentile
 from plugtune.pretest.trial import FunctionSnapshot
 from plugtune.sdk import Runtime
+from tests.pretest.helpers import FAULTY, options
 
 ROLLOUT = "plugins/rollout.py:solve"
 
@@ -71,3 +76,24 @@ def test_injection_splits_the_rate_and_rejects_unknown_faults() -> None:
         Injection.parse("segv", 1.0)
     with pytest.raises(ValueError, match="inject-rate"):
         Injection.parse("500", 0.0)
+
+
+def test_one_function_under_two_names_is_two_rows(tmp_path: Path) -> None:
+    """job.yaml lists graders.py:exact twice, as `strict` and `lenient`: each row counts its own calls."""
+    shutil.copytree(FAULTY / "plugins", tmp_path / "plugins")
+    shutil.copytree(FAULTY / "data", tmp_path / "data")
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        (FAULTY / "ok.yaml").read_text().replace(
+            "    - {entry: plugins/graders.py:exact}",
+            "    - {entry: plugins/graders.py:exact, name: strict}\n"
+            "    - {entry: plugins/graders.py:exact, name: lenient, weight: 0.5}",
+        )
+    )
+    doc = local_test(options(job, samples=2, policy_url="http://127.0.0.1:9/v1"))  # no model: unused
+    assert doc["summary"]["ok"], doc["summary"]["errors_by_cause"]
+    rows = {p["name"]: p for p in doc["summary"]["plugins"]}
+    assert set(rows) == {"answers", "strict", "lenient"}
+    assert [rows[name]["calls"] for name in ("answers", "strict", "lenient")] == [2, 2, 2]
+    assert rows["strict"]["plugin"] == rows["lenient"]["plugin"]
+    assert rows["strict"]["plugin"].endswith("plugins/graders.py:exact")

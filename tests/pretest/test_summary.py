@@ -83,13 +83,11 @@ def test_one_function_under_two_names_is_two_rows(tmp_path: Path) -> None:
     shutil.copytree(FAULTY / "plugins", tmp_path / "plugins")
     shutil.copytree(FAULTY / "data", tmp_path / "data")
     job = tmp_path / "job.yaml"
-    job.write_text(
-        (FAULTY / "ok.yaml").read_text().replace(
-            "    - {entry: plugins/graders.py:exact}",
-            "    - {entry: plugins/graders.py:exact, name: strict}\n"
-            "    - {entry: plugins/graders.py:exact, name: lenient, weight: 0.5}",
-        )
+    twice = (
+        "    - {entry: plugins/graders.py:exact, name: strict}\n"
+        "    - {entry: plugins/graders.py:exact, name: lenient, weight: 0.5}"
     )
+    job.write_text((FAULTY / "ok.yaml").read_text().replace("    - {entry: plugins/graders.py:exact}", twice))
     doc = local_test(options(job, samples=2, policy_url="http://127.0.0.1:9/v1"))  # no model: unused
     assert doc["summary"]["ok"], doc["summary"]["errors_by_cause"]
     rows = {p["name"]: p for p in doc["summary"]["plugins"]}

@@ -1,8 +1,9 @@
 """``plugtune replay JOB TRAJECTORY``: re-run one recorded trajectory on this machine, without the model.
 
 The rollout and graders run in this process (so a debugger works) from the exact code that ran
-in the job (the store's files for each plugin's code hash), and the policy's recorded assistant
-turns are played back, in order, by a local OpenAI-compatible server. The report's verdict:
+in the job (the store's files for each plugin's code hash), with the recorded trajectory's id and
+rollout index in their ``ctx``, and the policy's recorded assistant turns are played back, in
+order, by a local OpenAI-compatible server. The report's verdict:
 ``reproduced`` (the same failure — type, cause, plugin and, for a raise, the exception class — or
 the same status and reward), ``failed differently`` (both failed, not alike), ``did not reproduce``
 (the job's trajectory failed, the replay did not) or ``ended differently`` (it succeeded in the job).
@@ -29,9 +30,9 @@ from plugtune.pretest.report import logs_of, trajectory_document
 from plugtune.pretest.trial import TrialResult, run_trial
 from plugtune.runtime import InProcessRuntime
 from plugtune.runtime.runtime import BaseRuntime
-from plugtune.sdk import Runtime, Sample, Sampling
+from plugtune.sdk import Context, Runtime, Sample, Sampling
 from plugtune.store import Plugin, Store
-from plugtune.types import ErrorRecord, TrajectoryRecord
+from plugtune.types import CallOutcome, ErrorRecord, TrajectoryRecord
 
 RAISED = re.compile(r"[A-Za-z_][\w.]*(?=:)")  # "ValueError: ..." -> ValueError
 ROLE_ORDER = {"rollout": 0, "grader": 1, "group_grader": 2}
@@ -139,6 +140,33 @@ async def deploy_recorded(
     return deployed
 
 
+class AsRecorded(JobFunction):
+    """A deployed function whose calls carry the recorded trajectory's id and rollout index: the
+    plugin sees what it saw in the job, and the report names the trajectory that was replayed."""
+
+    def __init__(self, jf: JobFunction, record: TrajectoryRecord) -> None:
+        super().__init__(jf.fn, jf.spec.weight, jf.spec.name)
+        self.inner = jf
+        self.record = record
+
+    async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
+        if ctx.rollout_index >= 0:  # a group grader's call belongs to no one trajectory
+            ctx = dataclasses.replace(
+                ctx, rollout_index=self.record.rollout_index, trajectory_id=self.record.trajectory_id
+            )
+        return await self.inner.invoke(ctx, *args)
+
+
+def as_recorded(replayed: TrajectoryRecord, record: TrajectoryRecord) -> TrajectoryRecord:
+    """The replayed trajectory under the recorded one's ids (the trial numbers its one rollout 0)."""
+    return dataclasses.replace(
+        replayed,
+        trajectory_id=record.trajectory_id,
+        group_id=record.group_id,
+        rollout_index=record.rollout_index,
+    )
+
+
 def grader_weights(spec: dict[str, Any]) -> dict[str, float]:
     """job.yaml's grader weights by plugin name (the decorator's weight applies to the rest)."""
     plugins = spec.get("plugins") or {}
@@ -166,7 +194,8 @@ def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
     sample = sample_of(job.spec, record)
     playback = Playback(record.messages, "policy")
     result, entries = asyncio.run(_run(store, plugins, grader_weights(job.spec), record, sample, playback))
-    replayed = result.trajectories[0]
+    trial_id = result.trajectories[0].trajectory_id
+    replayed = as_recorded(result.trajectories[0], record)
     found = verdict(record, replayed)
     doc = {
         "job_id": job_id,
@@ -178,7 +207,12 @@ def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
         "policy_turns": {"recorded": len(playback.turns), "played": playback.served},
         "divergences": playback.divergences,
         "trajectory": trajectory_document(replayed, logs_of(replayed, result)),
-        "calls": [c.to_dict() for c in result.calls],
+        "calls": [
+            {**c.to_dict(), "trajectory_id": record.trajectory_id}
+            if c.trajectory_id == trial_id
+            else c.to_dict()
+            for c in result.calls
+        ],
     }
     return with_recorded_entries(doc, entries)
 
@@ -206,7 +240,8 @@ async def _run(
     entries: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="plugtune-replay-") as tmp:
         async with InProcessRuntime() as rt:
-            functions = await deploy_recorded(rt, store, plugins, Path(tmp), weights, entries)
+            deployed = await deploy_recorded(rt, store, plugins, Path(tmp), weights, entries)
+            functions = [AsRecorded(jf, record) for jf in deployed]
             with PolicyRelay(playback) as relay, exits_raise():
                 result = await run_trial(functions, relay, [(record.step, sample)], concurrency=1)
     return result, entries

@@ -164,6 +164,24 @@ def test_a_failure_the_replay_does_not_meet_did_not_reproduce(store: Store) -> N
     assert "the replay ended success (reward 1.0)" in said and "plugtune test --faas" in said
 
 
+def test_the_replay_is_the_recorded_trajectory_with_its_rollout_index(store: Store) -> None:
+    """The job's third rollout of row 1 (s3-p1-r2) replays as itself: the plugin's ctx, the calls,
+    the log lines and the shown trajectory all carry its id and rollout index 2, not a fresh -r0."""
+    job_id = recorded_job(store, "answers", "exact")
+    recorded = [QUESTION, {"role": "assistant", "content": "12"}]
+    store.upsert_trajectories(
+        job_id, [trajectory(recorded, "success", 1.0, reward_components={"exact": 1.0})]
+    )
+    doc = replay(store, job_id, "s3-p1-r2")
+    assert doc["reproduced"], doc
+    assert doc["trajectory"]["trajectory_id"] == "s3-p1-r2"
+    assert {c["trajectory_id"] for c in doc["calls"]} == {"s3-p1-r2"}
+    assert any("answering sample 1 (rollout 2)" in line["message"] for line in doc["trajectory"]["logs"])
+    assert {line["trajectory_id"] for line in doc["trajectory"]["logs"]} == {"s3-p1-r2"}
+    text = CliRunner().invoke(app, ["replay", str(job_id), "s3-p1-r2"])
+    assert text.exit_code == 0 and "s3-p1-r2" in text.output and "-r0" not in text.output, text.output
+
+
 def test_missing_trajectory_is_named(store: Store) -> None:
     job_id = recorded_job(store, "answers", "exact")
     with pytest.raises(ReplayError, match="no trajectory 'nope'"):

@@ -191,7 +191,9 @@ def test_plugins(
 def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None:
     """Validate and run a job in the foreground with a progress bar; Ctrl-C cancels it cleanly.
 
-    Exits 0 when the job succeeds, 1 when it fails (the classified error is printed)."""
+    Exits 0 when the job succeeds and prints where the trained model is
+    ($PLUGTUNE_HOME/jobs/<id>/final/, a Hugging Face folder); 1 when it fails (the classified
+    error is printed)."""
     from plugtune.jobs.control import create_job
     from plugtune.jobs.progress import run_with_progress
 
@@ -204,6 +206,9 @@ def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None
         status = run_with_progress(store, settings, job_id)
         doc = _job_or_exit(store, job_id)
         typer.echo(f"job {job_id} {status} after {doc['steps_done']}/{doc['steps_total']} steps")
+        final = settings.home / "jobs" / str(job_id) / "final"
+        if status == "succeeded" and final.is_dir():
+            typer.echo(f"trained model: {final.resolve()} (AutoModelForCausalLM.from_pretrained(path))")
         if status == "cancelled":
             typer.echo(f"`plugtune jobs retry {job_id}` resumes it from its last checkpoint", err=True)
         if status != "succeeded":

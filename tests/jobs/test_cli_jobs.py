@@ -72,6 +72,16 @@ def exact(ctx, sample, trajectory):
     assert _json(["jobs", "show", "1", "--json"])["status"] == "cancelled"
 
 
+@pytest.mark.slow
+def test_a_run_that_succeeds_says_where_the_trained_model_is(tmp_path: Path, home: Settings) -> None:
+    job_file = make_job(tmp_path / "ok", hyper={"steps": 1})
+    result = runner.invoke(app, ["run", str(job_file)])
+    assert result.exit_code == 0, result.output
+    final = (home.home / "jobs" / "1" / "final").resolve()
+    assert f"trained model: {final}" in " ".join(result.output.split()), result.output
+    assert (final / "config.json").is_file()
+
+
 def test_invalid_job_is_recorded_and_run_exits_non_zero(tmp_path: Path, home: Settings) -> None:
     job_file = make_job(tmp_path / "bad", hyper={"batch_size": 0}, rows=["{oops"])
     result = runner.invoke(app, ["run", str(job_file)])

@@ -1,18 +1,24 @@
 """What the function runtime costs per call, against baselines measured in the same run.
 
 Prints one table:
-  * round trip (p50, p99) and throughput with 1 and 64 calls in flight of a no-op grader through
-    ``LocalRuntime`` (async def and sync def);
+  * round trip (p50, p99) and throughput with 1 and ``--window`` (64) calls in flight of a no-op
+    grader through ``LocalRuntime`` (async def and sync def);
   * the same for a raw Unix-socket echo (length-prefixed frames, no decoding: the transport floor);
   * the same for a FastAPI reward server over HTTP with a keep-alive aiohttp client;
   * instance cold start: zygote fork vs fresh spawn;
   * 2,000 concurrent calls of an async plugin that awaits 100 ms.
 
-Run: ``python benchmarks/runtime_overhead.py`` (needs aiohttp, fastapi, uvicorn).
+Every call row is a median over ``--rounds`` interleaved rounds (on a VM a pair of processes lands
+either on one vCPU or on two, and a cross-vCPU wake-up costs tens of µs, so a round's p50 is bimodal
+for every transport; 5 rounds keep one unlucky placement from deciding).
+
+Run: ``python benchmarks/runtime_overhead.py [--calls N] [--rounds N] [--concurrent-calls N]
+[--window N]`` (needs aiohttp, fastapi, uvicorn).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import socket
@@ -23,16 +29,20 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-N_SEQ = 2000
-# Every row (the echo floor alike) is a median over ROUNDS interleaved rounds. On this VM a pair of
-# processes lands either on one vCPU or on two, and a cross-vCPU wake-up costs tens of µs, so a
-# round's p50 is bimodal for every transport; 5 rounds keep one unlucky placement from deciding.
-ROUNDS = 5
-N_CONC = 6400
-WINDOW = 64
+
+@dataclass(frozen=True)
+class Knobs:
+    """How much each row measures (the command line's options)."""
+
+    calls: int = 2000  # sequential calls per row and round (the HTTP row makes a quarter of them)
+    rounds: int = 5  # interleaved rounds; every call row is the median over them
+    concurrent: int = 6400  # calls per row and round with `window` in flight (HTTP: a quarter)
+    window: int = 64  # calls in flight for the throughput column
+
 
 PLUGINS = """
 import asyncio
@@ -123,7 +133,7 @@ def pct(values: list[float], q: float) -> float:
 # ---- raw echo ------------------------------------------------------------------------------
 
 
-def bench_echo(tmp: Path) -> dict[str, float]:
+def bench_echo(tmp: Path, k: Knobs) -> dict[str, float]:
     path = str(tmp / f"echo-{time.monotonic_ns()}.sock")
     proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, path], stdout=subprocess.PIPE)
     assert proc.stdout is not None
@@ -139,26 +149,31 @@ def bench_echo(tmp: Path) -> dict[str, float]:
             got += len(sock.recv(n - got))
 
     lat = []
-    for _ in range(N_SEQ):
+    for _ in range(k.calls):
         t = time.perf_counter()
         sock.sendall(frame)
         read(size)
         lat.append(time.perf_counter() - t)
     seq_s = sum(lat)
     t = time.perf_counter()
-    for _ in range(N_CONC // WINDOW):
-        sock.sendall(frame * WINDOW)
-        read(size * WINDOW)
+    for _ in range(k.concurrent // k.window):
+        sock.sendall(frame * k.window)
+        read(size * k.window)
     conc_s = time.perf_counter() - t
     sock.close()
     proc.wait(5)
-    return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "qps1": N_SEQ / seq_s, "qps64": N_CONC / conc_s}
+    return {
+        "p50": pct(lat, 0.5),
+        "p99": pct(lat, 0.99),
+        "qps1": k.calls / seq_s,
+        "qpsw": k.concurrent / conc_s,
+    }
 
 
 # ---- asyncio echo: what any asyncio design pays before protocol work ------------------------
 
 
-async def bench_async_echo(tmp: Path) -> dict[str, float]:
+async def bench_async_echo(tmp: Path, k: Knobs) -> dict[str, float]:
     path = str(tmp / f"aecho-{time.monotonic_ns()}.sock")
     proc = subprocess.Popen([sys.executable, "-c", ASYNC_ECHO_SERVER, path], stdout=subprocess.PIPE)
     assert proc.stdout is not None
@@ -188,24 +203,29 @@ async def bench_async_echo(tmp: Path) -> dict[str, float]:
     for _ in range(200):
         await call(1)
     lat = []
-    for _ in range(N_SEQ):
+    for _ in range(k.calls):
         t = time.perf_counter()
         await call(1)
         lat.append(time.perf_counter() - t)
     t = time.perf_counter()
-    for _ in range(N_CONC // WINDOW):
-        await call(WINDOW)
+    for _ in range(k.concurrent // k.window):
+        await call(k.window)
     conc_s = time.perf_counter() - t
     transport.close()
     proc.terminate()
     proc.wait(5)
-    return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "qps1": N_SEQ / sum(lat), "qps64": N_CONC / conc_s}
+    return {
+        "p50": pct(lat, 0.5),
+        "p99": pct(lat, 0.99),
+        "qps1": k.calls / sum(lat),
+        "qpsw": k.concurrent / conc_s,
+    }
 
 
 # ---- FastAPI over HTTP ---------------------------------------------------------------------
 
 
-async def bench_http() -> dict[str, float]:
+async def bench_http(k: Knobs) -> dict[str, float]:
     import aiohttp
 
     with socket.socket() as s:
@@ -215,7 +235,7 @@ async def bench_http() -> dict[str, float]:
     url = f"http://127.0.0.1:{port}/reward"
     body = {"sample": {"messages": [{"role": "user", "content": "6*7?"}]}, "completion": "42"}
     try:
-        connector = aiohttp.TCPConnector(limit=WINDOW)
+        connector = aiohttp.TCPConnector(limit=k.window)
         async with aiohttp.ClientSession(connector=connector) as session:
             for _ in range(200):
                 try:
@@ -225,26 +245,26 @@ async def bench_http() -> dict[str, float]:
                 except aiohttp.ClientError:
                     await asyncio.sleep(0.05)
             lat = []
-            n_seq = N_SEQ // 4
+            n_seq = k.calls // 4
             for _ in range(n_seq):
                 t = time.perf_counter()
                 async with session.post(url, json=body) as r:
                     await r.json()
                 lat.append(time.perf_counter() - t)
-            n_conc = N_CONC // 4
+            n_conc = k.concurrent // 4
 
             async def worker() -> None:
-                for _ in range(n_conc // WINDOW):
+                for _ in range(n_conc // k.window):
                     async with session.post(url, json=body) as r:
                         await r.json()
 
             t = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(WINDOW)))
+            await asyncio.gather(*(worker() for _ in range(k.window)))
             conc_s = time.perf_counter() - t
     finally:
         proc.terminate()
         proc.wait(5)
-    return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "qps1": n_seq / sum(lat), "qps64": n_conc / conc_s}
+    return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "qps1": n_seq / sum(lat), "qpsw": n_conc / conc_s}
 
 
 # ---- the runtime ---------------------------------------------------------------------------
@@ -257,7 +277,7 @@ def write_plugins(tmp: Path) -> Path:
     return plugin
 
 
-async def bench_runtime_calls(plugin: Path) -> dict[str, dict[str, float]]:
+async def bench_runtime_calls(plugin: Path, k: Knobs) -> dict[str, dict[str, float]]:
     from plugtune.runtime import LocalRuntime
     from plugtune.sdk import Context, Sample, Trajectory
 
@@ -271,23 +291,23 @@ async def bench_runtime_calls(plugin: Path) -> dict[str, dict[str, float]]:
             for _ in range(200):
                 await fn.invoke(ctx, sample, traj)
             lat = []
-            for _ in range(N_SEQ):
+            for _ in range(k.calls):
                 t = time.perf_counter()
                 await fn.invoke(ctx, sample, traj)
                 lat.append(time.perf_counter() - t)
 
             async def worker(fn: object = fn) -> None:
-                for _ in range(N_CONC // WINDOW):
+                for _ in range(k.concurrent // k.window):
                     await fn.invoke(ctx, sample, traj)  # type: ignore[attr-defined]
 
             t = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(WINDOW)))
+            await asyncio.gather(*(worker() for _ in range(k.window)))
             conc_s = time.perf_counter() - t
             out[name] = {
                 "p50": pct(lat, 0.5),
                 "p99": pct(lat, 0.99),
-                "qps1": N_SEQ / sum(lat),
-                "qps64": N_CONC / conc_s,
+                "qps1": k.calls / sum(lat),
+                "qpsw": k.concurrent / conc_s,
             }
     return out
 
@@ -362,16 +382,66 @@ async def cold_starts(fn: object) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def knobs(argv: list[str] | None = None) -> Knobs:
+    """The command line's knobs; a bad value exits 2 with usage and the option that is wrong."""
+    default = Knobs()
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/runtime_overhead.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=default.calls,
+        help="sequential calls per row and round (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=default.rounds,
+        help="interleaved rounds per call row (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--concurrent-calls",
+        type=int,
+        default=default.concurrent,
+        help="calls per row and round with --window in flight (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=default.window,
+        help="calls in flight for the throughput column (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    for option, value, least in (
+        ("--calls", args.calls, 4),  # the HTTP row makes a quarter of them
+        ("--rounds", args.rounds, 1),
+        ("--window", args.window, 1),
+        ("--concurrent-calls", args.concurrent_calls, 4 * args.window),
+    ):
+        if value < least:
+            why = (
+                " (4 × --window: the HTTP row runs a quarter of them)"
+                if option == "--concurrent-calls"
+                else ""
+            )
+            parser.error(f"{option} must be at least {least}{why}, got {value}")
+    return Knobs(calls=args.calls, rounds=args.rounds, concurrent=args.concurrent_calls, window=args.window)
+
+
+def main(argv: list[str] | None = None) -> None:
+    k = knobs(argv)
     os.environ.setdefault("PYTHONHASHSEED", "0")
     rounds: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         plugin = write_plugins(tmp)
-        for _ in range(ROUNDS):  # interleaved, so a noisy moment hits every row alike
-            one = {"echo": bench_echo(tmp), "async_echo": asyncio.run(bench_async_echo(tmp))}
-            one["http"] = asyncio.run(bench_http())
-            one.update(asyncio.run(bench_runtime_calls(plugin)))
+        for _ in range(k.rounds):  # interleaved, so a noisy moment hits every row alike
+            one = {"echo": bench_echo(tmp, k), "async_echo": asyncio.run(bench_async_echo(tmp, k))}
+            one["http"] = asyncio.run(bench_http(k))
+            one.update(asyncio.run(bench_runtime_calls(plugin, k)))
             rounds.append(one)
         rt: dict[str, Any] = asyncio.run(bench_runtime_scaling(plugin))
     med = {
@@ -388,19 +458,21 @@ def main() -> None:
     ]
     print(
         f"limits: {rt['limits']}; {os.cpu_count()} CPUs; Python {sys.version.split()[0]}; "
-        f"call rows are medians over {ROUNDS} interleaved rounds"
+        f"call rows are medians over {k.rounds} interleaved rounds"
     )
     print()
     print(
-        "| transport | p50 µs | p99 µs | calls/s, 1 in flight | calls/s, 64 in flight | p50 ÷ echo |", end=""
+        "| transport | p50 µs | p99 µs | calls/s, 1 in flight | "
+        f"calls/s, {k.window} in flight | p50 ÷ echo |",
+        end="",
     )
-    print(" 64 in flight ÷ HTTP |")
+    print(f" {k.window} in flight ÷ HTTP |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, m in rows:
         print(
             f"| {name} | {m['p50'] * 1e6:,.0f} | {m['p99'] * 1e6:,.0f} | {m['qps1']:,.0f} "  # type: ignore[index]
-            f"| {m['qps64']:,.0f} | {m['p50'] / echo['p50']:.1f}x "  # type: ignore[index]
-            f"| {m['qps64'] / http['qps64']:.1f}x |"  # type: ignore[index]
+            f"| {m['qpsw']:,.0f} | {m['p50'] / echo['p50']:.1f}x "  # type: ignore[index]
+            f"| {m['qpsw'] / http['qpsw']:.1f}x |"  # type: ignore[index]
         )
     print()
     print("| instance cold start (median of 10) | ms |")
@@ -415,11 +487,11 @@ def main() -> None:
         f"2,000 concurrent calls of an async plugin awaiting 100 ms: {rt['2000x100ms']:.3f} s (median of 3)"
     )
     best = min(rt["noop_async"]["p50"], rt["noop_sync"]["p50"])  # type: ignore[index]
-    best64 = max(rt["noop_async"]["qps64"], rt["noop_sync"]["qps64"])  # type: ignore[index]
+    best_w = max(rt["noop_async"]["qpsw"], rt["noop_sync"]["qpsw"])  # type: ignore[index]
     print()
     print("targets:")
     print(f"  p50 round trip <= 5x raw echo: {best / echo['p50']:.1f}x")
-    print(f"  >= 5x HTTP throughput at 64 in flight: {best64 / http['qps64']:.1f}x")
+    print(f"  >= 5x HTTP throughput at {k.window} in flight: {best_w / http['qpsw']:.1f}x")
     print(
         f"  new instance ready within 10 ms of a zygote fork: {rt['fork_ms']:.1f} ms with cgroups, ", end=""
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,19 @@ def test_group_grader_gets_the_jobs_group_size() -> None:
         group = [t for t in doc["trajectories"] if t["sample_index"] == row]
         assert sorted(t["reward_components"]["ranks"] for t in group) == [0.0, 0.5, 1.0]
         assert any("ranking a group of 3" in line["message"] for t in group for line in t["logs"])
+
+
+def test_a_grader_with_signal_timeouts_points_to_faas(tmp_path: Path) -> None:
+    """math-verify-style signal timeouts cannot run on the in-process test's threads: the 500 says
+    why and that `plugtune test --faas` runs the grader as the job does (on the main thread)."""
+    shutil.copytree(FAULTY / "plugins", tmp_path / "plugins")
+    shutil.copy(Path(__file__).parents[1] / "fixtures" / "plugins" / "signals.py", tmp_path / "plugins")
+    shutil.copytree(FAULTY / "data", tmp_path / "data")
+    job = tmp_path / "job.yaml"
+    job.write_text((FAULTY / "ok.yaml").read_text().replace("graders.py:exact", "signals.py:verify"))
+    result = CliRunner().invoke(app, ["test", str(job), "--policy-url", "http://127.0.0.1:9/v1"])
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert "signal only works in main thread" in said
+    assert "in-process `plugtune test` runs sync plugins on threads" in said
+    assert "check it with `plugtune test --faas`" in said

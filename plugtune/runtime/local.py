@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -13,11 +12,10 @@ from plugtune.runtime.bridge import PolicyBridge, network_problem
 from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import Limits
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
-from plugtune.runtime.sandbox import Sandbox, User, protect_state
+from plugtune.runtime.sandbox import Sandbox, requested_tmp_mb
 from plugtune.runtime.worker.network import ANY, POLICY_ONLY
 from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import Kind, PluginSpec, Runtime
-from plugtune.settings import Settings
 
 
 def spec_from(raw: dict[str, Any]) -> PluginSpec:
@@ -125,33 +123,22 @@ class LocalBackend:
             raise
 
     def sandboxed(self, request: DeployRequest) -> dict[str, Any]:
-        """The function's worker config: its own user (when root), its snapshot granted to that user's
-        group, a private temp folder for its zygote (which imports the user's code)."""
+        """The function's worker config: its sandbox (see :meth:`Sandbox.prepare`) and its entry."""
         try:
-            user = self.sandbox.lease_user(request.code_root)
-            if user is not None and request.code_root.parent.name == "code":  # a snapshot in a state dir
-                protect_state(request.code_root.parent.parent, Settings.from_env().home)
-            self.sandbox.grant(request.code_root, user)
-            name = f"f{next(self.functions)}"
-            code_root = self.sandbox.expose(request.code_root, f"{name}-code", user)
-            tmp = self.sandbox.make_tmp(f"{name}-zygote", user, Runtime().tmp_mb)
+            name, tmp_mb = f"f{next(self.functions)}", requested_tmp_mb(request.runtime)
+            sandbox = self.sandbox.prepare(request.code_root, name, tmp_mb)
         except OSError as exc:
             raise DeployFailed(f"could not prepare the plugin's sandbox: {exc}") from None
         return {
-            "code_root": str(code_root),
+            **sandbox,
             "relpath": request.relpath,
             "function": request.function,
             "env": dict(request.env),
-            "user": [user.uid, user.gid] if user else None,
-            "tmp_dir": str(tmp),
         }
 
     def release(self, config: dict[str, Any]) -> None:
         """Give back what :meth:`sandboxed` took (the function was closed or never started)."""
-        user = config.get("user")
-        self.sandbox.release_user(User(*user) if user else None)
-        self.sandbox.remove_tmp(Path(config["tmp_dir"]))
-        self.sandbox.unexpose(Path(config["code_root"]))
+        self.sandbox.release(config)
 
     def reserve(self, memory_mb: int) -> None:
         """Reserve quota for an instance; spare instances give theirs up first."""

@@ -18,15 +18,24 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import hashlib
 import logging
 import os
 import random
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from plugtune.runtime.worker import mounts
+from plugtune.runtime.worker.mounts import MountError, closed_ancestor, interpreter_paths, share
+from plugtune.sdk import Runtime
+from plugtune.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +52,14 @@ MNT_DETACH, MS_RDONLY, MS_REMOUNT, MS_BIND = 2, 1, 32, 4096
 class Isolation:
     """What the runtime enforces on every instance (``rt.isolation``)."""
 
-    user: str  # "uid per function" | "runtime's uid (not root)"
+    user: str  # "uid per function" | "the runtime's own uid (...why)"
     tmp: str  # "tmpfs per instance" | "folder per instance"
     pids: str  # "cgroup pids.max" | "RLIMIT_NPROC per function uid" | "none"
     env: str = "scrubbed"
+    view: str = "the host's"  # what files it sees: "private mount namespace (...)" | "the host's (why)"
 
     def __str__(self) -> str:
-        return f"user: {self.user}; tmp: {self.tmp}; pids: {self.pids}; env: {self.env}"
+        return f"user: {self.user}; tmp: {self.tmp}; pids: {self.pids}; env: {self.env}; files: {self.view}"
 
 
 @dataclass(frozen=True)
@@ -73,25 +83,60 @@ class Sandbox:
     """One per runtime: leases users, grants snapshots, makes and removes private temp folders."""
 
     def __init__(self, has_pids_cgroup: bool) -> None:
-        closed = closed_python_paths()
-        if os.geteuid() == 0 and closed:  # a plugin's uid could not import the rest of the stdlib
-            log.warning("plugins keep the runtime's uid: other users cannot read %s", closed[0])
-        self.is_root = os.geteuid() == 0 and not closed
+        root = os.geteuid() == 0
         remove_stale()
         self.tmp_root = Path(tempfile.mkdtemp(prefix=f"plugtune-tmp-{os.getpid()}-"))
         self.tmp_root.chmod(0o711)  # instances reach their own folder; nobody lists the others
-        self.can_mount = self.is_root and _try_mount(self.tmp_root)
+        self.can_mount = root and _try_mount(self.tmp_root)
+        view_problem = mount_view_problem() if self.can_mount else _why_no_mounts(root)
+        if view_problem is None:
+            try:
+                share(_libc, str(self.tmp_root))  # instances' tmpfs, mounted later, reach every view
+            except MountError as exc:
+                view_problem = str(exc)
+        self.has_view = view_problem is None
+        closed = closed_python_paths() if root and not self.has_view else []
+        if closed:  # a plugin's uid could not import the rest of the stdlib
+            log.warning(
+                "plugins keep the runtime's uid: other users cannot read %s, and no private mount "
+                "namespace can make it readable (%s)",
+                closed[0],
+                view_problem,
+            )
+        self.is_root = root and not closed
         self.leased: set[int] = set()
-        if self.is_root:
-            pids = "cgroup pids.max" if has_pids_cgroup else "RLIMIT_NPROC per function uid"
-        else:
-            pids = "cgroup pids.max" if has_pids_cgroup else "none (not root, no pids cgroup)"
-        same = f"the runtime's own uid ({closed[0]} is not readable by others)" if closed else ""
-        self.isolation = Isolation(
-            user="uid per function" if self.is_root else (same or "the runtime's own uid (not root)"),
-            tmp="tmpfs of tmp_mb per instance" if self.can_mount else "folder per instance (RLIMIT_FSIZE)",
-            pids=pids,
-        )
+        self.isolation = _describe(self, has_pids_cgroup, root, closed, view_problem)
+
+    def mount_plan(self, tmp_mb: int) -> dict[str, Any] | None:
+        """What a worker's mount namespace keeps of the host's /tmp, and the size of its own /tmp and
+        /dev/shm (None: it has no namespace)."""
+        if not self.has_view:
+            return None
+        return {"keep": [str(self.tmp_root)], "tmp_mb": tmp_mb}
+
+    def prepare(self, code_root: Path, name: str, tmp_mb: int) -> dict[str, Any]:
+        """A function's worker config: its own user (when root), its snapshot granted to that user's
+        group and exposed read-only, a private temp folder for its zygote, its mount plan. ``tmp_mb``:
+        the deploy's (job.yaml's) setting, else the default: the decorator is read only later."""
+        user = self.lease_user(code_root)
+        if user is not None and code_root.parent.name == "code":  # a snapshot in a state dir
+            protect_state(code_root.parent.parent, Settings.from_env().home)
+        self.grant(code_root, user)
+        exposed = self.expose(code_root, f"{name}-code", user)
+        tmp = self.make_tmp(f"{name}-zygote", user, tmp_mb)
+        return {
+            "code_root": str(exposed),
+            "user": [user.uid, user.gid] if user else None,
+            "tmp_dir": str(tmp),
+            "mounts": self.mount_plan(tmp_mb),
+        }
+
+    def release(self, config: dict[str, Any]) -> None:
+        """Give back what :meth:`prepare` took (the function was closed or never started)."""
+        user = config.get("user")
+        self.release_user(User(*user) if user else None)
+        self.remove_tmp(Path(config["tmp_dir"]))
+        self.unexpose(Path(config["code_root"]))
 
     # ---- users ------------------------------------------------------------------------------
 
@@ -154,6 +199,60 @@ class Sandbox:
         for uid in list(self.leased):
             _unlease(uid)
         self.leased.clear()
+
+
+def _describe(
+    sandbox: Sandbox, has_pids_cgroup: bool, root: bool, closed: list[str], view_problem: str | None
+) -> Isolation:
+    if sandbox.is_root:
+        user = "uid per function"
+        pids = "cgroup pids.max" if has_pids_cgroup else "RLIMIT_NPROC per function uid"
+    else:
+        user = f"the runtime's own uid ({closed[0]} is not readable by others)" if closed else ""
+        user = user or "the runtime's own uid (not root)"
+        pids = "cgroup pids.max" if has_pids_cgroup else "none (not root, no pids cgroup)"
+    hidden = sorted({c for c in map(closed_ancestor, interpreter_paths()) if c})
+    view = "private mount namespace (/tmp and /dev/shm its own"
+    view += f"; {', '.join(hidden)} hidden but Python)" if hidden else ")"
+    return Isolation(
+        user=user,
+        tmp="tmpfs of tmp_mb per instance" if sandbox.can_mount else "folder per instance (RLIMIT_FSIZE)",
+        pids=pids,
+        view=view if sandbox.has_view else f"the host's ({view_problem}: the host's /tmp is shared)",
+    )
+
+
+def requested_tmp_mb(runtime: Runtime | dict[str, Any] | None) -> int:
+    """The deploy's ``tmp_mb`` (a Runtime, or job.yaml's overrides), else the default."""
+    if isinstance(runtime, Runtime):
+        return runtime.tmp_mb
+    if runtime and "tmp_mb" in runtime:
+        return int(runtime["tmp_mb"])
+    return Runtime().tmp_mb
+
+
+def _why_no_mounts(root: bool) -> str:
+    return "the runtime may not mount (no CAP_SYS_ADMIN)" if root else "the runtime is not root"
+
+
+@functools.cache
+def mount_view_problem() -> str | None:
+    """Why a worker cannot get its own mount namespace here (None: it can). Tried once per process
+    in a short-lived worker-like process, as the host does not change while the runtime runs."""
+    try:
+        done = subprocess.run(
+            [sys.executable, mounts.__file__, "probe"],
+            env=scrubbed_env({}, str(Path(__file__).resolve().parents[2])),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the mount namespace probe did not run: {exc}"
+    if done.returncode == 0:
+        return None
+    text = done.stderr.decode(errors="replace").strip().splitlines()
+    return text[-1] if text else f"the mount namespace probe exited with {done.returncode}"
 
 
 def _remove(path: Path) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,12 +15,14 @@ import pytest
 
 from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime import LocalRuntime
-from plugtune.runtime.sandbox import closed_python_paths
+from plugtune.runtime.sandbox import closed_python_paths, mount_view_problem
+from plugtune.runtime.worker.mounts import closed_ancestor, interpreter_paths
 from tests.runtime.helpers import ctx, entry, sample, trajectory
 
 AS_ROOT = pytest.mark.skipif(
-    os.geteuid() != 0 or bool(closed_python_paths()),
-    reason="a uid per function needs the runtime to run as root, with a Python other users can read",
+    os.geteuid() != 0 or (bool(closed_python_paths()) and mount_view_problem() is not None),
+    reason="a uid per function needs the runtime to run as root, with a Python other users can read "
+    "or a mount namespace that makes it readable",
 )
 
 
@@ -66,11 +70,13 @@ async def test_plugin_cannot_read_the_store_home_checkpoints_other_snapshots_or_
         own = await rt.deploy(entry("isolation.py", "own_snapshot"))
         assert (await own.invoke(ctx(), sample(), trajectory())).value == 1.0  # its own code it reads
         neighbour_pid = neighbour.deployment.instances[0].pid
+        neighbour_code = neighbour.deployment.config["code_root"]  # where its own worker reads it
         reaches = {
             "read": [
                 str(home / "plugtune.db"),
                 str(home / "jobs" / "1" / "checkpoint.pt"),
                 str(neighbour.snapshot.root / "grader.py"),
+                f"{neighbour_code}/grader.py",
                 "/etc/shadow",
             ],
             "list": [str(home), str(home / "runtime" / "code")],
@@ -78,10 +84,14 @@ async def test_plugin_cannot_read_the_store_home_checkpoints_other_snapshots_or_
         }
         result = await fn.invoke(ctx(), sample(**reaches), trajectory())
         assert (await neighbour.invoke(ctx(), sample(), trajectory())).value == 0.5  # still serving
+        private_view = rt.isolation.view.startswith("private mount namespace")
     messages = _messages(result)
     for kind, targets in reaches.items():
         for target in targets:
-            assert f"{kind} {target}: PermissionError" in messages, messages
+            # the host's /tmp is not in a private view at all; what it sees but is not its own is refused
+            hidden = private_view and str(target).startswith("/tmp/") and "plugtune-tmp-" not in str(target)
+            refusal = "FileNotFoundError" if hidden else "PermissionError"
+            assert f"{kind} {target}: {refusal}" in messages, messages
     assert result.value == 0.0
 
 
@@ -146,3 +156,37 @@ async def test_running_out_of_file_descriptors_is_500_naming_the_limit() -> None
         with pytest.raises(PluginCallError) as info:
             await fn.invoke(ctx(), sample(), trajectory())
     assert info.value.cause == "500" and "RLIMIT_NOFILE" in info.value.message
+
+
+@AS_ROOT
+async def test_plugin_has_its_own_tmp_and_dev_shm_and_sees_only_python_in_closed_folders() -> None:
+    host_tmp = Path(tempfile.gettempdir()) / f"plugtune-test-host-{os.getpid()}.txt"
+    host_shm = Path("/dev/shm") / f"plugtune-test-host-{os.getpid()}"
+    for path in (host_tmp, host_shm):
+        path.write_text("the host's")
+    closed = sorted({c for c in map(closed_ancestor, interpreter_paths()) if c and not c.startswith("/tmp")})
+    try:
+        async with LocalRuntime() as rt:
+            assert rt.isolation.user == "uid per function"
+            assert rt.isolation.view.startswith("private mount namespace"), rt.isolation
+            fn = await rt.deploy(entry("isolation.py", "view"), runtime={"tmp_mb": 8})
+            result = await fn.invoke(ctx(), sample(list=["/tmp", "/dev/shm", *closed]), trajectory())
+            with pytest.raises(PluginCallError) as info:
+                await fn.invoke(ctx(), sample(fill="/tmp"), trajectory())
+            assert info.value.cause == Cause.DISK.value, info.value
+            with pytest.raises(PluginCallError) as info:
+                await fn.invoke(ctx(), sample(fill="/dev/shm"), trajectory())
+            assert info.value.cause == Cause.DISK.value, info.value
+            assert (await fn.invoke(ctx(), sample(), trajectory())).value == 1.0  # still serving
+    finally:
+        for path in (host_tmp, host_shm):
+            path.unlink()
+    listed = dict(m[len("list ") :].split(": ", 1) for m in _messages(result) if m.startswith("list "))
+    tmp_entries = ast.literal_eval(listed["/tmp"])
+    assert host_tmp.name not in tmp_entries and all(e.startswith("plugtune-") for e in tmp_entries)
+    assert ast.literal_eval(listed["/dev/shm"]) == []
+    for folder in closed:  # e.g. /root: only the way to Python is left, root's own files are not
+        shown = set(ast.literal_eval(listed[folder]))
+        assert shown and shown < set(os.listdir(folder)), (folder, shown)
+    assert not list(Path(tempfile.gettempdir()).glob("fill-*")) and not list(Path("/dev/shm").glob("fill-*"))
+    assert f"uid {os.getuid()}" not in _messages(result)

@@ -3,7 +3,8 @@ rlimits, and name the failures those limits cause.
 
 Order at a zygote's (or spawned worker's) start, before the user's module is imported: the
 environment is already scrubbed (the supervisor built it), then :func:`enter_network`, then
-:func:`drop_privileges`. Each forked instance then calls :func:`enter_instance`.
+``enter_mounts`` (:mod:`.mounts`: its own /tmp, Python readable, the rest of closed folders hidden),
+then :func:`drop_privileges`. Each forked instance then calls :func:`enter_instance`.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from typing import Any
 from plugtune.runtime.protocol import FATAL, FrameReader
 from plugtune.runtime.worker.channel import Channel
 from plugtune.runtime.worker.loader import LoadError, Plugin, load
+from plugtune.runtime.worker.mounts import MountError, enter_mounts
 from plugtune.runtime.worker.sandbox import SandboxError, drop_privileges, enter_instance, enter_network
 from plugtune.runtime.worker.serve import enter_limits, reseed, serve
 from plugtune.runtime.worker.watch import install_net_counter
@@ -27,14 +28,16 @@ LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"
 
 
 def enter_sandbox(config: dict[str, Any], channel: Channel) -> None:
-    """The environment is scrubbed already; then the network, then the function's own user."""
+    """The environment is scrubbed already; then the network, the mount namespace (the files it
+    sees), then the function's own user."""
     try:
         enter_network(config)
+        enter_mounts(config)
         drop_privileges(config)
     except LoadError as exc:  # the network step's NetworkUnavailable says what to do itself
         channel.send([FATAL, exc.message, exc.traceback])
         os._exit(2)
-    except SandboxError as exc:
+    except (SandboxError, MountError) as exc:
         channel.send([FATAL, f"the plugin's sandbox could not be entered: {exc}", ""])
         os._exit(2)
 

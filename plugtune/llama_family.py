@@ -62,36 +62,116 @@ def unsupported(model: Any) -> str | None:
             for name in names
         }
         for name, linear in projections.items():
-            # Exactly nn.Linear: an adapter (LoRA) or quantized layer computes more than its .weight.
-            if type(linear) is not torch.nn.Linear:
-                return f"{name} is {type(linear).__name__}, not a plain nn.Linear (an adapter or quantized?)"
-        if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None or mlp.down_proj.bias is not None:
+            # Exactly nn.Linear or a plain LoRA over one: a quantized layer computes more than its .weight.
+            if type(linear) is not torch.nn.Linear and (why := lora_unsupported(linear)) is not None:
+                return f"{name} is {type(linear).__name__}, not a plain nn.Linear ({why})"
+        if any(_linear(mlp, name).bias is not None for name in PROJECTIONS):
             return "the MLP is not a bias-free SwiGLU"
     if getattr(model.lm_head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None):
         return "the output head has a bias or soft-capping"
     return None
 
 
+def lora_unsupported(module: Any) -> str | None:
+    """Why ``module`` is not a LoRA (peft ``lora.Linear``) this module can run exactly (None when
+    it can: one active, unmerged adapter of plain linear maps over a plain ``nn.Linear``)."""
+    base = getattr(module, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(module, "lora_A"):
+        return "an adapter or quantized layer?"
+    active = list(getattr(module, "active_adapters", []))
+    if len(active) != 1 or getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
+        return f"LoRA with adapters {active} active and merged={getattr(module, 'merged', False)}"
+    name = active[0]
+    if getattr(module, "use_dora", {}).get(name) or getattr(module, "lora_bias", {}).get(name):
+        return "LoRA with DoRA or a LoRA bias"
+    if getattr(module, "fan_in_fan_out", False) or name not in module.lora_A:
+        return "LoRA in fan-in-fan-out layout"
+    a, b = module.lora_A[name], module.lora_B[name]
+    if type(a) is not torch.nn.Linear or type(b) is not torch.nn.Linear or a.bias is not None:
+        return "LoRA matrices that are not bias-free linear maps"
+    return None
+
+
+@dataclass
+class Adapter:
+    """A LoRA's low-rank update of one linear map: ``y += scale * B(A(dropout(x)))``."""
+
+    a: torch.Tensor  # [r, in]
+    b: torch.Tensor  # [out, r]
+    scale: float
+    dropout: float  # the probability, when its dropout module is in training mode (else 0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dropout > 0:
+            x = F.dropout(x, self.dropout, training=True)
+        return F.linear(F.linear(x, self.a), self.b) * self.scale
+
+    def delta(self) -> torch.Tensor:
+        """The update as a matrix ``[out, in]`` (as peft merges it)."""
+        return (self.b @ self.a) * self.scale
+
+
+def weight_and_adapter(module: Any, merge: bool) -> tuple[torch.Tensor, torch.Tensor | None, Adapter | None]:
+    """A linear map's weight and bias, and its LoRA kept apart (``merge`` False) or folded into the
+    weight (``merge`` True: a copy, made once per call; decoding uses it for every token)."""
+    if type(module) is torch.nn.Linear:
+        return module.weight, module.bias, None
+    name = module.active_adapters[0]
+    dropout = module.lora_dropout[name]
+    adapter = Adapter(
+        a=module.lora_A[name].weight,
+        b=module.lora_B[name].weight,
+        scale=float(module.scaling[name]),
+        dropout=float(dropout.p) if isinstance(dropout, torch.nn.Dropout) and dropout.training else 0.0,
+    )
+    base = module.base_layer
+    if merge:
+        return base.weight + adapter.delta(), base.bias, None
+    return base.weight, base.bias, adapter
+
+
+def _linear(parent: Any, name: str) -> torch.nn.Linear:
+    """The plain linear map under ``parent.name`` (the base layer of a LoRA)."""
+    module = getattr(parent, name)
+    return module if type(module) is torch.nn.Linear else module.base_layer
+
+
 @dataclass
 class Projection:
-    """Several linear maps of one input, concatenated: one product when ``weight`` is fused."""
+    """Several linear maps of one input, concatenated: one product when ``weight`` is fused.
+
+    LoRA updates kept apart (training: the base weights get no gradient, and the update's
+    gradient costs ``r``-wide products) run as one more small product per map."""
 
     weight: torch.Tensor | None  # the maps' weights stacked, when fused
     bias: torch.Tensor | None
-    parts: list[Any]  # the nn.Linear modules, when not fused
+    parts: list[tuple[torch.Tensor, torch.Tensor | None]]  # each map's weight and bias, when not fused
+    adapters: list[Adapter | None]  # each map's LoRA update kept apart (or None)
+    sizes: list[int]  # each map's output width
 
     @staticmethod
-    def of(linears: list[Any], fuse: bool) -> Projection:
+    def of(linears: list[Any], fuse: bool, merge: bool = False) -> Projection:
+        maps = [weight_and_adapter(m, merge) for m in linears]
+        adapters = [a for _, _, a in maps]
+        sizes = [int(w.shape[0]) for w, _, _ in maps]
         if not fuse:
-            return Projection(None, None, linears)
-        biases = [m.bias for m in linears]
-        bias = torch.cat(biases) if all(b is not None for b in biases) else None
-        return Projection(torch.cat([m.weight for m in linears]), bias, [])
+            return Projection(None, None, [(w, b) for w, b, _ in maps], adapters, sizes)
+        biases = [b for _, b, _ in maps]
+        bias = torch.cat([b for b in biases if b is not None]) if None not in biases else None
+        return Projection(torch.cat([w for w, _, _ in maps]), bias, [], adapters, sizes)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is not None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.cat([F.linear(x, m.weight, m.bias) for m in self.parts], -1)
+            y = F.linear(x, self.weight, self.bias)
+        else:
+            y = torch.cat([F.linear(x, w, b) for w, b in self.parts], -1)
+        if not any(self.adapters):
+            return y
+        deltas = [
+            a(x) if a is not None else x.new_zeros(*x.shape[:-1], n)
+            for a, n in zip(self.adapters, self.sizes, strict=True)
+        ]
+        return y + torch.cat(deltas, -1)
 
 
 @dataclass
@@ -105,6 +185,8 @@ class Layer:
     b_o: torch.Tensor | None
     gate_up: Projection  # -> [..., 2 * intermediate]
     w_down_t: torch.Tensor
+    o_adapter: Adapter | None = None  # LoRA updates kept apart (training)
+    down_adapter: Adapter | None = None
 
 
 class LlamaFamily:
@@ -139,22 +221,27 @@ class LlamaFamily:
         self.fuse = per_layer * len(self.inner.layers) <= FUSE_BYTES
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def layers(self) -> list[Layer]:
-        """The layers' weights as they are now (under autograd when the caller records a graph)."""
+    def layers(self, merge: bool = False) -> list[Layer]:
+        """The layers' weights as they are now (under autograd when the caller records a graph);
+        LoRA updates folded into copies of the weights with ``merge`` (decoding), else kept apart."""
         out = []
         for layer in self.inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            w_o, b_o, o_adapter = weight_and_adapter(attn.o_proj, merge)
+            w_down, _, down_adapter = weight_and_adapter(mlp.down_proj, merge)
             out.append(
                 Layer(
                     norm1=layer.input_layernorm.weight,
                     norm2=layer.post_attention_layernorm.weight,
                     eps1=eps_of(layer.input_layernorm),
                     eps2=eps_of(layer.post_attention_layernorm),
-                    qkv=Projection.of([attn.q_proj, attn.k_proj, attn.v_proj], self.fuse),
-                    w_o_t=attn.o_proj.weight.t(),
-                    b_o=attn.o_proj.bias,
-                    gate_up=Projection.of([mlp.gate_proj, mlp.up_proj], self.fuse),
-                    w_down_t=mlp.down_proj.weight.t(),
+                    qkv=Projection.of([attn.q_proj, attn.k_proj, attn.v_proj], self.fuse, merge),
+                    w_o_t=w_o.t(),
+                    b_o=b_o,
+                    gate_up=Projection.of([mlp.gate_proj, mlp.up_proj], self.fuse, merge),
+                    w_down_t=w_down.t(),
+                    o_adapter=o_adapter,
+                    down_adapter=down_adapter,
                 )
             )
         return out
@@ -206,9 +293,15 @@ class LlamaFamily:
             out_GHLD = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask_G1LL, scale=self.scale, enable_gqa=self.gqa
             )
-            h = h + F.linear(out_GHLD.transpose(1, 2).reshape(G, L, H * D), layer.w_o_t.t(), layer.b_o)
+            attended = out_GHLD.transpose(1, 2).reshape(G, L, H * D)
+            h = h + F.linear(attended, layer.w_o_t.t(), layer.b_o)
+            if layer.o_adapter is not None:
+                h = h + layer.o_adapter(attended)
             gate, up = layer.gate_up(rms(h, layer.norm2, layer.eps2)).chunk(2, -1)
-            h = h + F.linear(F.silu(gate) * up, layer.w_down_t.t())
+            act = F.silu(gate) * up
+            h = h + F.linear(act, layer.w_down_t.t())
+            if layer.down_adapter is not None:
+                h = h + layer.down_adapter(act)
             if keep_kv:
                 keys.append(k)
                 values.append(v)

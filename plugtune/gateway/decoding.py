@@ -162,7 +162,7 @@ class FusedDecoder:
 
     def start(self, prompts: Sequence[Sequence[int]], row_prompt: list[int], max_new: int) -> _FusedSession:
         with torch.no_grad():  # the weights as they are now (the caller holds the weights lock)
-            layers = self.f.layers()
+            layers = self.f.layers(merge=True)  # a LoRA folded in: one product per map and token
         return _FusedSession(self.f, layers, prompts, row_prompt, max_new)
 
 

@@ -1,8 +1,10 @@
 """Checkpoints that resume exactly: weights, optimizer, data cursor, RNG states and step.
 
 A checkpoint directory is also a Hugging Face model directory (``save_pretrained`` + tokenizer),
-plus ``trainer_state.pt`` with the rest. It is written to a temporary sibling and renamed, so
-a crash mid-write never leaves a half checkpoint under the final name.
+plus ``trainer_state.pt`` with the rest; with LoRA it is a peft adapter directory instead (the
+adapter's ``save_pretrained``: a few MiB, not the whole model) + tokenizer + ``trainer_state.pt``.
+It is written to a temporary sibling and renamed, so a crash mid-write never leaves a half
+checkpoint under the final name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from plugtune.trainer import lora
 from plugtune.trainer.data import DataCursor
 
 STATE_FILE = "trainer_state.pt"
@@ -79,11 +82,17 @@ def save(
     optimizer: torch.optim.Optimizer,
     cursor: DataCursor,
     step: int,
+    adapter: Any | None = None,
 ) -> Path:
-    """Write a resumable checkpoint of the state after ``step`` at ``path`` (atomically)."""
+    """Write a resumable checkpoint of the state after ``step`` at ``path`` (atomically); with
+    ``adapter`` (the PeftModel around ``model``) the adapter's weights instead of the model's."""
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_model(tmp, model, tokenizer)
+    if adapter is None:
+        save_model(tmp, model, tokenizer)
+    else:
+        lora.save_adapter(adapter, tmp)
+        tokenizer.save_pretrained(str(tmp))
     torch.save(
         {"step": step, "optimizer": optimizer.state_dict(), "cursor": cursor.state(), "rng": rng_state()},
         tmp / STATE_FILE,
@@ -93,14 +102,31 @@ def save(
     return path
 
 
-def load(path: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, cursor: DataCursor) -> int:
+def load(
+    path: Path,
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    cursor: DataCursor,
+    adapter: Any | None = None,
+) -> int:
     """Restore everything ``save`` wrote into the live objects; returns the step."""
-    from safetensors.torch import load_file
-
     state_file = path / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"{path} is not a plugtune checkpoint: {STATE_FILE} is missing")
     state = torch.load(state_file, weights_only=False)
+    if adapter is None:
+        _load_weights(path, model)
+    else:
+        lora.load_adapter(adapter, path)
+    optimizer.load_state_dict(state["optimizer"])
+    cursor.restore(state["cursor"])
+    set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def _load_weights(path: Path, model: PreTrainedModel) -> None:
+    from safetensors.torch import load_file
+
     weights = {}
     for shard in sorted(path.glob("*.safetensors")):
         weights.update(load_file(str(shard)))
@@ -111,10 +137,6 @@ def load(path: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, c
         raise ValueError(
             f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
         )
-    optimizer.load_state_dict(state["optimizer"])
-    cursor.restore(state["cursor"])
-    set_rng_state(state["rng"])
-    return int(state["step"])
 
 
 def _tied_keys(model: PreTrainedModel) -> set[str]:

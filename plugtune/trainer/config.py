@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from plugtune.errors import InvalidValueError, Problem
+from plugtune.trainer.lora import LoraSettings
 
 
 def _doc(text: str, lo: float, hi: float, *, lo_open: bool = False) -> dict[str, Any]:
@@ -68,6 +69,7 @@ class TrainerConfig:
             "it only adds contention."
         ),
     )
+    lora: LoraSettings | None = field(default=None, metadata={"doc": LoraSettings.docs(), "nested": True})
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -101,9 +103,15 @@ class TrainerConfig:
             Problem(file=file, field=f"{prefix}.{name}", message=message)
             for name, message in _field_problems({**_defaults(), **values})
         ]
+        problems += [
+            Problem(file=file, field=f"{prefix}.lora{suffix}", message=message)
+            for suffix, message in LoraSettings.problems_of(values.get("lora"))
+        ]
         if problems:
             raise InvalidValueError(problems)
         converted: dict[str, Any] = {k: (float(v) if _is_float_field(k) else v) for k, v in values.items()}
+        if isinstance(values.get("lora"), dict):
+            converted["lora"] = LoraSettings.from_value(values["lora"])
         return cls(**converted)
 
     @classmethod
@@ -112,6 +120,9 @@ class TrainerConfig:
         out = {}
         for f in fields(cls):
             m = f.metadata
+            if m.get("nested"):
+                out[f.name] = m["doc"]
+                continue
             if m.get("flag"):
                 out[f.name] = f"{m['doc']} Default {f.default!r} (true or false)."
                 continue
@@ -133,6 +144,8 @@ def _field_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
     for f in fields(TrainerConfig):
         value = values[f.name]
         m = f.metadata
+        if m.get("nested"):  # checked by its own type
+            continue
         if m.get("flag"):
             if not isinstance(value, bool):
                 out.append((f.name, f"must be true or false, got {value!r}"))

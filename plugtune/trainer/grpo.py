@@ -8,6 +8,7 @@ its TrajectoryRecords so the jobs layer can store them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import time
@@ -23,7 +24,7 @@ from transformers import PreTrainedModel
 
 from plugtune.errors import LossNanError
 from plugtune.sdk import Sample, Sampling
-from plugtune.trainer import checkpoint, objective
+from plugtune.trainer import checkpoint, lora, objective
 from plugtune.trainer.batch import TrainBatch, micro_batches
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
@@ -57,7 +58,12 @@ class StepResult:
 
 
 class GRPOTrainer:
-    """Trains ``model`` in place with GRPO on ``rows`` (dataset dicts: messages / tools / extra)."""
+    """Trains ``model`` in place with GRPO on ``rows`` (dataset dicts: messages / tools / extra).
+
+    With ``config.lora`` a peft LoRA adapter is injected into ``model`` in place (the same object
+    the policy server decodes from) and only the adapter trains; checkpoints then hold the
+    adapter, and ``save_final`` writes the merged model and the adapter.
+    """
 
     def __init__(
         self,
@@ -75,13 +81,15 @@ class GRPOTrainer:
         self.rows = rows
         self.runner = GroupRunner(server=server, plugins=plugins, caller=caller, job_id=job_id)
         self.cursor = DataCursor(len(rows), config.seed)
+        checkpoint.seed_everything(config.seed)  # the adapter's initialisation too
+        self.reference = _frozen_copy(model) if config.kl_coef > 0 else None  # the base, without adapter
+        self.adapted = lora.attach(model, config.lora) if config.lora is not None else None
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=config.learning_rate,
             weight_decay=config.weight_decay,
             fused=True,
         )
-        self.reference = _frozen_copy(model) if config.kl_coef > 0 else None
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.spin = SpinQuieter()
@@ -211,7 +219,8 @@ class GRPOTrainer:
         with self.server.weights_lock:
             on_locked()
             self.spin.release()  # the backward's threads spin-wait between regions as usual
-            parts = self._backward(batches, step, records)
+            with lora.adapter_dropout(self.model) if self.adapted is not None else contextlib.nullcontext():
+                parts = self._backward(batches, step, records)
             grad_norm = self._apply(step, records, batches)
             self.server.set_policy_version(step)
             self.spin.quiet()  # ... but not through the next rollouts
@@ -221,19 +230,28 @@ class GRPOTrainer:
         """Write the state after the last applied step; rollouts started ahead are not in it (a
         resumed run draws the same prompts again)."""
         cursor = self._next.cursor_before if self._next is not None else self.cursor
-        return checkpoint.save(path, self.model, self.tokenizer, self.optimizer, cursor, self.step_count)
+        return checkpoint.save(
+            path, self.model, self.tokenizer, self.optimizer, cursor, self.step_count, adapter=self.adapted
+        )
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore weights, optimizer, data cursor, RNG states and step from ``path``."""
         if self._next is not None:
             raise RuntimeError("load_checkpoint before stepping (or after cancel_pending())")
         with self.server.weights_lock:
-            self.step_count = checkpoint.load(path, self.model, self.optimizer, self.cursor)
+            self.step_count = checkpoint.load(
+                path, self.model, self.optimizer, self.cursor, adapter=self.adapted
+            )
         self.server.set_policy_version(self.step_count)
 
     def save_final(self, path: Path) -> Path:
-        """The trained model as a Hugging Face directory (config, safetensors, tokenizer)."""
-        return checkpoint.save_model(path, self.model, self.tokenizer)
+        """The trained model as a Hugging Face directory (config, safetensors, tokenizer); with
+        LoRA, base + adapter merged there and the adapter alone in ``path/adapter``."""
+        if self.adapted is None:
+            return checkpoint.save_model(path, self.model, self.tokenizer)
+        lora.save_merged(self.adapted, self.tokenizer, path)
+        lora.save_adapter(self.adapted, path / lora.ADAPTER_DIR)
+        return path
 
     def _sample(self, index: int, row: dict[str, Any]) -> Sample:
         c = self.config

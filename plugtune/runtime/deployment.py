@@ -533,6 +533,8 @@ class LocalDeployment:
             await asyncio.sleep(period)
             if watchdog:
                 self.monitor.watch_memory(self.instances)
+            if not self.backend.sandbox.can_mount:  # plain temp folders: nothing else caps their size
+                self.monitor.watch_disk(self.instances)
             now = time.monotonic()
             if now - last_idle_check >= min(1.0, self.backend.idle_timeout_s / 4):
                 last_idle_check = now

@@ -81,6 +81,7 @@ class Instance:
         self.ended = False
         self.kill_reason = ""
         self.watchdog_oom = ""
+        self.disk_full = ""  # set when the temp folder's size watch killed it (what it held)
         self.last_used = time.monotonic()
         self.started_at = time.monotonic()
         self.outbound_bytes = 0
@@ -282,7 +283,9 @@ class Instance:
                 fatal = DeployFailed(text, tb, self.startup_logs)
             self.ready.set_exception(fatal)
         happened = Happened.OOM_KILLED if oom else Happened.DIED
-        if not oom and self.limits.pids_hits() > 0:
+        if not oom and self.disk_full:
+            happened, message = Happened.DISK_FULL, self.disk_full
+        elif not oom and self.limits.pids_hits() > 0:
             happened, message = Happened.PIDS_LIMIT, f"{message} ({self.pids_text()})"
         for pending in list(self.pending.values()):
             if not pending.future.done():

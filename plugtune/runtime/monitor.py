@@ -1,8 +1,12 @@
-"""Resource gauges of a function's instances, and the memory watchdog used without cgroups."""
+"""Resource gauges of a function's instances, the memory watchdog used without cgroups, and the
+size watch of temp folders that are plain folders (no tmpfs of their own)."""
 
 from __future__ import annotations
 
+import os
+import stat
 import time
+from pathlib import Path
 
 import psutil
 
@@ -56,6 +60,40 @@ class ResourceMonitor:
                     f"the memory watchdog killed it at {rss:.0f} MiB resident (limits: rlimit+watchdog)"
                 )
                 instance.kill("over its memory limit")
+
+    def watch_disk(self, instances: list[Instance]) -> None:
+        """Kill an instance whose temp folder holds more than ``tmp_mb`` (the tmpfs's job, where the
+        runtime may not mount one)."""
+        for instance in instances:
+            if instance.ended or instance.tmp_dir is None or instance.disk_full:
+                continue
+            used = folder_mb(instance.tmp_dir)
+            if used > self.runtime.tmp_mb:
+                instance.disk_full = (
+                    f"the temp folder's size watch killed it: {instance.tmp_dir} held {used:.1f} MiB, "
+                    f"more than tmp_mb={self.runtime.tmp_mb}"
+                )
+                instance.kill("its temp space is over tmp_mb")
+
+
+def folder_mb(path: Path, max_entries: int = 100_000) -> float:
+    """Disk space used by the files below ``path`` (allocated blocks; links not followed), MiB."""
+    total, seen, stack = 0, 0, [str(path)]
+    while stack and seen < max_entries:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += st.st_blocks * 512
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(entry.path)
+    return total / (1 << 20)
 
 
 def rss_mb(pid: int) -> float:

@@ -216,9 +216,11 @@ def _describe(
     view += f"; {', '.join(hidden)} hidden but Python)" if hidden else ")"
     return Isolation(
         user=user,
-        tmp="tmpfs of tmp_mb per instance" if sandbox.can_mount else "folder per instance (RLIMIT_FSIZE)",
+        tmp="tmpfs of tmp_mb per instance"
+        if sandbox.can_mount
+        else "folder per instance (RLIMIT_FSIZE, size watch)",
         pids=pids,
-        view=view if sandbox.has_view else f"the host's ({view_problem}: the host's /tmp is shared)",
+        view=view if sandbox.has_view else f"the host's (/tmp and /dev/shm shared: {view_problem})",
     )
 
 

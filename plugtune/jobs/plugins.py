@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from plugtune.errors import InvalidValueError, PluginCallError, Problem
-from plugtune.jobs.validation import PluginRef, ValidatedJob
+from plugtune.jobs.validation import PluginRef, ValidatedJob, field_line
 from plugtune.runtime import Function
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.sdk import Context, Kind, PluginSpec
@@ -55,14 +57,43 @@ def entry_of(ref: PluginRef) -> str:
     return f"{found.origin}:{ref.function}"
 
 
-async def deploy_all(rt: BaseRuntime, job: ValidatedJob) -> list[JobFunction]:
-    """Deploy the rollout, graders and group graders (in that order) with job.yaml's overrides.
+def plugin_env(job: ValidatedJob, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What every plugin instance gets besides the runtime's allow-list: job.yaml's ``env`` and its
+    ``secrets``, copied by name from this process's environment (the attempt's).
 
-    Raises ``InvalidValueError`` when a function's decorator does not match its place in job.yaml."""
+    Raises ``InvalidValueError`` naming each secret that is not set here, or also given in ``env``."""
+    source = os.environ if environ is None else environ
+    env = dict(job.spec.env)
+    problems = []
+    for index, name in enumerate(job.spec.secrets):
+        line = field_line(job.job_file, ("secrets", index))
+        if name in job.spec.env:
+            message = f"{name} is in both env and secrets; keep it in one (secrets for keys and tokens)"
+        elif name not in source:
+            message = (
+                f"secret {name} is not set in the environment that runs the job; export it there "
+                f"(e.g. `export {name}=...` before `plugtune run`, or before `plugtune serve`)"
+            )
+        else:
+            env[name] = source[name]
+            continue
+        problems.append(Problem(str(job.job_file), message, line, f"secrets[{index}]"))
+    if problems:
+        raise InvalidValueError(problems)
+    return env
+
+
+async def deploy_all(rt: BaseRuntime, job: ValidatedJob) -> list[JobFunction]:
+    """Deploy the rollout, graders and group graders (in that order) with job.yaml's overrides,
+    ``env`` and ``secrets``.
+
+    Raises ``InvalidValueError`` when a function's decorator does not match its place in job.yaml,
+    or a secret is missing."""
     deployed = []
+    env = plugin_env(job)
     for ref in (job.rollout, *job.graders, *job.group_graders):
         overrides = ref.runtime.given() if ref.runtime is not None else None
-        fn = await rt.deploy(entry_of(ref), runtime=overrides)  # job.yaml overrides the decorator
+        fn = await rt.deploy(entry_of(ref), runtime=overrides, env=env)  # job.yaml overrides the decorator
         check_kind(job, ref, fn)
         deployed.append(JobFunction(fn, ref.weight, ref.name))
     return deployed

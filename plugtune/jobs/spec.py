@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plugtune.errors import InvalidValueError
 from plugtune.sdk.runtime_spec import LIMITS, Runtime
@@ -34,6 +34,20 @@ ENTRY_PATTERN = re.compile(r"^(?P<file>[^:]+\.py):(?P<function>[A-Za-z_][A-Za-z0
 PLUGIN_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
 
 _STRICT = ConfigDict(extra="forbid", strict=True, validate_default=True)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_name(name: str) -> str:
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _)")
+    if name.startswith("PLUGTUNE_"):
+        raise ValueError(
+            f"variables named PLUGTUNE_* are the platform's and never reach plugins: rename {name}"
+        )
+    return name
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
 
 
 class RuntimeOverrides(BaseModel):
@@ -256,6 +270,17 @@ class JobSpec(BaseModel):
     )
     data: DataSpec = Field(..., description="Dataset files.")
     plugins: PluginsSpec = Field(..., description="Rollout and grader plugins.")
+    env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="Variables every plugin instance gets (plain values, stored with the job: put "
+        "keys and tokens in `secrets`).",
+    )
+    secrets: list[EnvName] = Field(
+        default_factory=list,
+        description="Names of variables copied into every plugin instance from the environment of the "
+        "process that runs the job (`plugtune run`'s shell, or `plugtune serve`'s); never stored. A "
+        "name not set there fails the job as Invalid value.",
+    )
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy, description="Plugin call failures.")  # type: ignore[arg-type]
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Automatic job retries.")  # type: ignore[arg-type]
     circuit_breaker: CircuitBreaker = Field(

@@ -337,6 +337,15 @@ def _model_at(loc: Path_) -> type[BaseModel] | None:
     return model
 
 
+def field_line(job_file: Path, loc: Path_) -> int | None:
+    """The line of job.yaml that holds ``loc`` (e.g. ``("secrets", 0)``); None when unreadable."""
+    try:
+        _, lines = _compose(job_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return _line_of(loc, lines)
+
+
 def _line_of(loc: Path_, lines: dict[Path_, int]) -> int | None:
     for end in range(len(loc), -1, -1):
         if loc[:end] in lines:

@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU build on this machine's disk (a plain "torch" pulls CUDA).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,ray,trl]'
+	$(PY) -m pip install -q -e '.[dev,ray,trl,lora,tracking]'
 	# verl without its pins (transformers<5.11, packaging<26, wandb, ...), plus just what its agent-loop
 	# and reward modules import: torch and transformers stay as installed.
 	$(PY) -m pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 omegaconf==2.3.1 \

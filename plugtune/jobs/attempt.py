@@ -31,6 +31,7 @@ from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.jobs.validation_rows import read_dataset
 from plugtune.settings import Settings
 from plugtune.store import Store, StoreWriter
+from plugtune.trainer.tracking import CallSpans, Trackers
 from plugtune.types import LogLine, MetricPoint
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ async def _train(
     spec = job.spec
     config = spec.hyperparameters
     loaded = load_model(job.model_dir)
-    caller = PolicyCaller(spec.failure_policy)
+    spans = CallSpans(spec.tracking.otlp.endpoint if spec.tracking.otlp else None, str(job_id))
+    caller = PolicyCaller(spec.failure_policy, spans)
     functions = drain.functions
     hashes = {jf.spec.name: jf.fn.code_hash for jf in functions}
     out = job_dir(settings, job_id)
@@ -176,13 +178,22 @@ async def _train(
         # This process now exists to train: keep freed memory for the next step, and take what
         # start-up left alive out of the garbage collector's full passes.
         log.info("trainer memory: %s", settle_for_training())
-        with StoreWriter(store, job_id) as writer:
+        with StoreWriter(store, job_id) as writer, spans, _trackers(out, spec, job_id) as trackers:
             tail = asyncio.create_task(_drain_every(drain, writer, LIVE_TAIL_S))
             try:
-                await _Loop(store, job_id, trainer, caller, drain, writer, hashes, out, gateway, spec).run()
+                loop = _Loop(store, job_id, trainer, caller, drain, writer, hashes, out, gateway, spec)
+                loop.trackers = trackers
+                await loop.run()
             finally:
                 tail.cancel()
         trainer.save_final(out / "final")
+
+
+def _trackers(out: Path, spec: Any, job_id: int) -> Trackers:
+    """TensorBoard event files under the job's folder, and an offline W&B run when asked for."""
+    wandb = spec.tracking.wandb
+    config = {"model": spec.model, **dataclasses.asdict(spec.hyperparameters)}
+    return Trackers(out, f"{spec.name}-{job_id}", wandb.project if wandb else None, config)
 
 
 async def _drain_every(drain: Drain, writer: StoreWriter, period_s: float) -> None:
@@ -209,6 +220,7 @@ class _Loop:
     gateway: Any
     spec: Any
     warned: set[str] = dataclasses.field(default_factory=set)  # warning keys shown this attempt
+    trackers: Trackers | None = None  # TensorBoard (and W&B) get every step's metrics
 
     async def run(self) -> None:
         """Train the remaining steps, writing each step's records before the next starts."""
@@ -233,6 +245,8 @@ class _Loop:
             logs, points = self.drain.take()
             writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
             writer.add_metrics(_training_points(result.step, result.metrics))
+            if self.trackers is not None:
+                self.trackers.log(result.step, result.metrics)
             writer.add_metrics(points)
             writer.add_logs(logs)
             writer.add_logs(self._new_warnings(result.warnings))

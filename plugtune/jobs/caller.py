@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -18,6 +19,7 @@ from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, decide
 from plugtune.jobs.spec import FailurePolicy
 from plugtune.sdk import Context, Status
 from plugtune.trainer.protocols import PluginFunction
+from plugtune.trainer.tracking import CallSpans
 from plugtune.types import CallOutcome
 
 log = logging.getLogger(__name__)
@@ -60,10 +62,12 @@ class PolicyCaller:
 
     Counts are kept by the step a call belongs to (``ctx.step``): the trainer starts the next
     step's rollouts while it trains on this one, so calls of two steps can be in flight at once.
+    Every call (each retry too) is a span in ``spans`` when the job exports traces.
     """
 
-    def __init__(self, failure: FailurePolicy) -> None:
+    def __init__(self, failure: FailurePolicy, spans: CallSpans | None = None) -> None:
         self.failure = failure
+        self.spans = spans or CallSpans()
         self.retries = 0
         self._steps: dict[int, StepCounts] = {}
 
@@ -94,9 +98,19 @@ class PolicyCaller:
         attempt = 1
         while True:
             self.counts(ctx.step).calls += 1
+            call_ctx, started_ns = dataclasses.replace(ctx, attempt=attempt), time.time_ns()
             try:
-                outcome = await fn.invoke(dataclasses.replace(ctx, attempt=attempt), *args)
+                outcome = await fn.invoke(call_ctx, *args)
             except PluginCallError as exc:
+                self.spans.record(
+                    fn.spec.name,
+                    call_ctx,
+                    started_ns,
+                    status="error",
+                    cause=exc.cause,
+                    call_id=exc.call_id,
+                    message=str(exc),
+                )
                 self._count_error(ctx.step, exc.plugin or fn.spec.name, exc.cause, exc)
                 kind = (
                     FailureKind.CREATE_FAULT
@@ -111,6 +125,9 @@ class PolicyCaller:
                 if isinstance(decision, FailJob):
                     raise JobStop(exc, decision.reason, ctx, args) from exc
                 raise  # DropSample: the trainer marks the trajectory failed and counts it
+            self.spans.record(
+                fn.spec.name, call_ctx, started_ns, status=outcome.status, call_id=outcome.call_id
+            )
             kind_of_status = _STATUS_KINDS.get(outcome.status)
             if kind_of_status is None:
                 return outcome

@@ -131,6 +131,54 @@ class DataSpec(BaseModel):
     )
 
 
+class WandbSpec(BaseModel):
+    """A Weights & Biases run, offline (``jobs/ID/wandb``; upload it later with ``wandb sync``)."""
+
+    model_config = _STRICT
+
+    project: str = Field(..., min_length=1, max_length=128, description="W&B project of the run.")
+
+    @field_validator("project")
+    @classmethod
+    def _wandb_installed(cls, value: str) -> str:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ValueError("tracking.wandb needs wandb installed: pip install -e '.[tracking]'")
+        return value
+
+
+class OtlpSpec(BaseModel):
+    """An OpenTelemetry collector that receives one span per plugin call over OTLP/HTTP."""
+
+    model_config = _STRICT
+
+    endpoint: str = Field(
+        ...,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="The collector's OTLP/HTTP URL, e.g. http://127.0.0.1:4318 (/v1/traces is added "
+        "unless the URL ends with it).",
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _exporter_installed(cls, value: str) -> str:
+        import importlib.util
+
+        if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:
+            raise ValueError("tracking.otlp needs the OTLP exporter installed: pip install -e '.[tracking]'")
+        return value
+
+
+class TrackingSpec(BaseModel):
+    """Trackers besides the console: TensorBoard event files are always written (``jobs/ID/tensorboard``)."""
+
+    model_config = _STRICT
+
+    wandb: WandbSpec | None = Field(default=None, description="Log the metrics to W&B, offline.")
+    otlp: OtlpSpec | None = Field(default=None, description="Export a span per plugin call over OTLP.")
+
+
 class RolloutEntry(BaseModel):
     """The job's rollout plugin."""
 
@@ -286,6 +334,10 @@ class JobSpec(BaseModel):
     circuit_breaker: CircuitBreaker = Field(
         default_factory=CircuitBreaker,  # type: ignore[arg-type]
         description="Early stop on plugin errors.",
+    )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec,  # type: ignore[arg-type]
+        description="Metric trackers and plugin-call traces (TensorBoard always).",
     )
 
     @field_validator("hyperparameters", mode="before")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ class LoraSettings:
         """(field suffix, message) for everything wrong in a job.yaml ``lora`` mapping."""
         if value is None:
             return []
+        if importlib.util.find_spec("peft") is None:
+            return [("", "LoRA needs peft installed: pip install -e '.[lora]'")]
         if not isinstance(value, dict):
             return [("", f"must be a mapping with r, alpha, dropout, target_modules; got {value!r}")]
         known = ("r", "alpha", "dropout", "target_modules")

@@ -190,3 +190,31 @@ async def test_plugin_has_its_own_tmp_and_dev_shm_and_sees_only_python_in_closed
         assert shown and shown < set(os.listdir(folder)), (folder, shown)
     assert not list(Path(tempfile.gettempdir()).glob("fill-*")) and not list(Path("/dev/shm").glob("fill-*"))
     assert f"uid {os.getuid()}" not in _messages(result)
+
+
+ROOT_REFUSING = """
+import os
+from plugtune import grader
+
+if os.getuid() == 0 or not os.access(os.environ["TMPDIR"], os.W_OK):
+    raise RuntimeError(f"imported as uid {os.getuid()}, TMPDIR {os.environ['TMPDIR']}")
+
+
+@grader
+def score(ctx, sample, trajectory):
+    return 1.0
+"""
+
+
+@AS_ROOT
+async def test_ray_spec_probe_imports_the_plugin_in_its_sandbox_not_as_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugtune.runtime.ray.host import read_spec
+
+    (tmp_path / "probe.py").write_text(ROOT_REFUSING)
+    monkeypatch.chdir(tmp_path)  # where Ray unpacks the snapshot (runtime_env working_dir)
+    config = {"entry": f"{tmp_path}/probe.py:score", "relpath": "probe.py", "function": "score", "env": {}}
+    out = await read_spec(config, 30.0)
+    assert out.get("spec", {}).get("name") == "score", out
+    assert not list(Path(tempfile.gettempdir()).glob(f"plugtune-tmp-{os.getpid()}-*"))  # its sandbox is gone

@@ -20,6 +20,7 @@ from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import detect
 from plugtune.runtime.local import LocalBackend
 from plugtune.runtime.quota import Quota, QuotaLedger
+from plugtune.runtime.sandbox import Sandbox
 from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import Runtime
 from plugtune.types import LogLine
@@ -120,15 +121,24 @@ class InstanceHost:
 
 
 async def read_spec(config: dict[str, Any], start_timeout_s: float) -> dict[str, Any]:
-    """Import the plugin in a worker process on a node (as the zygote does locally) and return its
-    spec, or ``{"error": [message, traceback, logs]}`` when it cannot be imported."""
-    zygote = Zygote({**config, "code_root": os.getcwd()}, config["entry"])
+    """Import the plugin in a worker process on a node (as the zygote does locally, in the same
+    sandbox: its own uid, temp folder and mount namespace) and return its spec, or
+    ``{"error": [message, traceback, logs]}`` when it cannot be imported."""
+    sandbox = Sandbox(has_pids_cgroup=False)
+    try:
+        worker = {**config, **sandbox.prepare(Path(os.getcwd()), "spec", Runtime().tmp_mb)}
+    except OSError as exc:
+        sandbox.close()
+        return {"error": [f"could not prepare the plugin's sandbox: {exc}", "", []]}
+    zygote = Zygote(worker, config["entry"])
     try:
         raw = await zygote.start(start_timeout_s)
     except DeployFailed as exc:
         return {"error": [exc.message, exc.traceback, zygote.output_logs() + exc.logs]}
     finally:
         await zygote.aclose()
+        sandbox.release(worker)
+        sandbox.close()
     return {"spec": raw, "at": time.time()}
 
 

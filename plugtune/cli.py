@@ -236,6 +236,58 @@ def submit(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> N
         )
 
 
+@app.command("eval")
+def eval_model(
+    model: str = typer.Argument(
+        ...,
+        metavar="CHECKPOINT_OR_MODEL",
+        help="A checkpoint (.plugtune/jobs/ID/checkpoints/step-N), a job's final model "
+        "(.plugtune/jobs/ID/final), any Hugging Face model folder, or builtin:tiny-chat.",
+    ),
+    job_file: str = typer.Argument(
+        ..., help="The job.yaml whose data.validation, plugins and eval: are used."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Evaluate a model alone on a job's data.validation, through the job's plugins and runtime.
+
+    Prints pass@1 (one greedy reply per row), pass@k (eval.k of eval.samples replies sampled at the
+    job's temperature), the mean reward per grader and the response length; nothing is stored.
+    Exits 0 when the evaluation ran, 1 when the job or a plugin call failed (the error is printed)."""
+    import asyncio
+
+    from plugtune.errors import PlugtuneError
+    from plugtune.jobs.caller import JobStop
+    from plugtune.jobs.classify import classify
+    from plugtune.jobs.evaluate import evaluate_model
+    from plugtune.jobs.validation import validate_job
+    from plugtune.settings import Settings
+
+    try:
+        job = validate_job(job_file)
+        done = asyncio.run(evaluate_model(model, job, Settings.from_env()))
+    except JobStop as stop:
+        _echo_error(classify(stop.error, evidence={"decision": stop.reason}))
+        raise typer.Exit(1) from None
+    except PlugtuneError as exc:
+        _echo_error(classify(exc))
+        raise typer.Exit(1) from None
+    metrics, s = done.result.metrics, done.settings
+    if as_json:
+        _echo_json({"model": str(done.model), "rows_file": str(done.rows_file), "metrics": metrics})
+        return
+    sampled = (
+        f"pass@{s.k} of {s.samples} sampled at temperature {s.temperature:g}" if s.samples else "greedy only"
+    )
+    typer.echo(f"model: {done.model}")
+    rows = f"{done.rows_file} ({metrics['eval/rows']:.0f})"
+    typer.echo(f"rows:  {rows}; {sampled}; pass: reward >= {s.pass_threshold:g}")
+    width = max(len(name) for name in metrics)
+    for name, value in metrics.items():
+        shown = f"{value:.4g}" if value == value else "- (none scored)"  # NaN: nothing to average
+        typer.echo(f"  {name:<{width}}  {shown}")
+
+
 @jobs_app.command("list")
 def jobs_list(
     status: str = typer.Option(

@@ -102,6 +102,7 @@ class TrajectoryRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     code_hash: dict[str, str] = field(default_factory=dict)
+    phase: str = "train"  # train | eval (held-out rows, never trained on)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,7 +18,8 @@ from plugtune.gateway.trace import TraceBuilder
 @dataclass
 class CompletionService:
     """What a completion needs: the template, the engine, the context size and the job's sampling
-    settings (None: each request samples as it asks)."""
+    settings (None: each request samples as it asks); a trajectory opened with its own settings
+    (``TraceBuilder.sampling``, e.g. greedy evaluation) samples with those."""
 
     renderer: ChatRenderer
     engine: GenerationEngine
@@ -36,11 +37,12 @@ class CompletionService:
                 param="model",
                 code="model_not_found",
             )
-        sampling_params(request, self.sampling, self.max_context)  # refused before the record changes
+        sampling = builder.sampling or self.sampling
+        sampling_params(request, sampling, self.max_context)  # refused before the record changes
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         self._refuse_overlong(messages)
         prompt_ids = self._prepare(builder, messages, request.tools, version)
-        params = sampling_params(request, self.sampling, self.max_context - len(prompt_ids))
+        params = sampling_params(request, sampling, self.max_context - len(prompt_ids))
         generation = await asyncio.wrap_future(self.engine.submit(prompt_ids, params))
         text = self._text(generation)
         parsed = (

@@ -147,14 +147,16 @@ class PolicyGateway:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def open(self, trajectory_id: str) -> Policy:
-        """A fresh key (and empty record) for one trajectory; opening an id again starts it over."""
+    def open(self, trajectory_id: str, sampling: JobSampling | None = None) -> Policy:
+        """A fresh key (and empty record) for one trajectory; opening an id again starts it over.
+
+        ``sampling`` replaces the gateway's settings for this trajectory's replies (evaluation)."""
         key = "pt-" + secrets.token_urlsafe(24)
         with self._registry:
             for old in [k for k, t in self._keys.items() if t == trajectory_id]:
                 del self._keys[old]
             self._keys[key] = trajectory_id
-            self._traces[trajectory_id] = TraceBuilder(trajectory_id)
+            self._traces[trajectory_id] = TraceBuilder(trajectory_id, sampling=sampling)
         return Policy(base_url=self.base_url, api_key=key, model=self.model_name)
 
     def take(self, trajectory_id: str) -> TokenTrace:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from plugtune.gateway.engine import SamplingParams
 from plugtune.gateway.protocol import ApiError, ChatCompletionRequest
@@ -21,11 +22,43 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass(frozen=True)
 class JobSampling:
-    """The job's ``hyperparameters`` that every reply is sampled with."""
+    """The job's ``hyperparameters`` that every reply is sampled with.
+
+    ``purpose`` names settings that are not the training ones (e.g. ``"greedy evaluation
+    (eval/pass@1)"``): a request that contradicts them is told so rather than about off-policy
+    training. A temperature of 0 decodes greedily.
+    """
 
     temperature: float
     top_p: float
     max_new_tokens: int
+    purpose: str = ""
+
+
+@dataclass(frozen=True)
+class SamplingView:
+    """A policy server whose trajectories are sampled with other settings than the gateway's own.
+
+    ``gateway`` is a ``PolicyGateway`` (its ``open`` takes ``sampling=``); weights, versions and
+    records are the gateway's. The jobs layer evaluates through such views (greedy, sampled)
+    while training requests keep the job's settings.
+    """
+
+    gateway: Any
+    sampling: JobSampling
+
+    @property
+    def weights_lock(self) -> Any:
+        return self.gateway.weights_lock
+
+    def open(self, trajectory_id: str) -> Any:
+        return self.gateway.open(trajectory_id, sampling=self.sampling)
+
+    def take(self, trajectory_id: str) -> Any:
+        return self.gateway.take(trajectory_id)
+
+    def set_policy_version(self, version: int) -> None:
+        self.gateway.set_policy_version(version)
 
 
 def sampling_params(request: ChatCompletionRequest, job: JobSampling | None, room: int) -> SamplingParams:
@@ -39,8 +72,8 @@ def sampling_params(request: ChatCompletionRequest, job: JobSampling | None, roo
     max_field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
     wanted = request.max_completion_tokens or request.max_tokens
     if job is not None:
-        temperature = _same(request.temperature, job.temperature, "temperature", "temperature")
-        top_p = _same(request.top_p, job.top_p, "top_p", "top_p")
+        temperature = _same(request.temperature, job.temperature, "temperature", job.purpose)
+        top_p = _same(request.top_p, job.top_p, "top_p", job.purpose)
         if wanted is not None and wanted > job.max_new_tokens:
             raise ApiError(
                 400,
@@ -61,15 +94,23 @@ def sampling_params(request: ChatCompletionRequest, job: JobSampling | None, roo
     )
 
 
-def _same(asked: float | None, job: float, field: str, hyperparameter: str) -> float:
+def _same(asked: float | None, job: float, field: str, purpose: str) -> float:
     if asked is None or math.isclose(asked, job, rel_tol=1e-6, abs_tol=1e-9):
         return job
+    if purpose:
+        raise ApiError(
+            400,
+            f"{field}={asked:g} conflicts with {purpose}, which samples with {field}={job:g}. Omit "
+            f"{field} (the gateway applies it) or pass sample.sampling.{field}, which carries it.",
+            param=field,
+            code="sampling_conflict",
+        )
     raise ApiError(
         400,
-        f"{field}={asked:g} conflicts with the job's hyperparameters.{hyperparameter}={job:g}: the "
+        f"{field}={asked:g} conflicts with the job's hyperparameters.{field}={job:g}: the "
         f"trainer scores every sampled token at the job's settings, so a reply sampled with another "
         f"{field} trains off-policy. Omit {field} (the gateway applies the job's), pass "
-        f"sample.sampling.{field}, or change {hyperparameter} in job.yaml.",
+        f"sample.sampling.{field}, or change {field} in job.yaml.",
         param=field,
         code="sampling_conflict",
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 from plugtune.gateway.chat import ChatRenderer, is_extension, normalize_message
 from plugtune.gateway.engine import Generation
+from plugtune.gateway.sampling import JobSampling
 from plugtune.types import TokenSegment, TokenTrace
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class TraceBuilder:
     finish_reason: str = ""
     ended_with_eos: bool = False
     has_reply: bool = False  # the record ends with a policy reply (the last call did not fail)
+    sampling: JobSampling | None = None  # this trajectory's own settings (None: the gateway's)
     lock: threading.Lock = field(default_factory=threading.Lock)
     call_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one HTTP call at a time
 

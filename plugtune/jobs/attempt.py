@@ -23,6 +23,7 @@ from typing import Any
 from plugtune.errors import Cause, PluginCallError
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
+from plugtune.jobs.evaluate import build_evaluator, is_eval_step
 from plugtune.jobs.evidence import failed_record
 from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed
 from plugtune.jobs.report import JOB_WARNINGS
@@ -31,6 +32,7 @@ from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.jobs.validation_rows import read_dataset
 from plugtune.settings import Settings
 from plugtune.store import Store, StoreWriter
+from plugtune.trainer.evaluation import Evaluator
 from plugtune.trainer.tracking import CallSpans, Trackers
 from plugtune.types import LogLine, MetricPoint
 
@@ -183,6 +185,8 @@ async def _train(
             try:
                 loop = _Loop(store, job_id, trainer, caller, drain, writer, hashes, out, gateway, spec)
                 loop.trackers = trackers
+                if job.validation_path is not None:  # held-out rows, through the same plugins and gateway
+                    loop.evaluator = build_evaluator(job, gateway, as_plugins(functions), caller, str(job_id))
                 await loop.run()
             finally:
                 tail.cancel()
@@ -221,6 +225,7 @@ class _Loop:
     spec: Any
     warned: set[str] = dataclasses.field(default_factory=set)  # warning keys shown this attempt
     trackers: Trackers | None = None  # TensorBoard (and W&B) get every step's metrics
+    evaluator: Evaluator | None = None  # of data.validation, when the job has one
 
     async def run(self) -> None:
         """Train the remaining steps, writing each step's records before the next starts."""
@@ -250,6 +255,9 @@ class _Loop:
             writer.add_metrics(points)
             writer.add_logs(logs)
             writer.add_logs(self._new_warnings(result.warnings))
+            if self.evaluator is not None and is_eval_step(result.step, self.spec):
+                writer.flush()
+                await self._evaluate(self.evaluator, result.step)  # before the checkpoint: a resume redoes it
             if result.step % config.save_every_n_steps == 0 or result.step == config.steps:
                 path = trainer.save_checkpoint(self.out / "checkpoints" / f"step-{result.step:06d}")
                 writer.flush()  # the checkpoint's trajectories are durable before it is recorded
@@ -257,6 +265,28 @@ class _Loop:
             writer.flush()
             self.store.update_job(self.job_id, steps_done=result.step)
             _check_breaker(counts, self.spec.circuit_breaker)
+
+    async def _evaluate(self, evaluator: Evaluator, step: int) -> None:
+        """Evaluate the weights after ``step`` on the validation rows; write eval records and metrics."""
+        writer = self.writer
+        try:
+            result = await evaluator.run(step, self.trainer.step_count)
+        except JobStop as stop:
+            writer.add_trajectories(failed_record(stop, self.gateway, step))
+            writer.add_metrics(_call_points(step, self.caller.take_counts(step), prefix="eval/"))
+            writer.flush()
+            raise
+        counts = self.caller.take_counts(step)
+        writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
+        writer.add_metrics(_training_points(step, result.metrics))
+        if self.trackers is not None:
+            self.trackers.log(step, result.metrics)
+        writer.add_metrics(_call_points(step, counts, prefix="eval/"))
+        logs, points = self.drain.take()
+        writer.add_logs(logs)
+        writer.add_metrics(points)
+        writer.flush()
+        _check_breaker(counts, self.spec.circuit_breaker)
 
     def _new_warnings(self, warnings: list[Any]) -> list[LogLine]:
         """The step's warnings of a kind not yet shown this attempt (the metrics show the rest)."""
@@ -277,12 +307,12 @@ def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
     ]
 
 
-def _call_points(step: int, counts: StepCounts) -> list[MetricPoint]:
+def _call_points(step: int, counts: StepCounts, prefix: str = "") -> list[MetricPoint]:
     """The step's plugin calls and failed calls (retried ones too), also of a step that stopped the job."""
     now, failed = time.time(), float(sum(counts.errors.values()))
     return [
-        MetricPoint(time=now, plugin="", name=FAILED_CALLS, value=failed, step=step),
-        MetricPoint(time=now, plugin="", name="plugin/calls", value=float(counts.calls), step=step),
+        MetricPoint(time=now, plugin="", name=prefix + FAILED_CALLS, value=failed, step=step),
+        MetricPoint(time=now, plugin="", name=prefix + "plugin/calls", value=float(counts.calls), step=step),
     ]
 
 

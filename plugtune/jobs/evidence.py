@@ -36,7 +36,7 @@ def failed_record(stop: JobStop, server: Any, step: int) -> list[TrajectoryRecor
     return [
         TrajectoryRecord(
             trajectory_id=ctx.trajectory_id,
-            group_id=f"s{step}-p{ctx.sample_id}",
+            group_id=ctx.trajectory_id.rsplit("-r", 1)[0],  # trajectory ids are <group id>-r<index>
             step=step,
             sample_index=ctx.sample_id,
             rollout_index=ctx.rollout_index,
@@ -52,5 +52,6 @@ def failed_record(stop: JobStop, server: Any, step: int) -> list[TrajectoryRecor
             stop_reason="job stopped",
             errors=[error],
             code_hash={e.plugin: e.code_hash} if e.code_hash else {},
+            phase=ctx.phase,
         )
     ]

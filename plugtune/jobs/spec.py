@@ -131,6 +131,43 @@ class DataSpec(BaseModel):
     )
 
 
+class EvalSpec(BaseModel):
+    """How ``data.validation`` is evaluated, every ``hyperparameters.eval_every_n_steps`` and at the end."""
+
+    model_config = _STRICT
+
+    k: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="pass@k: the chance that one of k replies sampled at the job's temperature passes "
+        "(`eval/pass@k`); pass@1 (`eval/pass@1`) is always measured on one greedy reply.",
+    )
+    samples: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="Replies sampled per row for pass@k (n >= k; default k; more gives an unbiased "
+        "estimate with less variance; 0 = greedy replies only, no pass@k).",
+    )
+    pass_threshold: float = Field(
+        default=1.0,
+        allow_inf_nan=False,
+        description="A reply passes when its reward is at least this (1.0: an exact-match grader's "
+        "full mark).",
+    )
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> EvalSpec:
+        if self.samples and self.samples < self.k:
+            raise ValueError(f"samples={self.samples} is fewer than k={self.k}: pass@k needs n >= k samples")
+        return self
+
+    def sample_count(self) -> int:
+        """n: the replies sampled per row (``samples``, or ``k`` when not given)."""
+        return self.k if self.samples is None else self.samples
+
+
 class WandbSpec(BaseModel):
     """A Weights & Biases run, offline (``jobs/ID/wandb``; upload it later with ``wandb sync``)."""
 
@@ -338,6 +375,10 @@ class JobSpec(BaseModel):
     tracking: TrackingSpec = Field(
         default_factory=TrackingSpec,  # type: ignore[arg-type]
         description="Metric trackers and plugin-call traces (TensorBoard always).",
+    )
+    eval: EvalSpec = Field(
+        default_factory=EvalSpec,  # type: ignore[arg-type]
+        description="Evaluation of data.validation (used only when data.validation is given).",
     )
 
     @field_validator("hyperparameters", mode="before")

@@ -33,6 +33,7 @@ from sqlalchemy import (
     literal,
     select,
     text,
+    update,
 )
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -41,7 +42,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from plugtune.errors import PlatformError
-from plugtune.store.schema import SCHEMA_VERSION, metadata, store_meta
+from plugtune.store.schema import MIGRATIONS, SCHEMA_VERSION, metadata, store_meta
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +148,25 @@ class Database:
         found = conn.execute(select(store_meta.c.value).where(store_meta.c.key == "schema_version")).scalar()
         if found is None:
             conn.execute(insert(store_meta), {"key": "schema_version", "value": str(SCHEMA_VERSION)})
-        elif found != str(SCHEMA_VERSION):
+            return
+        while found.isdigit() and int(found) in MIGRATIONS and int(found) < SCHEMA_VERSION:
+            found = self._migrate(conn, int(found))
+        if found != str(SCHEMA_VERSION):
             raise PlatformError(
                 f"the database at {_safe(self.url)} has plugtune schema version {found}; this plugtune "
                 f"reads version {SCHEMA_VERSION}",
                 hint="Use the plugtune version that wrote it, or point PLUGTUNE_DATABASE_URL / "
                 "PLUGTUNE_HOME at a new database.",
             )
+
+    def _migrate(self, conn: Connection, version: int) -> str:
+        """Upgrade the database from ``version`` to the next one, in the caller's transaction."""
+        prefix = f'"{self.schema}".' if self.schema is not None else ""
+        for statement in MIGRATIONS[version]:
+            conn.execute(text(statement.format(trajectories=prefix + "trajectories")))
+        upgraded = str(version + 1)
+        conn.execute(update(store_meta).where(store_meta.c.key == "schema_version").values(value=upgraded))
+        return upgraded
 
     def drop_schema(self) -> None:
         """Delete every table (PostgreSQL: the whole schema). For tests and `plugtune` resets."""

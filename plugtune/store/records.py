@@ -188,6 +188,7 @@ class TrajectorySummary(_Record):
     attempt: int
     policy_version: int
     status: str
+    phase: str  # train | eval
     reward: float | None
     advantage: float | None
     stop_reason: str

@@ -24,7 +24,16 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
-SCHEMA_VERSION = 1  # bump when a table changes; Store.open refuses a database of another version
+SCHEMA_VERSION = 2  # bump when a table changes; Store.open refuses a database of another version
+
+#: What turns a database of an older version into the next one (``{trajectories}``: the qualified
+#: table name). Version 2: trajectories.phase (train | eval).
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        "ALTER TABLE {trajectories} ADD COLUMN phase VARCHAR(16) NOT NULL DEFAULT 'train'",
+        "CREATE INDEX ix_trajectories_phase ON {trajectories} (job_id, phase, id)",
+    ],
+}
 
 # BIGINT on PostgreSQL, but INTEGER on SQLite so the column is the rowid (autoincrement, no copy).
 RowId = BigInteger().with_variant(Integer(), "sqlite")
@@ -203,6 +212,7 @@ trajectories = Table(
     Column("attempt", Integer, nullable=False),
     Column("policy_version", Integer, nullable=False),
     Column("status", String(16), nullable=False),
+    Column("phase", String(16), nullable=False, default="train"),  # train | eval
     Column("reward", Float(precision=53)),
     Column("advantage", Float(precision=53)),
     Column("stop_reason", String(64), nullable=False, default=""),
@@ -230,6 +240,7 @@ trajectories = Table(
 Index("ix_trajectories_job", trajectories.c.job_id, trajectories.c.id)
 Index("ix_trajectories_status", trajectories.c.job_id, trajectories.c.status, trajectories.c.id)
 Index("ix_trajectories_step", trajectories.c.job_id, trajectories.c.step, trajectories.c.id)
+Index("ix_trajectories_phase", trajectories.c.job_id, trajectories.c.phase, trajectories.c.id)
 Index("ix_trajectories_reward", trajectories.c.job_id, trajectories.c.reward)
 Index("ix_trajectories_group", trajectories.c.job_id, trajectories.c.group_id)
 

@@ -24,7 +24,7 @@ PREVIEW_CHARS = 200
 _IDS_PER_QUERY = 500  # well under every database's limit on bound parameters
 _SUMMARY = [
     T.c.id, T.c.job_id, T.c.trajectory_id, T.c.group_id, T.c.step, T.c.sample_index, T.c.rollout_index,
-    T.c.attempt, T.c.policy_version, T.c.status, T.c.reward, T.c.advantage, T.c.stop_reason,
+    T.c.attempt, T.c.policy_version, T.c.status, T.c.phase, T.c.reward, T.c.advantage, T.c.stop_reason,
     T.c.prompt_tokens, T.c.response_tokens, T.c.plugins, T.c.error_cause, T.c.preview,
 ]  # fmt: skip
 _KEY = ["job_id", "trajectory_id"]
@@ -52,6 +52,7 @@ class TrajectoriesTable(StoreBase):
         job_id: int,
         *,
         status: str | None = None,
+        phase: str | None = None,
         step: int | None = None,
         plugin: str | None = None,
         text: str | None = None,
@@ -65,13 +66,16 @@ class TrajectoriesTable(StoreBase):
     ) -> list[TrajectorySummary]:
         """One page of trajectory summaries (no messages, no tokens).
 
-        ``plugin`` keeps trajectories that ran that plugin or hold an error from it; ``text`` is a
+        ``phase`` keeps ``train`` or ``eval`` (held-out) trajectories; ``plugin`` keeps
+        trajectories that ran that plugin or hold an error from it; ``text`` is a
         case-insensitive substring of the messages. Page with ``offset``, or for the default
         newest-first order with ``before_id=page[-1].id`` (constant cost however deep). The
         trajectory shown before ``t`` in newest-first order (full-screen "up"):
         ``trajectories(..., order="oldest", after_id=t.id, limit=1)``.
         """
-        query = _filtered(select(*_SUMMARY), job_id, status, step, plugin, text, min_reward, max_reward)
+        query = _filtered(
+            select(*_SUMMARY), job_id, status, phase, step, plugin, text, min_reward, max_reward
+        )
         if before_id is not None:
             query = query.where(T.c.id < before_id)
         if after_id is not None:
@@ -85,6 +89,7 @@ class TrajectoriesTable(StoreBase):
         job_id: int,
         *,
         status: str | None = None,
+        phase: str | None = None,
         step: int | None = None,
         plugin: str | None = None,
         text: str | None = None,
@@ -93,7 +98,7 @@ class TrajectoriesTable(StoreBase):
         cap: int | None = None,
     ) -> int:
         """How many trajectories match; with ``cap``, ``min(count, cap)`` in O(cap)."""
-        ids = _filtered(select(T.c.id), job_id, status, step, plugin, text, min_reward, max_reward)
+        ids = _filtered(select(T.c.id), job_id, status, phase, step, plugin, text, min_reward, max_reward)
         with self._db.read("counting trajectories") as conn:
             return count_rows(conn, ids, cap)
 
@@ -108,6 +113,7 @@ class TrajectoriesTable(StoreBase):
         trajectory_id: str,
         *,
         status: str | None = None,
+        phase: str | None = None,
         step: int | None = None,
         plugin: str | None = None,
         text: str | None = None,
@@ -116,7 +122,7 @@ class TrajectoriesTable(StoreBase):
     ) -> tuple[str | None, str | None]:
         """(newer, older): the trajectory ids just above and below this one in the filtered
         newest-first list (full-screen up/down); None at either end. Two index lookups."""
-        filters = (status, step, plugin, text, min_reward, max_reward)
+        filters = (status, phase, step, plugin, text, min_reward, max_reward)
         with self._db.read("finding neighbouring trajectories") as conn:
             row_id = conn.execute(
                 select(T.c.id).where(T.c.job_id == job_id, T.c.trajectory_id == trajectory_id)
@@ -167,6 +173,7 @@ def _filtered(
     query: Select[Any],
     job_id: int,
     status: str | None,
+    phase: str | None,
     step: int | None,
     plugin: str | None,
     text: str | None,
@@ -176,6 +183,8 @@ def _filtered(
     query = query.where(T.c.job_id == job_id)
     if status is not None:
         query = query.where(T.c.status == status)
+    if phase is not None:
+        query = query.where(T.c.phase == phase)
     if step is not None:
         query = query.where(T.c.step == step)
     if plugin:
@@ -218,6 +227,7 @@ def _row(job_id: int, r: TrajectoryRecord, now: float) -> dict[str, Any]:
         "attempt": r.attempt,
         "policy_version": r.policy_version,
         "status": r.status,
+        "phase": r.phase,
         "reward": r.reward,
         "advantage": r.advantage,
         "stop_reason": r.stop_reason,
@@ -282,4 +292,5 @@ def _record(r: Any) -> TrajectoryRecord:
         metrics=loads(r.metrics),
         timing=loads(r.timing),
         code_hash=loads(r.code_hash),
+        phase=r.phase,
     )

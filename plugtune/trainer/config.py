@@ -57,6 +57,14 @@ class TrainerConfig:
     save_every_n_steps: int = field(
         default=10, metadata=_doc("Write a resumable checkpoint every N steps.", 1, 1_000_000)
     )
+    eval_every_n_steps: int = field(
+        default=10,
+        metadata=_doc(
+            "Evaluate data.validation every N steps (and after the last step); ignored without it.",
+            1,
+            1_000_000,
+        ),
+    )
     seed: int = field(
         default=0, metadata=_doc("Seed of data order, sampling and initialisation.", 0, 2**32 - 1)
     )

@@ -94,16 +94,21 @@ class _FreshTrajectoryRollout:
 
 @dataclass
 class GroupRunner:
+    """Runs prompt groups through the plugins; ``phase`` tags their contexts and records, and
+    ``group_prefix`` starts their group ids (``s3-p0``: step 3, prompt 0; trajectories ``-r<i>``)."""
+
     server: PolicyServer
     plugins: Plugins
     caller: Caller
     job_id: str = ""
+    phase: str = "train"
+    group_prefix: str = "s"
 
     async def run(
         self, step: int, sample: Sample, group_size: int, policy_version: int
     ) -> list[TrajectoryRecord]:
         """Roll out ``group_size`` trajectories of ``sample`` concurrently and grade them."""
-        group_id = f"s{step}-p{sample.index}"
+        group_id = f"{self.group_prefix}{step}-p{sample.index}"
         slots = [_Slot(rollout_index=i, trajectory_id=f"{group_id}-r{i}") for i in range(group_size)]
         # Open every trajectory before any rollout runs: the policy server then knows how many
         # requests are coming and can start generating as soon as all of them are in.
@@ -226,6 +231,7 @@ class GroupRunner:
             attempt=max(slot.attempt, 1),
             trajectory_id=slot.trajectory_id,
             plugin=fn.spec.name,
+            phase=self.phase,
         )
 
     def _trajectory(self, sample: Sample, slot: _Slot) -> Trajectory:
@@ -266,6 +272,7 @@ class GroupRunner:
             errors=list(slot.errors),
             metrics={**slot.metrics, **_history_metrics(trace)},
             timing=dict(slot.timing),
+            phase=self.phase,
         )
 
 

@@ -80,7 +80,7 @@ def test_a_database_of_another_schema_version_is_refused(tmp_path: Path) -> None
     Store.open(url).close()
     with sqlite3.connect(tmp_path / "old.db") as conn:
         conn.execute("UPDATE plugtune_meta SET value = '0' WHERE key = 'schema_version'")
-    with pytest.raises(PlatformError, match="has plugtune schema version 0; this plugtune reads version 1"):
+    with pytest.raises(PlatformError, match="has plugtune schema version 0; this plugtune reads version 2"):
         Store.open(url)
 
 

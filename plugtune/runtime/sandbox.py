@@ -5,13 +5,19 @@ The supervisor side of the isolation contract (the worker side is :mod:`.worker.
 * environment: only :data:`PASSED_ENV` from the runtime's own environment, plus the function's
   ``env`` (``deploy(env=...)``, job.yaml ``env:`` and ``secrets:``); ``PLUGTUNE_*`` never passes;
 * user: when the runtime runs as root, each deployed function gets its own numeric uid (leased
-  from :data:`PLUGIN_UIDS`, no /etc/passwd entry) and its snapshot's gid; not root: the runtime's
-  own user (the rest still applies; ``rt.isolation`` says what is active);
+  from :data:`PLUGIN_UIDS`, no /etc/passwd entry) and its snapshot's gid; not root, or root whose
+  Python other users cannot read and no mount namespace to fix it: the runtime's own user (the
+  rest still applies; ``rt.isolation`` says what is active);
 * files: the state dir is traversable but not listable, each snapshot readable by its own group
   only, the rest of PLUGTUNE_HOME (store, checkpoints) private to the runtime's user;
 * temp space: a private folder per instance (``$HOME``/``$TMPDIR``), a ``tmp_mb`` tmpfs owned by
   the instance's uid when the runtime may mount, else a plain folder capped per file by
-  ``RLIMIT_FSIZE``; removed when the instance ends, however it ended.
+  ``RLIMIT_FSIZE`` and in total by the supervisor's size watch; removed when the instance ends,
+  however it ended;
+* files seen: where a probe shows this host can make one, each function's workers enter a private
+  mount namespace (:mod:`.worker.mounts`): their own /tmp and /dev/shm, Python's folders bound
+  read-only into a tmpfs over any folder other users cannot traverse (so the uid drop works with
+  a Python under a 0700 /root). The temp root is a shared mount so instances' tmpfs reach it there.
 """
 
 from __future__ import annotations

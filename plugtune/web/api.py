@@ -96,7 +96,8 @@ def retry_job(request: Request, job_id: JobId) -> RetryOut:
 
 @router.get("/jobs/{job_id}/curves", response_model=ChartsOut)
 def training_curves(request: Request, job_id: JobId) -> ChartsOut:
-    """Training curves by step: reward (mean and per grader), loss, KL, response length, plugin errors."""
+    """Training curves by step: reward (mean and per grader), loss, KL, response length, plugin errors;
+    once the job evaluated data.validation, eval pass@1 / pass@k, eval reward and length too."""
     store = _store(request)
     service.require_job(store, job_id)
     return ChartsOut(charts=charts.training_charts(store, job_id))
@@ -202,6 +203,7 @@ def list_trajectories(
     request: Request,
     job_id: JobId,
     status: str | None = None,
+    phase: Annotated[str | None, Query(description="train, or eval (data.validation)")] = None,
     plugin: str | None = None,
     step: str | None = None,
     min_reward: str | None = None,
@@ -210,10 +212,11 @@ def list_trajectories(
     before: Before = None,
     limit: Limit = 50,
 ) -> TrajectoryPage:
-    """Trajectory summaries, newest first; filter by status, plugin, step, reward and text."""
+    """Trajectory summaries, newest first; filter by phase (train / eval), status, plugin, step, reward
+    and text."""
     store = _store(request)
     service.require_job(store, job_id)
-    flt = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q).to_filter()
+    flt = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q, phase=phase).to_filter()
     page = service.trajectory_page(store, job_id, flt, before=before, limit=limit)
     return TrajectoryPage(items=page.items, before=page.before)
 
@@ -231,6 +234,7 @@ def trajectory_neighbors(
     job_id: JobId,
     trajectory_id: RecordId,
     status: str | None = None,
+    phase: Annotated[str | None, Query(description="train, or eval (data.validation)")] = None,
     plugin: str | None = None,
     step: str | None = None,
     min_reward: str | None = None,
@@ -238,7 +242,7 @@ def trajectory_neighbors(
     q: str | None = None,
 ) -> NeighborsOut:
     """The trajectories just above and below one in the list with the same filters (for up/down keys)."""
-    flt = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q).to_filter()
+    flt = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q, phase=phase).to_filter()
     return service.neighbors(_store(request), job_id, trajectory_id, flt)
 
 

@@ -95,6 +95,38 @@ TRAINING_CHARTS: list[PluginChart] = [
     ),
     PluginChart("time", "Step time", "s", _prefix("time/"), _after("time/")),
 ]
+# Evaluation of data.validation (plugtune.trainer.evaluation): shown once a job has evaluated.
+EVAL_CHARTS: list[PluginChart] = [
+    PluginChart(
+        "eval_pass",
+        "Eval pass rate: pass@1 (greedy), pass@k (sampled)",
+        "share of rows",
+        lambda n: n in ("eval/pass@1", "eval/pass@k"),
+        lambda n: "pass@1 (greedy)" if n == "eval/pass@1" else "pass@k (sampled)",
+    ),
+    PluginChart(
+        "eval_reward",
+        "Eval reward (greedy; mean and per grader)",
+        "",
+        _prefix("eval/reward/"),
+        _after("eval/reward/"),
+    ),
+    PluginChart(
+        "eval_response_length",
+        "Eval response length (greedy)",
+        "tokens",
+        _exact("eval/response_length"),
+        lambda n: "response_length",
+    ),
+    PluginChart(
+        "eval_counts",
+        "Eval rows, k, unscored trajectories and plugin calls",
+        "count",
+        lambda n: n in ("eval/rows", "eval/k", "eval/unscored") or n.startswith("eval/plugin/"),
+        _after("eval/"),
+    ),
+]
+TRAINING_CHARTS += EVAL_CHARTS
 TRAINING_EMPTY = {"plugin_errors": "No plugin error so far."}
 
 
@@ -105,6 +137,7 @@ def training_charts(store: Store, job_id: int) -> list[ChartOut]:
         _chart(spec, series, x="step", empty=TRAINING_EMPTY.get(spec.key, "Not recorded yet."))
         for spec in TRAINING_CHARTS
     ]
+    charts = [c for c in charts if c.series or not c.key.startswith("eval_")]  # no validation set: none
     claimed = {n for spec in TRAINING_CHARTS for n in series if spec.matches(n)}
     extra = sorted(n for n in series if n not in claimed)[:MAX_EXTRA_CHARTS]
     for name in extra:

@@ -138,6 +138,7 @@ class TrajectorySummaryOut(BaseModel):
     group_id: str
     step: int
     status: str
+    phase: str = Field(default="train", description="train, or eval (a data.validation row)")
     reward: float | None = None
     advantage: float | None = None
     plugins: list[str] = Field(default_factory=list)
@@ -185,6 +186,7 @@ class TrajectoryOut(BaseModel):
     step: int
     attempt: int
     status: str
+    phase: str = Field(default="train", description="train, or eval (a data.validation row)")
     stop_reason: str = ""
     reward: float | None = None
     advantage: float | None = None

@@ -163,6 +163,7 @@ def trajectories_page(
     request: Request,
     job_id: JobId,
     status: str | None = None,
+    phase: str | None = None,
     plugin: str | None = None,
     step: str | None = None,
     min_reward: str | None = None,
@@ -173,7 +174,7 @@ def trajectories_page(
 ) -> HTMLResponse:
     store = _store(request)
     job = service.require_job(store, job_id)
-    form = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q)
+    form = TrajectoryForm.parse(status, plugin, step, min_reward, max_reward, q, phase=phase)
     cursor = integer("before", before, minimum=1)
     page = service.trajectory_page(
         store, job_id, form.to_filter(), before=cursor, limit=TRAJECTORIES_PER_PAGE

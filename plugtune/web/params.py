@@ -13,6 +13,7 @@ from plugtune.web.queries import LogFilter, TrajectoryFilter
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TRAJECTORY_STATUSES = ("success", "failed", "discard")
+PHASES = ("train", "eval")  # eval: data.validation, evaluated during training
 MAX_ID = 2**63 - 1  # the store's integers are 64-bit
 MAX_PAGE = 10**9
 
@@ -104,6 +105,7 @@ class TrajectoryForm:
     """The Trajectory analysis page's filters as they appear in its URL."""
 
     status: str | None = None
+    phase: str | None = None
     plugin: str | None = None
     step: int | None = None
     min_reward: float | None = None
@@ -119,9 +121,11 @@ class TrajectoryForm:
         min_reward: str | None,
         max_reward: str | None,
         q: str | None,
+        phase: str | None = None,
     ) -> TrajectoryForm:
         return cls(
             status=choice("status", status, TRAJECTORY_STATUSES),
+            phase=choice("phase", phase, PHASES),
             plugin=text(plugin),
             step=integer("step", step, minimum=0),
             min_reward=number("min_reward", min_reward),
@@ -136,6 +140,7 @@ class TrajectoryForm:
     def to_filter(self) -> TrajectoryFilter:
         return TrajectoryFilter(
             status=self.status,
+            phase=self.phase,
             step=self.step,
             plugin=self.plugin,
             text=self.q,

@@ -39,6 +39,7 @@ class LogFilter:
 @dataclass(frozen=True)
 class TrajectoryFilter:
     status: str | None = None
+    phase: str | None = None
     step: int | None = None
     plugin: str | None = None
     text: str | None = None
@@ -48,6 +49,7 @@ class TrajectoryFilter:
     def store_kwargs(self) -> dict[str, Any]:
         return {
             "status": self.status,
+            "phase": self.phase,
             "step": self.step,
             "plugin": self.plugin,
             "text": self.text,

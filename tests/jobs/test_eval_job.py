@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from plugtune.cli import app
 from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.trainer.evaluation import pass_at_k
+from plugtune.web import create_app
 from tests.jobs.jobkit import ROWS, make_job
 
 pytestmark = pytest.mark.slow
@@ -62,7 +64,9 @@ def _eval_job(root: Path, *, rollout: str = ROLLOUT, failure: str = "fail_job") 
 
 
 def _by_step(store: Store, name: str) -> dict[int, float]:
-    return {p.step: p.value for p in store.metrics(1, "", max_points=1000).get(name, []) if p.step is not None}
+    return {
+        p.step: p.value for p in store.metrics(1, "", max_points=1000).get(name, []) if p.step is not None
+    }
 
 
 def test_a_job_evaluates_its_validation_rows_at_the_right_steps_and_plugtune_eval_alone(
@@ -106,6 +110,7 @@ def test_a_job_evaluates_its_validation_rows_at_the_right_steps_and_plugtune_eva
             assert len(rows) == 3 and all(len(v) == 3 for v in rows.values())
             expected = [pass_at_k(3, sum(x == 1.0 for x in v), 2) for v in rows.values()]
             assert passk[step] == pytest.approx(sum(expected) / 3)
+        _console_shows_eval(store)
     finally:
         store.close()
 
@@ -120,6 +125,32 @@ def test_a_job_evaluates_its_validation_rows_at_the_right_steps_and_plugtune_eva
     assert as_json["metrics"]["eval/rows"] == 3
     # the greedy replies of the same weights are the same: pass@1 repeats exactly
     assert as_json["metrics"]["eval/pass@1"] == pytest.approx(pass1[3])
+
+
+def _console_shows_eval(store: Store) -> None:
+    client = TestClient(create_app(store), base_url="http://127.0.0.1:8321")
+    listed = client.get("/api/jobs/1/trajectories", params={"phase": "eval", "limit": 500})
+    assert listed.status_code == 200, listed.text
+    items = listed.json()["items"]
+    assert len(items) == 24 and {t["phase"] for t in items} == {"eval"}
+    assert {
+        t["phase"] for t in client.get("/api/jobs/1/trajectories", params={"limit": 500}).json()["items"]
+    } == {
+        "train",
+        "eval",
+    }
+    bad = client.get("/api/jobs/1/trajectories", params={"phase": "test"})
+    assert bad.status_code == 400 and "phase" in bad.text and "eval" in bad.text
+    detail = client.get(f"/api/jobs/1/trajectories/{items[0]['id']}").json()
+    assert detail["phase"] == "eval"
+    page = client.get("/jobs/1/trajectories", params={"phase": "eval"})
+    assert page.status_code == 200 and 'value="eval" selected' in page.text
+    assert page.text.count('<span class="badge">eval</span>') == min(24, page.text.count("data-open="))
+    charts = {c["key"]: c for c in client.get("/api/jobs/1/curves").json()["charts"]}
+    names = {s["name"]: [x for x, _ in s["points"]] for s in charts["eval_pass"]["series"]}
+    assert names == {"pass@1 (greedy)": [2, 3], "pass@k (sampled)": [2, 3]}
+    assert {s["name"] for s in charts["eval_reward"]["series"]} == {"mean", "exact"}
+    assert "eval/pass@1" not in charts  # claimed by the eval charts, not one chart per name
 
 
 HARDCODED_TEMPERATURE = """

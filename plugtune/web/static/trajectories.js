@@ -111,7 +111,7 @@
       const head = PT.el("h2", {}, [
         PT.el("span", { class: "mono", id: "detail-id", text: t.id }), " ", PT.badge("status", t.status),
       ]);
-      const meta = PT.el("div", { class: "muted", text: `step ${t.step} · group ${t.group_id} · attempt ${t.attempt}` + (t.stop_reason ? ` · stop: ${t.stop_reason}` : "") });
+      const meta = PT.el("div", { class: "muted", text: (t.phase === "eval" ? "eval (data.validation) · " : "") + `step ${t.step} · group ${t.group_id} · attempt ${t.attempt}` + (t.stop_reason ? ` · stop: ${t.stop_reason}` : "") });
       panel.replaceChildren(
         navBar(t), head, meta,
         section("Reward per grader", [renderRewards(t)]),

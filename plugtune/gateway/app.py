@@ -20,8 +20,12 @@ from plugtune.gateway.trace import TraceBuilder
 
 logger = logging.getLogger(__name__)
 
-#: Finds the trajectory an API key belongs to (None for unknown keys).
-KeyResolver = Callable[[str], TraceBuilder | None]
+#: Finds the trajectory an API key belongs to, or says why the key does not work (None: unknown).
+KeyResolver = Callable[[str], TraceBuilder | str | None]
+UNKNOWN_KEY = (
+    "Incorrect API key provided: each rollout must use the key of its own trajectory "
+    "(policy.api_key); this one is unknown."
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -125,15 +129,17 @@ def _check_content_type(value: str) -> None:
 
 def _authorize(header: str, resolve: KeyResolver) -> TraceBuilder:
     key = header[len("Bearer ") :].strip() if header.lower().startswith("bearer ") else ""
-    builder = resolve(key) if key else None
-    if builder is None:
+    if not key:
         raise ApiError(
             401,
-            "Incorrect API key provided: each rollout must use the key of its own trajectory "
-            "(policy.api_key); this one is unknown or its trajectory has finished.",
+            "No API key provided: send the trajectory's key (policy.api_key) as 'Authorization: Bearer "
+            "KEY'; policy.chat(), achat() and the clients from policy.openai() do.",
             code="invalid_api_key",
         )
-    return builder
+    found = resolve(key)
+    if found is None or isinstance(found, str):
+        raise ApiError(401, found or UNKNOWN_KEY, code="invalid_api_key")
+    return found
 
 
 def _validate(body: bytes) -> ChatCompletionRequest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import secrets
@@ -16,13 +17,15 @@ from plugtune.errors import PlatformError
 from plugtune.gateway.app import build_app
 from plugtune.gateway.chat import ChatRenderer
 from plugtune.gateway.completions import CompletionService
-from plugtune.gateway.engine import GenerationEngine
+from plugtune.gateway.engine import AUTO_THREADS, GenerationEngine
 from plugtune.gateway.sampling import JobSampling
 from plugtune.gateway.trace import TraceBuilder
 from plugtune.sdk import Policy
 from plugtune.types import TokenTrace
 
 logger = logging.getLogger(__name__)
+
+ENDED_KEYS_KEPT = 1 << 16  # keys of ended trajectories remembered, to say why they no longer work
 
 
 class PolicyGateway:
@@ -33,7 +36,8 @@ class PolicyGateway:
     object the trainer updates; the trainer holds ``weights_lock`` while it changes the weights
     and then calls ``set_policy_version``. Generation runs under ``torch.inference_mode`` in whatever
     train/eval mode the model is in (the gateway never switches it: that would race the trainer),
-    on ``generation_threads`` torch intra-op threads of its own (None: torch's default).
+    on ``generation_threads`` torch intra-op threads of its own (None: torch's default; 0, the
+    default: one for a model of at most 64 MiB of weights, this thread's torch count for a larger one).
 
     With ``sampling`` (the job's temperature, top_p and max_new_tokens) every reply is sampled
     with those settings: a request that omits one gets the job's, one that contradicts it is a
@@ -49,7 +53,7 @@ class PolicyGateway:
         port: int = 0,
         max_batch_size: int = 64,
         max_context: int | None = None,
-        generation_threads: int | None = 1,
+        generation_threads: int | None = AUTO_THREADS,
         sampling: JobSampling | None = None,
     ) -> None:
         self.model_name = model_name
@@ -72,7 +76,9 @@ class PolicyGateway:
         )
         context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
         self._service = CompletionService(self._renderer, self.engine, model_name, int(context), sampling)
-        self._keys: dict[str, str] = {}
+        self._keys: dict[str, str] = {}  # key -> its trajectory
+        self._key_of: dict[str, str] = {}  # trajectory -> its one live key
+        self._ended: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         self._traces: dict[str, TraceBuilder] = {}
         self._registry = threading.Lock()
         self._server: uvicorn.Server | None = None
@@ -153,9 +159,9 @@ class PolicyGateway:
         ``sampling`` replaces the gateway's settings for this trajectory's replies (evaluation)."""
         key = "pt-" + secrets.token_urlsafe(24)
         with self._registry:
-            for old in [k for k, t in self._keys.items() if t == trajectory_id]:
-                del self._keys[old]
+            self._end_keys(trajectory_id, "was started over (a retry) with a new key")
             self._keys[key] = trajectory_id
+            self._key_of[trajectory_id] = key
             self._traces[trajectory_id] = TraceBuilder(trajectory_id, sampling=sampling)
         return Policy(base_url=self.base_url, api_key=key, model=self.model_name)
 
@@ -163,15 +169,34 @@ class PolicyGateway:
         """The trajectory's token record; its key stops working. KeyError for an unknown id."""
         with self._registry:
             builder = self._traces.pop(trajectory_id)
-            for old in [k for k, t in self._keys.items() if t == trajectory_id]:
-                del self._keys[old]
+            self._end_keys(trajectory_id, "has ended")
         with builder.lock:
             return builder.snapshot()
 
-    def _resolve(self, key: str) -> TraceBuilder | None:
+    def _end_keys(self, trajectory_id: str, why: str) -> None:
+        """The trajectory's keys stop working (call holding ``_registry``)."""
+        old = self._key_of.pop(trajectory_id, None)
+        if old is not None:
+            del self._keys[old]
+            self._ended[old] = (trajectory_id, why)
+        while len(self._ended) > ENDED_KEYS_KEPT:
+            self._ended.popitem(last=False)
+
+    def _resolve(self, key: str) -> TraceBuilder | str | None:
+        """The key's own trajectory, or why the key does not work (each key is one trajectory's)."""
         with self._registry:
             trajectory_id = self._keys.get(key)
-            return self._traces.get(trajectory_id) if trajectory_id is not None else None
+            builder = self._traces.get(trajectory_id) if trajectory_id is not None else None
+            if builder is not None:
+                return builder
+            ended = self._ended.get(key)
+        if ended is None:
+            return None
+        return (
+            f"this API key belonged to trajectory {ended[0]}, which {ended[1]}: a key works only while "
+            "its own trajectory's rollout runs. Use the policy (and a client made from it) that each "
+            "call is given, not one kept from an earlier call or used by a task that outlives it."
+        )
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -12,7 +12,9 @@ import time
 
 from plugtune import Runtime, grader
 
-CHAOS = Runtime(memory_mb=160, timeout_s=3.0, max_concurrency=1, min_instances=1, max_instances=3)
+CHAOS = Runtime(
+    memory_mb=160, timeout_s=3.0, max_concurrency=1, min_instances=1, max_instances=3, tmp_mb=16, max_pids=16
+)
 BOMB_MIB = 4096  # bounded: the limit stops it long before this
 MAX_FDS = 1 << 20  # bounded: RLIMIT_NOFILE stops it long before this
 

@@ -186,7 +186,10 @@ class RayDeployment:
         instance.in_flight += 1
         started = time.perf_counter()
         try:
-            return await asyncio.wait_for(instance.handle.invoke.remote(request), request.timeout_s + GUARD_S)
+            reply = instance.handle.invoke.remote(request)
+            outcome, lines = await asyncio.wait_for(reply, request.timeout_s + GUARD_S)
+            self.log_lines.extend(lines)
+            return outcome  # type: ignore[no-any-return]
         except asyncio.TimeoutError:
             self._lost(instance, f"it did not answer within timeout_s + {GUARD_S:g} s")
             text = f"the call ran past timeout_s={request.timeout_s:g} on instance {instance.tag}"

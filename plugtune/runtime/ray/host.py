@@ -92,18 +92,25 @@ class InstanceHost:
             "pid": os.getpid(),
         }
 
-    async def invoke(self, request: CallRequest) -> Returned | Failed:
+    async def invoke(self, request: CallRequest) -> tuple[Returned | Failed, list[LogLine]]:
+        """The call's outcome, and the log lines written since the last reply (the call's among
+        them), so the driver has a call's lines by the time it has its outcome."""
         assert self.deployment is not None
-        return await self.deployment.invoke(request)
+        outcome = await self.deployment.invoke(request)
+        return outcome, self._new_lines()
 
     async def report(self) -> tuple[dict[str, float], list[LogLine]]:
-        """The gauges now and the log lines written since the last report."""
+        """The gauges now and the log lines written since the last reply."""
         if self.deployment is None:
             return {}, []
+        return self.deployment.sample(), self._new_lines()
+
+    def _new_lines(self) -> list[LogLine]:
+        assert self.deployment is not None
         lines = self.deployment.log_lines
         new = list(lines)
         lines.clear()
-        return self.deployment.sample(), new
+        return new
 
     async def kill_worker(self) -> None:
         if self.deployment is not None:

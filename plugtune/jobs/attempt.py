@@ -25,7 +25,7 @@ from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evaluate import build_evaluator, is_eval_step
 from plugtune.jobs.evidence import failed_record
-from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed
+from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed, record_waiting
 from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.jobs.retry_policy import breaker
 from plugtune.jobs.validation import ValidatedJob, validate_job
@@ -105,24 +105,27 @@ async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[
         total_memory_mb=settings.total_memory_mb,
     )
     backend = job.spec.plugins.runtime_backend
+    record_waiting(store, job_id, job)
     async with runtime_for(backend, settings.ray_address, quota, settings.home / "runtime") as rt:
         functions = await deploy_all(rt, job)
         record_deployed(store, job_id, functions)
         drain = Drain(functions)
-        failed = ""
+        failed: JobStop | None = None
         try:
             await _train(store, settings, job_id, job, rows, drain)
         except JobStop as stop:
-            failed = stop.error.plugin
-            store.set_plugin_status(job_id, failed, "failed", failure_reason=str(stop.error))
+            failed = stop
             raise
         finally:
             for jf in functions:
                 jf.fn.flush_metrics()
             logs, points = drain.take()
             store.write_batch(job_id, logs=logs, metrics=points)
+            # Ended after their last points are written, so their metrics window holds them.
             for jf in functions:  # the others ended with the attempt, without a fault of their own
-                if jf.spec.name != failed:
+                if failed is not None and jf.spec.name == failed.error.plugin:
+                    store.set_plugin_status(job_id, jf.spec.name, "failed", failure_reason=str(failed.error))
+                else:
                     store.set_plugin_status(job_id, jf.spec.name, "completed")
 
 
@@ -175,7 +178,9 @@ async def _train(
         checkpoint = store.latest_checkpoint(job_id)
         if checkpoint is not None:
             trainer.load_checkpoint(Path(checkpoint.path))
-            store.delete_after_step(job_id, checkpoint.step)
+        # What an earlier attempt wrote past the resume point is run again: forget it, so no step
+        # is drawn twice (a retry without a checkpoint restarts at step 0).
+        store.delete_after_step(job_id, checkpoint.step if checkpoint is not None else 0)
         store.update_job(job_id, steps_total=config.steps, steps_done=trainer.step_count)
         # This process now exists to train: keep freed memory for the next step, and take what
         # start-up left alive out of the garbage collector's full passes.
@@ -308,11 +313,16 @@ def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
 
 
 def _call_points(step: int, counts: StepCounts, prefix: str = "") -> list[MetricPoint]:
-    """The step's plugin calls and failed calls (retried ones too), also of a step that stopped the job."""
+    """The step's plugin calls and failed calls (retried ones too; in all and by cause), also of a
+    step that stopped the job."""
     now, failed = time.time(), float(sum(counts.errors.values()))
     return [
         MetricPoint(time=now, plugin="", name=prefix + FAILED_CALLS, value=failed, step=step),
         MetricPoint(time=now, plugin="", name=prefix + "plugin/calls", value=float(counts.calls), step=step),
+        *(
+            MetricPoint(time=now, plugin="", name=f"{prefix}{FAILED_CALLS}/{cause}", value=n, step=step)
+            for cause, n in sorted((c, float(n)) for c, n in counts.errors.items())
+        ),
     ]
 
 

@@ -121,6 +121,13 @@ def as_plugins(functions: list[JobFunction]) -> Plugins:
     )
 
 
+def record_waiting(store: Store, job_id: int, job: ValidatedJob) -> None:
+    """Declare the job's plugins before they deploy: the console shows them waiting meanwhile."""
+    for ref in (job.rollout, *job.graders, *job.group_graders):
+        store.upsert_plugin(job_id, ref.name, ROLES[ref.kind], ref.entry)
+        store.set_plugin_status(job_id, ref.name, "waiting")
+
+
 def record_deployed(store: Store, job_id: int, functions: list[JobFunction]) -> None:
     for jf in functions:
         fn = jf.fn

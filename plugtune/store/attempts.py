@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Connection, func, insert, or_, select, update
 
 from plugtune.store.base import StoreBase, dumps, loads
 from plugtune.store.jobs import require_job
 from plugtune.store.records import Attempt, Checkpoint, NotFoundError
-from plugtune.store.schema import attempts, checkpoints
+from plugtune.store.schema import attempts, checkpoints, plugins
 
 ATTEMPT_STATUSES = frozenset({"running", "succeeded", "failed", "cancelled"})
+_OPEN = ("waiting", "running")
 
 
 class AttemptsTable(StoreBase):
@@ -50,6 +51,7 @@ class AttemptsTable(StoreBase):
             )
             if done.rowcount == 0:
                 raise NotFoundError(f"job {job_id} has no attempt {number}")
+            _settle_plugins(conn, job_id, self._clock(), self._retention_s, error)
 
     def list_attempts(self, job_id: int) -> list[Attempt]:
         query = select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)
@@ -97,3 +99,35 @@ class AttemptsTable(StoreBase):
                 Checkpoint(job_id=r.job_id, step=r.step, path=r.path, created_at=r.created_at)
                 for r in conn.execute(query)
             ]
+
+
+def _settle_plugins(
+    conn: Connection, job_id: int, now: float, retention_s: float, error: dict[str, Any] | None
+) -> None:
+    """No plugin stays "running" after its attempt ended (an attempt that died could not say so):
+    running ones end as completed; the one the attempt's error names (by name or entry) as failed."""
+    c = plugins.c
+    ended = {"ended_at": now, "retention_expires_at": now + retention_s}
+    named = _error_plugin(error)
+    if named:
+        conn.execute(
+            update(plugins)
+            .where(c.job_id == job_id, or_(c.name == named, c.entry == named), c.status.in_(_OPEN))
+            .values(status="failed", failure_reason=_reason(error or {}), **ended)
+        )
+    conn.execute(
+        update(plugins).where(c.job_id == job_id, c.status == "running").values(status="completed", **ended)
+    )
+
+
+def _error_plugin(error: dict[str, Any] | None) -> str:
+    if not error:
+        return ""
+    found = error.get("evidence")
+    evidence: dict[str, Any] = found if isinstance(found, dict) else {}
+    return str(error.get("plugin") or evidence.get("plugin") or "")
+
+
+def _reason(error: dict[str, Any]) -> str:
+    named = _error_plugin(error)
+    return f"{error.get('cause') or error.get('type') or 'error'} [{named}]: {error.get('message') or ''}"

@@ -16,7 +16,7 @@ from plugtune.store.records import (
     NotFoundError,
     Transition,
 )
-from plugtune.store.schema import job_errors, job_transitions, jobs
+from plugtune.store.schema import job_errors, job_transitions, jobs, plugins
 
 _UPDATABLE = frozenset(
     {"name", "spec", "spec_yaml", "steps_done", "steps_total", "next_retry_at", "auto_retries"}
@@ -96,6 +96,12 @@ class JobsTable(StoreBase):
             if wanted not in TRANSITIONS[current]:
                 raise IllegalTransitionError(job_id, current.value, wanted.value)
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(status=wanted.value, updated_at=now))
+            if wanted is JobStatus.QUEUED:  # a retry: its plugins wait for the next attempt to deploy them
+                conn.execute(
+                    update(plugins)
+                    .where(plugins.c.job_id == job_id)
+                    .values(status="waiting", failure_reason="")
+                )
             record = Transition(job_id, current.value, wanted.value, now, reason)
             conn.execute(insert(job_transitions), record.to_dict())
         return record

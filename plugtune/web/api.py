@@ -39,7 +39,7 @@ from plugtune.web.params import (
     choice,
     number,
 )
-from plugtune.web.views import attempts_out, error_out, job_out, plugin_out
+from plugtune.web.views import attempts_out, error_out, plugin_out
 
 router = APIRouter(prefix="/api", tags=["api"])
 
@@ -68,7 +68,7 @@ def list_jobs(
     wanted = choice("status", status, STATUSES)
     jobs = store.list_jobs(wanted, limit=page_size, offset=(page - 1) * page_size)
     return JobPage(
-        items=[job_out(j) for j in jobs], page=page, page_size=page_size, total=store.count_jobs(wanted)
+        items=service.job_list(store, jobs), page=page, page_size=page_size, total=store.count_jobs(wanted)
     )
 
 
@@ -84,12 +84,16 @@ def get_job(request: Request, job_id: JobId) -> JobDetail:
         attempts=attempts_out(store.list_attempts(job_id), errors, store.list_transitions(job_id)),
         errors=[e for e in (error_out(x) for x in errors) if e is not None],
         warnings=job_warnings(store, job_id),
+        config={k: v for k, v in job.spec.items() if k != "job_file"},
+        spec_yaml=job.spec_yaml,
+        retry_note=service.retry_note(store, job),
     )
 
 
 @router.post("/jobs/{job_id}/retry", response_model=RetryOut)
 def retry_job(request: Request, job_id: JobId) -> RetryOut:
-    """Retry a failed (or cancelled) job by hand: it is queued again and resumes from its last checkpoint."""
+    """Retry a failed (or cancelled) job by hand: it is queued again and resumes from its last
+    checkpoint (restarts at step 0 when it has none; a job that failed validation is validated again)."""
     job = service.retry(_store(request), job_id, request.app.state.on_retry)
     return RetryOut(job_id=job.id, status=job.status, message=f"job {job.id} is {job.status} again")
 
@@ -99,8 +103,8 @@ def training_curves(request: Request, job_id: JobId) -> ChartsOut:
     """Training curves by step: reward (mean and per grader), loss, KL, response length, plugin errors;
     once the job evaluated data.validation, eval pass@1 / pass@k, eval reward and length too."""
     store = _store(request)
-    service.require_job(store, job_id)
-    return ChartsOut(charts=charts.training_charts(store, job_id))
+    job = service.require_job(store, job_id)
+    return ChartsOut(charts=charts.training_charts(store, job_id, job.status))
 
 
 @router.get("/jobs/{job_id}/plugins", response_model=list[PluginOut])
@@ -158,7 +162,9 @@ def plugin_metrics(
     request: Request,
     job_id: JobId,
     name: PluginName,
-    range: Annotated[str, Query(description="1h, 3h, 6h, 12h, 3d, 7d or custom")] = "1h",
+    range: Annotated[
+        str, Query(description="life (the plugin's lifetime), 1h, 3h, 6h, 12h, 3d, 7d or custom")
+    ] = charts.LIFETIME,
     start: Annotated[str | None, Query(description="custom range start, epoch seconds")] = None,
     end: Annotated[str | None, Query(description="custom range end, epoch seconds")] = None,
 ) -> PluginMetricsOut:

@@ -12,6 +12,10 @@ from plugtune.web.models import ChartOut, PluginMetricsOut, SeriesOut
 
 MAX_POINTS = 400  # per series and chart: a 7-day chart costs what a 1-hour one does
 MAX_EXTRA_CHARTS = 12
+CALL_ERRORS = "plugin/failed_calls/"  # + cause: a step's failed plugin calls of that cause
+LIFETIME = "life"  # the plugin's lifetime: the default range of the Plugin tab
+END_SLACK_S = 60.0
+MIN_MARGIN_S = 10.0
 
 RANGES: dict[str, float] = {
     "1h": 3600.0,
@@ -21,6 +25,7 @@ RANGES: dict[str, float] = {
     "3d": 3 * 86400.0,
     "7d": 7 * 86400.0,
 }
+RANGE_NAMES = (LIFETIME, *RANGES, "custom")
 
 
 @dataclass(frozen=True)
@@ -83,15 +88,21 @@ TRAINING_CHARTS: list[PluginChart] = [
         lambda n: n == "response_length" or n.startswith("response_length/"),
         lambda n: n,
     ),
-    PluginChart(
+    PluginChart(  # every failed call, retried ones and those of the step that stopped the job too
         "plugin_errors",
         "Plugin errors by cause",
-        "count",
-        _prefix("plugin/errors/"),
-        _after("plugin/errors/"),
+        "failed calls",
+        _prefix(CALL_ERRORS),
+        _after(CALL_ERRORS),
     ),
     PluginChart(
-        "trajectories", "Trajectories per step", "count", _prefix("trajectories/"), _after("trajectories/")
+        "trajectories",
+        "Trajectories per step",
+        "count",
+        lambda n: n.startswith(("trajectories/", "plugin/errors/")),
+        lambda n: (
+            f"failed: {n[len('plugin/errors/') :]}" if n.startswith("plugin/") else _after("trajectories/")(n)
+        ),
     ),
     PluginChart("time", "Step time", "s", _prefix("time/"), _after("time/")),
 ]
@@ -127,16 +138,22 @@ EVAL_CHARTS: list[PluginChart] = [
     ),
 ]
 TRAINING_CHARTS += EVAL_CHARTS
-TRAINING_EMPTY = {"plugin_errors": "No plugin error so far."}
+ACTIVE_EMPTY = {"plugin_errors": "No plugin error so far."}
+ENDED_EMPTY = {"plugin_errors": "No plugin call failed."}
+ACTIVE = ("queued", "validating", "running")
 
 
-def training_charts(store: Store, job_id: int) -> list[ChartOut]:
-    """The job page's curves by step; metrics no chart claims get one chart each (a few at most)."""
-    series = store.metrics(job_id, "", max_points=MAX_POINTS)
-    charts = [
-        _chart(spec, series, x="step", empty=TRAINING_EMPTY.get(spec.key, "Not recorded yet."))
-        for spec in TRAINING_CHARTS
-    ]
+def training_charts(store: Store, job_id: int, job_status: str = "running") -> list[ChartOut]:
+    """The job page's curves by step; metrics no chart claims get one chart each (a few at most).
+
+    A step run again (a retry that restarted before it) is drawn once, with its newest value."""
+    series = {
+        n: _newest_per_step(points) for n, points in store.metrics(job_id, "", max_points=MAX_POINTS).items()
+    }
+    active = job_status in ACTIVE
+    texts = ACTIVE_EMPTY if active else ENDED_EMPTY
+    other = "Not recorded yet." if active else f"Not recorded: the job {job_status} without it."
+    charts = [_chart(spec, series, x="step", empty=texts.get(spec.key, other)) for spec in TRAINING_CHARTS]
     charts = [c for c in charts if c.series or not c.key.startswith("eval_")]  # no validation set: none
     claimed = {n for spec in TRAINING_CHARTS for n in series if spec.matches(n)}
     extra = sorted(n for n in series if n not in claimed)[:MAX_EXTRA_CHARTS]
@@ -146,15 +163,32 @@ def training_charts(store: Store, job_id: int) -> list[ChartOut]:
 
 
 def window(range_name: str, start: float | None, end: float | None, plugin: Plugin) -> tuple[float, float]:
-    """The time window a range shows: custom start/end, else the range up to now (or to the plugin's end)."""
+    """The time window a range shows: custom start/end; ``life``, the plugin's lifetime (its start
+    to its end, or now); else the range up to now (or to the plugin's end). An ended plugin's last
+    points are written as the attempt closes, just after its end: the window keeps them."""
     if range_name == "custom":
         if start is None or end is None or end <= start:
             raise ValueError("a custom range needs start < end (epoch seconds)")
         return start, end
-    if range_name not in RANGES:
-        raise ValueError(f"range must be one of {', '.join([*RANGES, 'custom'])}; got {range_name!r}")
-    stop = plugin.ended_at if plugin.ended_at is not None else _time.time()
-    return stop - RANGES[range_name], stop
+    if range_name != LIFETIME and range_name not in RANGES:
+        raise ValueError(f"range must be one of {', '.join(RANGE_NAMES)}; got {range_name!r}")
+    now = _time.time()
+    if range_name != LIFETIME:
+        stop = min(now, plugin.ended_at + END_SLACK_S) if plugin.ended_at is not None else now
+        return stop - RANGES[range_name], stop
+    stop = plugin.ended_at if plugin.ended_at is not None else now
+    begin = plugin.started_at if plugin.started_at is not None else stop - RANGES["1h"]
+    margin = max(MIN_MARGIN_S, (stop - begin) * 0.05)
+    return begin - margin, min(now, stop + margin)
+
+
+def _newest_per_step(points: list[SeriesPoint]) -> list[SeriesPoint]:
+    if any(p.step is None for p in points):
+        return points
+    newest: dict[int, SeriesPoint] = {}
+    for p in points:  # oldest first: a later point of the same step replaces the earlier one
+        newest[int(p.step or 0)] = p
+    return [newest[s] for s in sorted(newest)]
 
 
 def plugin_metrics(

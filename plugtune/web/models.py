@@ -32,6 +32,16 @@ class JobOut(BaseModel):
     error: ErrorOut | None = None
     next_retry_at: float | None = None
     auto_retries: int = 0
+    queue_position: int | None = Field(
+        default=None,
+        description="a queued job's place in the queue: 1 runs next (the scheduler runs the oldest first)",
+    )
+    duration_s: float | None = Field(
+        default=None, description="since its first attempt started, to its end (or now)"
+    )
+    eta_s: float | None = Field(
+        default=None, description="a running job's estimated time to its last step, at this attempt's pace"
+    )
 
 
 class JobPage(BaseModel):
@@ -58,6 +68,13 @@ class JobDetail(BaseModel):
     warnings: list[str] = Field(
         default_factory=list,
         description="what trained silently wrong (off-policy samples, dropped policy tokens), oldest first",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="the validated job.yaml: model, hyperparameters, data, plugins"
+    )
+    spec_yaml: str = Field(default="", description="job.yaml as it was submitted")
+    retry_note: str = Field(
+        default="", description="what a retry does: resume from step N, restart, revalidate"
     )
 
 

@@ -64,7 +64,13 @@ def jobs_page(request: Request, status: str | None = None, page: str | None = No
         next_url=f"?{base}page={number + 1}" if number < pages else None,
     )
     return _render(
-        request, "jobs.html", jobs=[job_out(j) for j in jobs], statuses=statuses, status=wanted, pager=pager
+        request,
+        "jobs.html",
+        jobs=service.job_list(store, jobs),
+        statuses=statuses,
+        status=wanted,
+        pager=pager,
+        page=number,
     )
 
 
@@ -82,7 +88,16 @@ def _job_page(request: Request, job_id: int, *, message: str = "", status_code: 
     job_view = service.job_view(store, job)
     warnings = job_warnings(store, job_id)
     return _render(
-        request, "job.html", status_code, job=job_view, attempts=attempts, message=message, warnings=warnings
+        request,
+        "job.html",
+        status_code,
+        job=job_view,
+        attempts=attempts,
+        message=message,
+        warnings=warnings,
+        retry_note=service.retry_note(store, job),
+        config=config_rows(job.spec),
+        spec_yaml=job.spec_yaml,
     )
 
 
@@ -111,7 +126,7 @@ def plugins_page(
         traceback = service.failure_traceback(store, job, record) if chosen.status == "failed" else ""
         failure = f"{chosen.failure_reason}\n{traceback}" if chosen.status == "failed" else ""
         files = render_files(code, failure, record.entry)
-    wanted = range if range in (*charts.RANGES, "custom") else "1h"
+    wanted = range if range in charts.RANGE_NAMES else charts.LIFETIME
     return _render(
         request,
         "plugins.html",
@@ -120,7 +135,7 @@ def plugins_page(
         plugin=chosen,
         code_files=files,
         failure_traceback=traceback if traceback not in (chosen.failure_reason if chosen else "") else "",
-        ranges=list(charts.RANGES),
+        ranges=[charts.LIFETIME, *charts.RANGES],
         range=wanted,
     )
 
@@ -200,6 +215,29 @@ def group_page(request: Request, job_id: JobId, group_id: RecordId) -> HTMLRespo
     if not members:
         raise service.Missing(f"job {job_id} has no trajectory group {group_id!r}")
     return _render(request, "group.html", job=job_out(job), group_id=group_id, trajectories=members)
+
+
+def config_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """The job's configuration as (field, value) rows: model, data, every hyperparameter, plugins."""
+    rows: list[tuple[str, str]] = []
+    for key in ("model", "algorithm", "trainer"):
+        if spec.get(key) not in (None, ""):
+            rows.append((key, str(spec[key])))
+    for key, value in (spec.get("data") or {}).items():
+        if value not in (None, ""):
+            rows.append((f"data.{key}", str(value)))
+    for key, value in (spec.get("hyperparameters") or {}).items():
+        rows.append((f"hyperparameters.{key}", str(value)))
+    plugins = spec.get("plugins") or {}
+    rollout = plugins.get("rollout") or {}
+    if isinstance(rollout, dict) and rollout.get("entry"):
+        rows.append(("plugins.rollout", str(rollout["entry"])))
+    for kind in ("graders", "group_graders"):
+        for i, ref in enumerate(plugins.get(kind) or []):
+            if isinstance(ref, dict) and ref.get("entry"):
+                weight = f" (weight {ref['weight']})" if ref.get("weight") is not None else ""
+                rows.append((f"plugins.{kind}[{i}]", f"{ref['entry']}{weight}"))
+    return rows
 
 
 def _keyset_pager(page: service.Page[Any], query: Any, noun: str) -> Pager:

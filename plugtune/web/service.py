@@ -3,13 +3,14 @@ open a trajectory with its log lines, and retry a job."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from plugtune.jobs.control import JobNotFoundError, retry_job
 from plugtune.store import Store
-from plugtune.store.records import IllegalTransitionError, Job, NotFoundError, Plugin
+from plugtune.store.records import Attempt, IllegalTransitionError, Job, NotFoundError, Plugin
 from plugtune.web import queries
 from plugtune.web.models import (
     JobOut,
@@ -23,6 +24,9 @@ from plugtune.web.queries import LogFilter, TrajectoryFilter
 from plugtune.web.views import job_out, log_out, summary_out, trajectory_out
 
 Row = TypeVar("Row", LogOut, TrajectorySummaryOut)
+
+MAX_QUEUE = 1000  # queued jobs given a position; later ones show none
+ENDED = ("succeeded", "failed", "cancelled")
 
 TRAJECTORY_LOG_LINES = 500  # shown with a trajectory; the Logs page pages through the rest
 
@@ -53,12 +57,40 @@ def require_job(store: Store, job_id: int) -> Job:
 
 
 def job_view(store: Store, job: Job) -> JobOut:
-    """The job as the API shows it; an error's plugin reference (name or entry) becomes the plugin's name."""
-    out = job_out(job)
+    """The job as the API shows it; an error's plugin reference (name or entry) becomes the plugin's
+    name; with its queue position, duration and ETA."""
+    out = job_out(job, queue_positions(store))
     if out.error is not None and out.error.plugin:
         name = plugin_name(store.list_plugins(job.id), out.error.plugin)
         out = out.model_copy(update={"error": out.error.model_copy(update={"plugin": name})})
-    return out
+    duration, eta = timing(job, store.list_attempts(job.id), time.time())
+    return out.model_copy(update={"duration_s": duration, "eta_s": eta})
+
+
+def job_list(store: Store, jobs: list[Job]) -> list[JobOut]:
+    positions = queue_positions(store)
+    return [job_out(j, positions) for j in jobs]
+
+
+def queue_positions(store: Store) -> dict[int, int]:
+    """Queued job id -> its place in the queue (1 runs next: the scheduler takes the oldest)."""
+    queued = store.list_jobs("queued", limit=MAX_QUEUE)
+    return {j.id: i + 1 for i, j in enumerate(reversed(queued))}
+
+
+def timing(job: Job, attempts: list[Attempt], now: float) -> tuple[float | None, float | None]:
+    """(seconds since the first attempt started, to the job's end or now; seconds to the last step
+    at the running attempt's pace, None until it has done a step)."""
+    if not attempts:
+        return None, None
+    ended = job.updated_at if job.status in ENDED else None
+    duration = max(0.0, (ended or now) - attempts[0].started_at)
+    last = attempts[-1]
+    done = job.steps_done - last.resumed_from_step
+    if job.status != "running" or last.status != "running" or done <= 0 or not job.steps_total:
+        return duration, None
+    per_step = (now - last.started_at) / done
+    return duration, max(0.0, per_step * (job.steps_total - job.steps_done))
 
 
 def plugin_name(plugins: list[Plugin], ref: str) -> str:
@@ -143,8 +175,25 @@ def group(store: Store, job_id: int, group_id: str) -> list[TrajectoryOut]:
     return [trajectory_out(r, empty) for r in store.group(job_id, group_id)]
 
 
+VALIDATION = ("Invalid data", "Invalid value")
+
+
+def retry_note(store: Store, job: Job) -> str:
+    """What a retry of the job will do, as the Retry button says it."""
+    if job.error is not None and job.error.type in VALIDATION and not store.list_attempts(job.id):
+        return (
+            "validates job.yaml and the data again: fix the problems above first "
+            "(the same files fail the same way)"
+        )
+    checkpoint = store.latest_checkpoint(job.id)
+    if checkpoint is None:
+        return "restarts at step 0: no checkpoint was saved"
+    return f"resumes from the checkpoint of step {checkpoint.step}"
+
+
 def retry(store: Store, job_id: int, on_retry: Callable[[str], None] | None) -> Job:
-    """Manual retry: the job goes back to the queue (and resumes from its last checkpoint)."""
+    """Manual retry: the job goes back to the queue (it resumes from its last checkpoint, or restarts
+    at step 0 without one)."""
     job = require_job(store, job_id)
     if job.status not in ("failed", "cancelled"):
         raise Conflict(f"job {job_id} is {job.status}; only a failed or cancelled job can be retried")

@@ -41,8 +41,9 @@ def error_out(error: JobError | dict[str, Any] | None) -> ErrorOut | None:
     )
 
 
-def job_out(job: Job) -> JobOut:
+def job_out(job: Job, queue_positions: dict[int, int] | None = None) -> JobOut:
     return JobOut(
+        queue_position=(queue_positions or {}).get(job.id),
         id=job.id,
         name=job.name,
         status=job.status,

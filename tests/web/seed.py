@@ -170,6 +170,7 @@ def _training_metrics(now: float) -> list[MetricPoint]:
             "kl": 0.01 * step,
             "response_length": 20 + step,
             "plugin/errors/500": float(step - 1),
+            "plugin/failed_calls/500": float(2 * step - 1),  # as the attempt writes it: retried calls too
             "trajectories/total": 16.0,
             "trajectories/failed": float(step - 1),
             "time/step_s": 4.0 - step,

@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from plugtune.errors import HINTS, Cause
 from plugtune.store import Store
+from plugtune.web.charts import END_SLACK_S
 from tests.web.seed import GRADER_CODE, XSS_IMG, XSS_SCRIPT, Seeded
 
 
@@ -84,10 +85,14 @@ def test_training_curves_by_step(client: TestClient, seeded: Seeded) -> None:
 def test_training_charts_say_why_they_are_empty(client: TestClient, seeded: Seeded) -> None:
     charts = {c["key"]: c for c in client.get(f"/api/jobs/{seeded.done_job}/curves").json()["charts"]}
     assert (
-        charts["plugin_errors"]["empty"] == "No plugin error so far."
-        and not charts["plugin_errors"]["series"]
+        charts["plugin_errors"]["empty"] == "No plugin call failed." and not charts["plugin_errors"]["series"]
     )
-    assert charts["loss"]["empty"] == "Not recorded yet."
+    assert charts["loss"]["empty"] == "Not recorded: the job succeeded without it."  # it ended: no "yet"
+    live = {c["key"]: c for c in client.get(f"/api/jobs/{seeded.running_job}/curves").json()["charts"]}
+    assert (live["plugin_errors"]["empty"], live["loss"]["empty"]) == (
+        "No plugin error so far.",
+        "Not recorded yet.",
+    )
 
 
 def test_plugins_status_failure_reason_and_code(client: TestClient, seeded: Seeded) -> None:
@@ -121,7 +126,8 @@ def test_plugin_metrics_over_ranges(client: TestClient, seeded: Seeded) -> None:
         *("exec_qps", "latency", "error_qps", "cpu_percent", "memory_percent", "instances"),
         *("outbound_mib_s", "concurrency_per_instance"),
     ]
-    assert answer["end"] == seeded.now - 300  # an ended plugin's window ends where it ended
+    # an ended plugin's window ends where it ended (and keeps the points its attempt wrote just after)
+    assert answer["end"] == seeded.now - 300 + END_SLACK_S
     assert answer["end"] - answer["start"] == 3600 and not answer["reclaimed"]
     qps = answer["charts"][0]["series"][0]["points"]
     assert 55 <= len(qps) <= 61 and all(answer["start"] <= t <= answer["end"] for t, _ in qps)

@@ -8,7 +8,7 @@ PT.el = function (tag, attrs, children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
-    if (key === "text") node.textContent = String(value);
+    if (key === "text") node.textContent = PT.reveal(value);
     else if (key === "class") node.className = value;
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else node.setAttribute(key, String(value));
@@ -18,6 +18,46 @@ PT.el = function (tag, attrs, children) {
     node.append(typeof child === "string" ? document.createTextNode(child) : child);
   }
   return node;
+};
+
+// Bidi controls shown as ⟨U+202E⟩, so a right-to-left override cannot make gnp.exe read as exe.png
+// (the server's templating.reveal does the same).
+PT.BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+PT.reveal = function (value) {
+  return String(value).replace(PT.BIDI, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
+};
+
+// Untrusted text in a <tag>: past PT.CLIP characters the rest waits behind "show more" (one 100 KB
+// message must not make the page tens of thousands of pixels tall). `load` fetches the full text
+// when the page only has the head.
+PT.CLIP = 2000;
+PT.clipped = function (tag, attrs, text, load) {
+  const node = PT.el(tag, attrs);
+  const full = String(text === null || text === undefined ? "" : text);
+  if (full.length <= PT.CLIP) {
+    node.textContent = PT.reveal(full);
+    return node;
+  }
+  node.textContent = `${PT.reveal(full.slice(0, PT.CLIP))}… `;
+  const more = Math.max(0, full.length - PT.CLIP);
+  const label = load ? "show more" : `show more (${more.toLocaleString("en")} more characters)`;
+  node.append(PT.showMore(node, label, load || (async () => full)));
+  return node;
+};
+
+// A "show more" button that replaces its container's text with what `load()` resolves to.
+PT.showMore = function (container, label, load) {
+  const button = PT.el("button", { type: "button", class: "show-more", text: label });
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      container.textContent = PT.reveal(await load());
+    } catch (err) {
+      button.disabled = false;
+      button.textContent = `could not load: ${err.message}`;
+    }
+  });
+  return button;
 };
 
 PT.api = async function (path, params) {

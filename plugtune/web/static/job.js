@@ -3,6 +3,7 @@
 
 (function () {
   const PT = window.PT;
+  const POLL_MS = 5000;
 
   async function drawCurves(grid) {
     try {
@@ -13,19 +14,32 @@
     }
   }
 
-  // While the job is active, reload the page when its status changes (e.g. the failure banner appears).
+  function setText(id, text) {
+    const node = document.getElementById(id);
+    if (node) node.textContent = text;
+  }
+
+  // While the job is active: steps, duration, ETA and queue position stay current; the page reloads
+  // when its status changes (e.g. the failure banner appears).
   function watchStatus(job, shown) {
     const timer = window.setInterval(async () => {
       try {
         const answer = await PT.api(`/api/jobs/${encodeURIComponent(job)}`);
-        if (answer.job.status !== shown) {
+        const j = answer.job;
+        if (j.status !== shown) {
           window.clearInterval(timer);
           window.location.reload();
+          return;
         }
+        setText("steps-done", `${j.steps_done}${j.total_steps ? " / " + j.total_steps : ""}`);
+        setText("job-status-text", j.status + (j.queue_position ? ` · position ${j.queue_position} in the queue` : ""));
+        if (j.duration_s !== null) setText("job-duration", PT.fmtDuration(j.duration_s));
+        setText("job-eta", j.eta_s !== null ? `about ${PT.fmtDuration(j.eta_s)} to the last step` : "after the first step");
+        setText("job-updated", PT.fmtTime(j.updated_at));
       } catch (err) {
         /* the server may be restarting: try again on the next tick */
       }
-    }, 10000);
+    }, POLL_MS);
   }
 
   document.addEventListener("DOMContentLoaded", () => {

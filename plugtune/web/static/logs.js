@@ -18,14 +18,30 @@
       ]),
       PT.el("td", { class: "mono", text: line.plugin }),
       PT.el("td", { class: "mono" }, [trajectory]),
-      PT.el("td", { class: "msg-text", text: line.message }),
+      PT.clipped("td", { class: "msg-text" }, line.message),
     ]);
+  }
+
+  // The page sends a long line's head only: "show more" loads that one line from the API.
+  function loadLine(job, id) {
+    return async () => {
+      const answer = await PT.api(`/api/jobs/${encodeURIComponent(job)}/logs`, { before: id + 1, limit: 1 });
+      const line = answer.items.find((l) => l.id === id);
+      if (!line) throw new Error(`line ${id} is gone (reclaimed?)`);
+      return line.message;
+    };
   }
 
   document.addEventListener("DOMContentLoaded", () => {
     const table = document.getElementById("log-table");
+    if (!table) return;
+    for (const button of table.querySelectorAll("button.show-more[data-line]")) {
+      const cell = button.closest("td");
+      const fresh = PT.showMore(cell, button.textContent, loadLine(table.dataset.job, Number(button.dataset.line)));
+      button.replaceWith(fresh);
+    }
     const toggle = document.getElementById("live-tail");
-    if (!table || !toggle) return;
+    if (!toggle) return;
     const job = table.dataset.job;
     const body = table.tBodies[0];
     let latest = Number(table.dataset.latest) || 0;
@@ -45,7 +61,11 @@
           body.querySelector(".empty-row")?.remove();
           body.prepend(...fresh.map((line) => row(job, line)));
           latest = Math.max(latest, ...fresh.map((line) => line.id));
-          while (body.rows.length > MAX_ROWS) body.deleteRow(-1);
+          if (body.rows.length > MAX_ROWS) {
+            while (body.rows.length > MAX_ROWS) body.deleteRow(-1);
+            const note = document.getElementById("tail-cap");
+            if (note) note.hidden = false;
+          }
         }
         if (answer.job_status && answer.job_status !== "running" && answer.job_status !== "queued") {
           toggle.checked = false;

@@ -20,11 +20,11 @@
     const plugin = grid.dataset.plugin;
     const query = new URLSearchParams(window.location.search);
     const state = {
-      range: grid.dataset.range || "1h",
+      range: grid.dataset.range || "life",
       start: Number(query.get("start")) || null,
       end: Number(query.get("end")) || null,
     };
-    if (state.range === "custom" && (state.start === null || state.end === null)) state.range = "1h";
+    if (state.range === "custom" && (state.start === null || state.end === null)) state.range = "life";
     const notice = document.getElementById("reclaimed-notice");
     const windowLabel = document.getElementById("window-label");
     const refreshed = document.getElementById("refreshed");

@@ -12,12 +12,12 @@
   function renderMessages(messages) {
     return messages.map((m) => {
       const calls = (m.tool_calls || []).map((call) =>
-        PT.el("div", { class: "toolcall", text: `→ ${call.name}(${call.arguments})${call.id ? "  [" + call.id + "]" : ""}` }),
+        PT.clipped("div", { class: "toolcall" }, `→ ${call.name}(${call.arguments})${call.id ? "  [" + call.id + "]" : ""}`),
       );
       const role = m.role + (m.name ? ` · ${m.name}` : "") + (m.tool_call_id ? ` · reply to ${m.tool_call_id}` : "");
       return PT.el("div", { class: `msg role-${m.role}` }, [
         PT.el("div", { class: "role", text: role }),
-        m.content ? PT.el("div", { class: "content", text: m.content }) : null,
+        m.content ? PT.clipped("div", { class: "content" }, m.content) : null,
         ...calls,
       ]);
     });
@@ -36,12 +36,12 @@
     if (!errors.length) return [PT.el("div", { class: "muted", text: "No error." })];
     return errors.map((e) => PT.el("div", { class: "error-item" }, [
       PT.el("strong", { text: `${e.type}${e.cause ? " · " + e.cause : ""}${e.plugin ? " [" + e.plugin + "]" : ""}` }),
-      document.createTextNode(` attempt ${e.attempt}: ${e.message}`),
+      PT.clipped("span", {}, ` attempt ${e.attempt}: ${e.message}`),
       e.traceback ? PT.el("pre", { text: e.traceback }) : null,
     ]));
   }
 
-  function renderLogs(t) {
+  function renderLogs(t, job) {
     const open = t.status === "failed" || t.status === "discard";
     const details = PT.el("details", { class: "logs", id: "trajectory-logs" });
     details.open = open;
@@ -61,7 +61,7 @@
           PT.el("td", { class: "mono", text: PT.fmtTime(l.time) }),
           PT.el("td", {}, [PT.badge("level", l.level)]),
           PT.el("td", { class: "mono", text: l.plugin }),
-          PT.el("td", { class: "msg-text", text: l.message }),
+          PT.clipped("td", { class: "msg-text" }, l.message),
         ]));
       body.replaceChildren(...(rows.length ? rows : [PT.el("tr", {}, [PT.el("td", { class: "muted", colspan: 4, text: "No log line." })])]));
     };
@@ -71,7 +71,14 @@
       PT.el("thead", {}, [PT.el("tr", {}, ["Time (UTC)", "Level", "Plugin", "Detail"].map((h) => PT.el("th", { text: h })))]),
       body,
     ]);
-    details.append(PT.el("div", { class: "toolbar" }, [PT.el("label", {}, ["Plugin ", select])]), table);
+    const cap = t.logs.truncated
+      ? PT.el("div", { class: "muted", id: "trajectory-logs-cap" }, [
+          `Only the newest ${t.logs.items.length} lines are shown here; `,
+          PT.el("a", { href: `/jobs/${encodeURIComponent(job)}/logs?trajectory=${encodeURIComponent(t.id)}`, text: "the Logs page has every line" }),
+          ".",
+        ])
+      : null;
+    details.append(PT.el("div", { class: "toolbar" }, [PT.el("label", {}, ["Plugin ", select])]), cap, table);
     return details;
   }
 
@@ -116,7 +123,7 @@
         navBar(t), head, meta,
         section("Reward per grader", [renderRewards(t)]),
         section("Errors", renderErrors(t.errors)),
-        renderLogs(t),
+        renderLogs(t, job),
         section("Messages", renderMessages(t.messages)),
       );
       panel.dataset.selected = t.id;

@@ -263,3 +263,45 @@ def test_a_page_on_another_port_cannot_retry_a_job(tmp_path: Path, page: Any) ->
             page.problems.clear()  # the browser logs the 403
     assert store.get_job(seeded.failed_job).status == "failed"  # type: ignore[union-attr]
     store.close()
+
+
+def test_phone_width_dark_mode_long_lines_and_bidi(served: tuple[str, Store, Seeded], browser: Any) -> None:
+    base, store, seeded = served
+    job = store.create_job("loud", {"model": "tiny"})
+    huge = "y" * 100_000
+    store.add_logs(job, [LogLine(time.time(), "INFO", "solve", f"big {huge}")])
+    store.add_logs(job, [LogLine(time.time(), "INFO", "solve", "saved photo_\u202egnp.exe")])
+    context = browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark")
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        for path in (
+            "/jobs",
+            f"/jobs/{seeded.failed_job}",
+            f"/jobs/{seeded.failed_job}/plugins",
+            f"/jobs/{job}/logs",
+            f"/jobs/{seeded.failed_job}/trajectories",
+        ):
+            page.goto(base + path)
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= 390, f"{path} is {wide} px wide at 390 px"
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(20, 23, 29)"  # the dark palette follows prefers-color-scheme
+        page.goto(f"{base}/jobs/{job}/logs")
+        cells = page.locator("#log-table td.msg-text")
+        assert "photo_⟨U+202E⟩gnp.exe" in cells.nth(0).inner_text()  # never reads as "exe.png"
+        tall = page.evaluate("document.documentElement.scrollHeight")
+        assert tall < 5000, f"a 100 KB line made the page {tall} px tall"
+        _shot(page, "logs-phone-dark.png", full_page=True)
+        cells.nth(1).locator("button.show-more").click()
+        page.wait_for_function(
+            "document.querySelectorAll('#log-table td.msg-text')[1].textContent.length > 100000"
+        )
+        assert cells.nth(1).inner_text().endswith("y" * 50)
+        page.goto(f"{base}/jobs/{seeded.failed_job}")
+        _shot(page, "job-phone-dark.png", full_page=True)
+    finally:
+        context.close()
+    assert errors == []

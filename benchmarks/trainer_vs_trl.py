@@ -15,8 +15,9 @@ process with it.
 Every trainer runs at each torch intra-op thread count of ``--threads`` (default 1 and 2: a model
 this small is not always faster on more threads, and a shared machine's load moves the answer),
 in interleaved rounds. TRL runs with its defaults (gradient checkpointing on) and with
-checkpointing off. plugtune's gateway decodes on one intra-op thread of its own (its default), the
-trainer on the count measured. The headline divides plugtune's best tokens/s by the fastest TRL
+checkpointing off. plugtune's gateway decodes on one intra-op thread of its own for the demo model and on the
+count measured for the real-shape one (its default, by the model's size), the trainer on the count
+measured. The headline divides plugtune's best tokens/s by the fastest TRL
 run over both TRL configurations and all thread counts.
 
 Prints seconds per step and sampled tokens per second of each (warm-up steps excluded) and the
@@ -24,6 +25,15 @@ ratios: per step as medians (robust to a shared machine's hiccups), and over all
 (total tokens / total time, where a slow step such as a full garbage-collection pass counts). The
 plugtune process keeps freed memory and freezes its start-up objects, as a job's attempt does;
 TRL's process runs as TRL leaves it.
+
+``--model-shape real`` swaps the demo model (2 MiB, where per-request Python dominates) for a
+randomly initialised Llama of a realistic shape (12 layers, width 768, vocabulary 32k, ~110M
+parameters; ``scripts/make_real_shape_model.py`` writes it to ``build/real-shape-llama`` on first
+use, nothing is downloaded), where the matrix products dominate. Its replies are noise that runs to
+``max-tokens`` for every trainer, so each step samples the same number of tokens on both sides;
+the rewards are all 0 (the task is the demo's), which costs both trainers the same work. Its
+defaults are fewer rounds and steps, on 2 threads (a step takes seconds). ``--profile`` prints
+where one plugtune step's time goes (torch's profiler, by operator) instead of comparing.
 
 Needs the ``bench`` extra (trl). Run: ``.venv/bin/python benchmarks/trainer_vs_trl.py``.
 """
@@ -370,6 +380,45 @@ def table(runs: dict[int, list[Run]], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def apply_model_shape(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``--model-shape real``: the real-shape model (written if missing) and its smaller defaults,
+    where the command line did not set them (the TRL process gets the same argv, so the same)."""
+    if args.model_shape != "real":
+        return
+    given = {a.split("=")[0] for a in sys.argv[1:] if a.startswith("--")}
+    if "--model" not in given:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from make_real_shape_model import DEFAULT_OUT, make
+
+        if not (DEFAULT_OUT / "config.json").is_file() and not args.serve_trl:
+            print(f"writing the real-shape model to {DEFAULT_OUT}", file=sys.stderr)
+            make(DEFAULT_OUT)
+        args.model = DEFAULT_OUT
+    for option, value in (("--rounds", 2), ("--steps", 2), ("--threads", "2")):
+        if option not in given:
+            setattr(args, option[2:], value)
+
+
+def profile_step(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """Where one plugtune step's time goes: torch operators by self CPU time, and the step's phases."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(int(str(args.threads).split(",")[0]))
+    ours = PlugtuneBench(args, rows)  # its warm-up step ran
+    try:
+
+        async def one() -> dict[str, float]:
+            return (await ours.trainer.step()).metrics
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            metrics = ours.loop.run_until_complete(one())
+    finally:
+        ours.close()
+    phases = ("time/step_s", "time/plugins_s", "time/train_s", "tokens/policy")
+    print({k: round(metrics[k], 3) for k in phases})
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=ROOT / "plugtune/demo/model")
@@ -401,8 +450,18 @@ def main() -> None:
         action="store_true",
         help="plugtune with overlap_rollouts (the next step's rollouts start while this one trains)",
     )
+    parser.add_argument(
+        "--model-shape",
+        choices=["demo", "real"],
+        default="demo",
+        help="demo: the 2 MiB demo model (or --model); real: a random ~110M-parameter Llama "
+        "(12 x 768, vocab 32k), built by scripts/make_real_shape_model.py on first use; its defaults "
+        "are --rounds 2 --steps 2 --threads 2",
+    )
+    parser.add_argument("--profile", action="store_true", help="profile one plugtune step; no TRL")
     parser.add_argument("--serve-trl", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    apply_model_shape(args, parser)
     thread_counts = [int(n) for n in str(args.threads).split(",")]
     logging.basicConfig(level=logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -410,6 +469,9 @@ def main() -> None:
     rows = load_rows(args.data)
     if args.serve_trl:
         serve_trl(args, rows)
+        return
+    if args.profile:
+        profile_step(args, rows)
         return
     trl = TRLProcess(sys.argv[1:])
     torch.set_num_threads(thread_counts[0])

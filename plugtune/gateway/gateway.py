@@ -17,7 +17,7 @@ from plugtune.errors import PlatformError
 from plugtune.gateway.app import build_app
 from plugtune.gateway.chat import ChatRenderer
 from plugtune.gateway.completions import CompletionService
-from plugtune.gateway.engine import GenerationEngine
+from plugtune.gateway.engine import AUTO_THREADS, GenerationEngine
 from plugtune.gateway.sampling import JobSampling
 from plugtune.gateway.trace import TraceBuilder
 from plugtune.sdk import Policy
@@ -36,7 +36,8 @@ class PolicyGateway:
     object the trainer updates; the trainer holds ``weights_lock`` while it changes the weights
     and then calls ``set_policy_version``. Generation runs under ``torch.inference_mode`` in whatever
     train/eval mode the model is in (the gateway never switches it: that would race the trainer),
-    on ``generation_threads`` torch intra-op threads of its own (None: torch's default).
+    on ``generation_threads`` torch intra-op threads of its own (None: torch's default; 0, the
+    default: one for a model of at most 64 MiB of weights, this thread's torch count for a larger one).
 
     With ``sampling`` (the job's temperature, top_p and max_new_tokens) every reply is sampled
     with those settings: a request that omits one gets the job's, one that contradicts it is a
@@ -52,7 +53,7 @@ class PolicyGateway:
         port: int = 0,
         max_batch_size: int = 64,
         max_context: int | None = None,
-        generation_threads: int | None = 1,
+        generation_threads: int | None = AUTO_THREADS,
         sampling: JobSampling | None = None,
     ) -> None:
         self.model_name = model_name

@@ -135,6 +135,14 @@ async def test_a_lora_checkpoint_holds_the_adapter_and_resumes_it(tmp_path: Path
         await trainer.step()
         path = trainer.save_checkpoint(tmp_path / "step-000001")
         adapter = {k: v.clone() for k, v in lm.model.state_dict().items() if "lora_" in k}
+        ids = torch.tensor([chat_prompt_ids(lm.tokenizer, ROWS[0]["messages"])])
+        with torch.no_grad():
+            adapted_logits = lm.model(input_ids=ids).logits
+    # load_model (plugtune run, eval) takes a LoRA checkpoint as its base with the adapter merged in
+    reloaded = load_model(path)
+    assert not any("lora_" in name for name, _ in reloaded.model.named_parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.model(input_ids=ids).logits, adapted_logits, rtol=1e-4, atol=1e-4)
     assert not list(path.glob("model*.safetensors"))
     size = (path / lora.ADAPTER_WEIGHTS).stat().st_size
     assert size < (MODEL_DIR / "model.safetensors").stat().st_size / 4

@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean browser
+.PHONY: demo test lint typecheck pytest bench chaos clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +37,10 @@ pytest: $(STAMP) browser
 	$(VENV)/bin/pytest -q -x --durations=15
 
 test: lint typecheck pytest
+
+# The chaos suite's long form: 10,000 plugin calls with 20% faults, 8 + 5 kill -9s mid-job (about 10 min).
+chaos: $(STAMP)
+	PLUGTUNE_CHAOS=long $(VENV)/bin/pytest -q -s tests/chaos
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'

@@ -185,9 +185,8 @@ async def test_plugin_has_its_own_tmp_and_dev_shm_and_sees_only_python_in_closed
     listed = dict(m[len("list ") :].split(": ", 1) for m in _messages(result) if m.startswith("list "))
     tmp_entries = ast.literal_eval(listed["/tmp"])
     # Python's own folders are bound back in where they live (a checkout under /tmp shows its top folder).
-    python_tops = {
-        Path(p).resolve().parts[2] for p in (sys.prefix, sys.base_prefix) if Path(p).resolve().parts[1:2] == ("tmp",)
-    }
+    prefixes = [Path(p).resolve().parts for p in (sys.prefix, sys.base_prefix)]
+    python_tops = {parts[2] for parts in prefixes if parts[1:2] == ("tmp",)}
     assert host_tmp.name not in tmp_entries
     assert all(e.startswith("plugtune-") or e in python_tops for e in tmp_entries), tmp_entries
     assert ast.literal_eval(listed["/dev/shm"]) == []

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,13 @@ from plugtune.runtime.ray.facts import cluster_lost, is_ray_error, start_failed
 from plugtune.runtime.ray.host import InstanceHost, read_spec_sync
 from plugtune.sdk import Runtime
 
+log = logging.getLogger(__name__)
+
 MIB = 1 << 20
 HEALTH_PERIOD_S = 5.0
 HEALTH_TIMEOUT_S = 20.0
+DIAL_TIMEOUT_S = 5.0
+ACTOR_METHODS = 16  # at once on one actor: an exchange, a submit, report, close (calls are batched)
 
 
 class RayBackend:
@@ -37,6 +43,7 @@ class RayBackend:
         *,
         idle_timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
+        runtime_env: dict[str, Any] | None = None,
     ) -> None:
         ray = import_ray()
         self.ray = ray
@@ -44,12 +51,14 @@ class RayBackend:
         self.ledger = ledger
         self.idle_timeout_s = idle_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.runtime_env = dict(runtime_env or {})
         self.tags = itertools.count(1)
         self.host_class = ray.remote(InstanceHost)
         self.read_spec = ray.remote(read_spec_sync)
         self.deployments: list[RayDeployment] = []
         self.shipped: dict[Path, str] = {}  # snapshot folder -> its gcs:// package
         self.lost: Exception | None = None
+        self.gcs_address: str = ray.get_runtime_context().gcs_address
         self._last_health = time.monotonic()
         self._health: asyncio.Task[None] | None = None
 
@@ -106,7 +115,7 @@ class RayBackend:
         uri = self.shipped.get(request.code_root)
         if uri is None:
             uri = self.shipped[request.code_root] = ship(request.code_root)
-        return {"working_dir": uri}
+        return {**self.runtime_env, "working_dir": uri}
 
     def new_actor(self, request: DeployRequest, runtime: Runtime) -> RayInstance:
         tag = f"r{next(self.tags)}"
@@ -116,7 +125,7 @@ class RayBackend:
             "scheduling_strategy": "SPREAD",
             "runtime_env": self._runtime_env(request),
             "max_restarts": 0,
-            "max_concurrency": runtime.max_concurrency + 8,  # the calls, plus report/close
+            "max_concurrency": ACTOR_METHODS,
         }
         handle = self.host_class.options(**options).remote(
             tag, _config(request), runtime, self.start_timeout_s, self.idle_timeout_s
@@ -133,13 +142,27 @@ class RayBackend:
         """Raise ``internal error`` when the cluster's head no longer answers (checked in background)."""
         if self.lost is not None:
             raise cluster_lost(self.address, self.lost)
+        self.watch_head()
+
+    def watch_head(self) -> None:
+        """Check the head in the background every HEALTH_PERIOD_S; a lost one fails every call out."""
         now = time.monotonic()
-        if self._health is None and now - self._last_health > HEALTH_PERIOD_S:
+        if self.lost is None and self._health is None and now - self._last_health > HEALTH_PERIOD_S:
             self._last_health = now
             self._health = asyncio.get_running_loop().create_task(self._check_head())
 
+    async def confirm_head(self) -> None:
+        """Raise ``internal error`` now if the head is gone: a call that Ray failed is the plugin's
+        only while the cluster itself still answers."""
+        if self.lost is None:
+            if self._health is None:
+                self._health = asyncio.get_running_loop().create_task(self._check_head())
+            await asyncio.shield(self._health)
+        self.check_cluster()
+
     async def _check_head(self) -> None:
-        try:
+        try:  # a refused connection says "gone" at once; ray.nodes() alone retries for a minute
+            await asyncio.wait_for(asyncio.to_thread(_dial, self.gcs_address), DIAL_TIMEOUT_S)
             await asyncio.wait_for(asyncio.to_thread(self.ray.nodes), HEALTH_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - any failure to reach the head means it is lost
             self.lost = (
@@ -147,6 +170,10 @@ class RayBackend:
                 if not isinstance(exc, asyncio.TimeoutError)
                 else TimeoutError(f"no answer from the head within {HEALTH_TIMEOUT_S:g} s")
             )
+            log.error("the Ray head at %s is lost: %s", self.address, self.lost)
+            error = cluster_lost(self.address, self.lost)
+            for deployment in self.deployments:
+                deployment.fail_all(error)
         finally:
             self._health = None
 
@@ -156,6 +183,11 @@ class RayBackend:
                 await deployment.close()
         if self._health is not None:
             self._health.cancel()
+
+
+def _dial(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    socket.create_connection((host.strip("[]"), int(port)), timeout=DIAL_TIMEOUT_S).close()
 
 
 def _config(request: DeployRequest) -> dict[str, Any]:

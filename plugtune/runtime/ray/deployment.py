@@ -1,7 +1,10 @@
 """One function deployed on Ray: its actors (one instance each), routing, autoscaling, gauges, logs.
 
-A call goes to the ready actor with the fewest calls in flight below ``max_concurrency`` (many
-calls share one actor: its methods are async); when all are full, the function grows toward
+A call goes to the ready actor with the fewest calls in flight below ``max_concurrency``; the calls
+in flight to one actor are multiplexed over few Ray calls, so Ray's per-call cost is paid per
+batch: an ``exchange`` hands the actor the calls queued since the last one and returns the outcomes
+finished by then (at least one), while a ``submit`` hands over calls that arrive while an exchange
+is out. One call alone is one Ray call. When all actors are full, the function grows toward
 ``max_instances`` by in-flight demand, Ray spreading the new actors over nodes. Idle actors above
 ``min_instances`` are stopped. Each actor enforces limits and deadlines itself (see ``host``); the
 driver only translates Ray's own failures (an actor or node lost) into facts.
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
 from plugtune.runtime.quota import QuotaExceeded
-from plugtune.runtime.ray.facts import call_failed, is_ray_error, start_failed
+from plugtune.runtime.ray.facts import call_failed, host_failed, is_ray_error, start_failed
 from plugtune.sdk import PluginSpec, Runtime
 from plugtune.types import LogLine
 
@@ -43,6 +46,10 @@ class RayInstance:
     lost: bool = False
     last_used: float = field(default_factory=time.monotonic)
     stats: dict[str, float] = field(default_factory=dict)
+    pending: dict[str, asyncio.Future[Returned | Failed]] = field(default_factory=dict)  # by call id
+    outbox: list[CallRequest] = field(default_factory=list)  # not yet handed to the actor
+    exchanging: bool = False
+    submitting: bool = False
 
 
 class RayDeployment:
@@ -149,11 +156,12 @@ class RayDeployment:
         instance.ended = True
         if instance in self.instances:
             self.instances.remove(instance)
-        try:
-            lines = await asyncio.wait_for(instance.handle.close.remote(), 5.0)
-            self.log_lines.extend(lines)
-        except Exception as exc:  # noqa: BLE001 - the actor may be gone already; killing it below is enough
-            log.debug("%s: closing actor %s: %s", self.plugin, instance.tag, exc)
+        if self.backend.lost is None:  # with the head gone, nothing would answer
+            try:
+                lines = await asyncio.wait_for(instance.handle.close.remote(), 5.0)
+                self.log_lines.extend(lines)
+            except Exception as exc:  # noqa: BLE001 - the actor may be gone already; killing it is enough
+                log.debug("%s: closing actor %s: %s", self.plugin, instance.tag, exc)
         self.backend.kill_actor(instance.handle)
         if was_live:
             self.backend.ledger.release(self.runtime.memory_mb)
@@ -185,26 +193,75 @@ class RayDeployment:
             instance = got
         instance.in_flight += 1
         started = time.perf_counter()
+        future: asyncio.Future[Returned | Failed] = asyncio.get_running_loop().create_future()
+        instance.pending[request.call_id] = future
+        instance.outbox.append(request)
+        self._pump(instance)
         try:
-            reply = instance.handle.invoke.remote(request)
-            outcome, lines = await asyncio.wait_for(reply, request.timeout_s + GUARD_S)
-            self.log_lines.extend(lines)
-            return outcome  # type: ignore[no-any-return]
+            return await asyncio.wait_for(future, request.timeout_s + GUARD_S)
         except asyncio.TimeoutError:
+            await self.backend.confirm_head()
             self._lost(instance, f"it did not answer within timeout_s + {GUARD_S:g} s")
             text = f"the call ran past timeout_s={request.timeout_s:g} on instance {instance.tag}"
             return Failed(Happened.DEADLINE, text, instance_id=instance.tag, latency_ms=_ms(started))
         except Exception as exc:
             if not is_ray_error(exc):
                 raise
-            self.backend.check_cluster()
+            await self.backend.confirm_head()
             failed = call_failed(exc, instance.tag, instance.node_id, _ms(started))
             self._lost(instance, failed.message)
             return failed
         finally:
+            instance.pending.pop(request.call_id, None)
             instance.in_flight -= 1
             instance.last_used = time.monotonic()
             self._wake()
+
+    def _pump(self, instance: RayInstance) -> None:
+        """Hand the queued calls to the actor: in an exchange if none is out, else in a submit."""
+        if not instance.outbox:
+            return
+        if not instance.exchanging:
+            instance.exchanging = True
+            self._spawn(self._exchange(instance))
+        elif not instance.submitting:
+            instance.submitting = True
+            self._spawn(self._submit(instance))
+
+    async def _exchange(self, instance: RayInstance) -> None:
+        try:
+            while instance.pending or instance.outbox:
+                batch, instance.outbox = instance.outbox, []
+                finished, lines = await instance.handle.exchange.remote(batch)
+                self.log_lines.extend(lines)
+                for call_id, outcome, host_error in finished:
+                    future = instance.pending.get(call_id)
+                    if future is None or future.done():
+                        continue  # the driver gave up on it already
+                    if host_error:
+                        future.set_exception(host_failed(host_error))
+                    else:
+                        future.set_result(outcome)
+        except Exception as exc:  # noqa: BLE001 - the actor or Ray failed: every call out fails with it
+            _fail(instance.pending.values(), exc)
+        finally:
+            instance.exchanging = False
+            self._pump(instance)
+
+    async def _submit(self, instance: RayInstance) -> None:
+        batch, instance.outbox = instance.outbox, []
+        try:
+            await instance.handle.submit.remote(batch)
+        except Exception as exc:  # noqa: BLE001 - as in _exchange
+            _fail((instance.pending[r.call_id] for r in batch if r.call_id in instance.pending), exc)
+        finally:
+            instance.submitting = False
+            self._pump(instance)
+
+    def fail_all(self, error: BaseException) -> None:
+        """Every call out fails with ``error`` now (the cluster is lost)."""
+        for instance in self.instances:
+            _fail(instance.pending.values(), error)
 
     def _pick(self) -> RayInstance | None:
         best: RayInstance | None = None
@@ -290,6 +347,9 @@ class RayDeployment:
     async def _housekeeping(self) -> None:
         while not self.closed:
             await asyncio.sleep(REPORT_PERIOD_S)
+            self.backend.watch_head()
+            if self.backend.lost is not None:
+                return
             await self._collect_reports()
             now = time.monotonic()
             idle_s = self.backend.idle_timeout_s
@@ -310,7 +370,8 @@ class RayDeployment:
         for instance, reply in zip(live, replies, strict=True):
             if isinstance(reply, BaseException):
                 if isinstance(reply, asyncio.TimeoutError) or is_ray_error(reply):
-                    self._lost(instance, f"it stopped answering Ray ({type(reply).__name__})")
+                    why = f"it stopped answering ({type(reply).__name__}) on Ray node {instance.node_id[:12]}"
+                    self._lost(instance, why)
                 continue
             stats, lines = reply
             instance.stats = stats
@@ -331,6 +392,12 @@ class RayDeployment:
 
     def logs(self) -> list[LogLine]:
         return list(self.log_lines)
+
+
+def _fail(futures: Any, error: BaseException) -> None:
+    for future in list(futures):
+        if not future.done():
+            future.set_exception(error)
 
 
 def _ms(started: float) -> float:

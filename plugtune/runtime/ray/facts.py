@@ -7,6 +7,7 @@ becomes a ``PlatformError`` (``internal error``: the platform owns it and the jo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from plugtune.errors import PlatformError
@@ -23,7 +24,7 @@ def call_failed(exc: BaseException, instance_id: str, node: str, latency_ms: flo
         text = f"{where} was killed by Ray's memory monitor (the node ran out of memory)"
         return Failed(Happened.OOM_KILLED, text, instance_id=instance_id, latency_ms=latency_ms)
     if isinstance(exc, rex.RuntimeEnvSetupError):
-        text = f"Ray could not set up the plugin's code on node {node[:12]}: {_reason(exc)}"
+        text = f"Ray could not set up the plugin's runtime_env on node {node[:12]}: {_setup_reason(exc)}"
         return Failed(Happened.NOT_CREATED, text, instance_id=instance_id, latency_ms=latency_ms)
     if isinstance(exc, rex.ActorUnavailableError):
         text = f"{where} became unreachable during the call (its node may be lost): {_reason(exc)}"
@@ -46,10 +47,15 @@ def start_failed(exc: BaseException) -> DeployFailed | PlatformError:
             cause="ray host error",
         )
     if isinstance(exc, rex.RuntimeEnvSetupError):
-        return DeployFailed(f"Ray could not set up the plugin's code on a node: {_reason(exc)}")
+        return DeployFailed(f"Ray could not set up the plugin's runtime_env on a node: {_setup_reason(exc)}")
     if isinstance(exc, rex.RayActorError):
         return DeployFailed(f"the instance's Ray actor ended while starting: {_reason(exc)}")
     return DeployFailed(f"Ray could not start the instance: {type(exc).__name__}: {_reason(exc)}")
+
+
+def host_failed(text: str) -> PlatformError:
+    """plugtune's own code in the actor raised while running a call: an internal error."""
+    return PlatformError(f"plugtune's instance host failed on a Ray node: {text}", cause="ray host error")
 
 
 def cluster_lost(address: str, exc: BaseException | None) -> PlatformError:
@@ -61,6 +67,15 @@ def is_ray_error(exc: BaseException) -> bool:
     import ray.exceptions as rex
 
     return isinstance(exc, rex.RayError)
+
+
+def _setup_reason(exc: BaseException) -> str:
+    """A runtime_env failure's cause: the agent's last exception line (and pip's ERROR lines)."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    tool = [line for line in lines if line.startswith("ERROR: ")]
+    found = " ".join([*raised[-1:], *tool[-2:]])
+    return (found or first_line(exc))[:600]
 
 
 def _reason(exc: Any) -> str:

@@ -25,6 +25,8 @@ from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import Runtime
 from plugtune.types import LogLine
 
+Finished = tuple[str, "Returned | Failed | None", str]  # call id, outcome, or plugtune's own error
+
 NO_QUOTA = Quota(max_functions=1, max_instances=4, total_memory_mb=1 << 26)  # the driver keeps the quota
 
 
@@ -66,7 +68,9 @@ class InstanceHost:
         self.idle_timeout_s = idle_timeout_s
         self.backend: NodeBackend | None = None
         self.deployment: LocalDeployment | None = None
-        self.sent_logs = 0
+        self.finished: list[Finished] = []
+        self.finished_any = asyncio.Event()
+        self.running: set[asyncio.Task[None]] = set()
 
     async def start(self) -> dict[str, Any]:
         """Start the worker; returns where it runs, or ``{"error": [message, traceback, logs]}``."""
@@ -92,15 +96,36 @@ class InstanceHost:
             "pid": os.getpid(),
         }
 
-    async def invoke(self, request: CallRequest) -> tuple[Returned | Failed, list[LogLine]]:
-        """The call's outcome, and the log lines written since the last reply (the call's among
-        them), so the driver has a call's lines by the time it has its outcome."""
+    async def exchange(self, batch: list[CallRequest]) -> tuple[list[Finished], list[LogLine]]:
+        """Start ``batch``, wait until at least one call out has finished, and return every
+        finished one with the log lines written since the last reply (the calls' among them)."""
+        self._start(batch)
+        await self.finished_any.wait()
+        finished, self.finished = self.finished, []
+        self.finished_any.clear()
+        return finished, self._new_lines()
+
+    async def submit(self, batch: list[CallRequest]) -> None:
+        """Start ``batch``; its outcomes come back with a later exchange."""
+        self._start(batch)
+
+    def _start(self, batch: list[CallRequest]) -> None:
+        for request in batch:
+            task = asyncio.get_running_loop().create_task(self._run(request))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
+
+    async def _run(self, request: CallRequest) -> None:
         assert self.deployment is not None
-        outcome = await self.deployment.invoke(request)
-        return outcome, self._new_lines()
+        try:
+            outcome = await self.deployment.invoke(request)
+            self.finished.append((request.call_id, outcome, ""))
+        except Exception as exc:  # noqa: BLE001 - plugtune's own bug: the driver makes it an internal error
+            self.finished.append((request.call_id, None, f"{type(exc).__name__}: {exc}"[:500]))
+        self.finished_any.set()
 
     async def report(self) -> tuple[dict[str, float], list[LogLine]]:
-        """The gauges now and the log lines written since the last reply."""
+        """The gauges now and the log lines written since the last reply (or report)."""
         if self.deployment is None:
             return {}, []
         return self.deployment.sample(), self._new_lines()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from plugtune.runtime.quota import Quota
 from plugtune.runtime.ray.backend import RayBackend
@@ -16,8 +17,10 @@ class RayRuntime(BaseRuntime):
 
     ``address``: the cluster's head (``host:port`` or ``auto``); None starts a local Ray head for
     this runtime (stopped on close). ``idle_timeout_s``, ``start_timeout_s``, ``metrics_period_s``:
-    as for ``LocalRuntime``. Raises ``RayUnavailable`` when Ray is missing or the head cannot be
-    reached.
+    as for ``LocalRuntime``. ``runtime_env``: more of Ray's ``runtime_env`` for every actor
+    (``env_vars``, ``pip``, ...; plugtune sets ``working_dir`` to the snapshot itself); one that a
+    node cannot set up is a ``Create faas fault`` with Ray's reason. Raises ``RayUnavailable`` when
+    Ray is missing or the head cannot be reached.
     """
 
     def __init__(
@@ -29,8 +32,11 @@ class RayRuntime(BaseRuntime):
         metrics_period_s: float = 5.0,
         idle_timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
+        runtime_env: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(quota, state_dir, metrics_period_s)
+        if runtime_env is not None and "working_dir" in runtime_env:
+            raise ValueError("runtime_env: leave out working_dir, plugtune ships the plugin's snapshot as it")
         if not idle_timeout_s > 0:
             raise ValueError(f"idle_timeout_s={idle_timeout_s} must be > 0")
         if not 0 < start_timeout_s <= 3600:
@@ -38,6 +44,7 @@ class RayRuntime(BaseRuntime):
         self.address = address
         self.idle_timeout_s = idle_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.runtime_env = dict(runtime_env or {})
         self._started_ray = False
 
     async def start(self) -> None:
@@ -48,6 +55,7 @@ class RayRuntime(BaseRuntime):
                 self.ledger,
                 idle_timeout_s=self.idle_timeout_s,
                 start_timeout_s=self.start_timeout_s,
+                runtime_env=self.runtime_env,
             )
 
     async def close(self) -> None:

@@ -73,3 +73,18 @@ async def test_instances_that_cannot_be_created_are_create_faas_faults_with_the_
         with pytest.raises(PluginCallError) as quota:
             await rt.deploy(entry("ray_faults.py", "misbehaves"), runtime={"min_instances": 2})
         assert quota.value.cause == Cause.CREATE_FAULT.value and "quota" in quota.value.message
+
+
+async def test_a_runtime_env_no_node_can_set_up_is_a_create_faas_fault_with_rays_reason(
+    cluster: LocalCluster,
+) -> None:
+    missing = "gcs://_ray_pkg_0123456789abcdef.zip"  # a py_modules package the cluster does not hold
+    env = {"py_modules": [missing]}
+    async with RayRuntime(cluster.address, runtime_env=env, start_timeout_s=60) as rt:
+        with pytest.raises(PluginCallError) as info:
+            await rt.deploy(entry("ray_faults.py", "misbehaves"))
+    error = info.value
+    assert error.cause == Cause.CREATE_FAULT.value, error
+    assert "could not set up the plugin's runtime_env" in error.message, error
+    assert "Failed to download" in error.message and missing in error.message, error
+    assert "Traceback" not in error.message and len(error.message) < 1000, error.message

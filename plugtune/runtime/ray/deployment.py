@@ -235,7 +235,7 @@ class RayDeployment:
                 finished, lines = await instance.handle.exchange.remote(batch)
                 self.log_lines.extend(lines)
                 for call_id, outcome, host_error in finished:
-                    future = instance.pending.get(call_id)
+                    future = instance.pending.pop(call_id, None)  # answered: no exchange waits for it
                     if future is None or future.done():
                         continue  # the driver gave up on it already
                     if host_error:

@@ -116,13 +116,16 @@ class InstanceHost:
             task.add_done_callback(self.running.discard)
 
     async def _run(self, request: CallRequest) -> None:
+        outcome = await self._outcome(request)
+        self.finished.append(outcome)  # the list of now: an exchange may have taken the one of the start
+        self.finished_any.set()
+
+    async def _outcome(self, request: CallRequest) -> Finished:
         assert self.deployment is not None
         try:
-            outcome = await self.deployment.invoke(request)
-            self.finished.append((request.call_id, outcome, ""))
+            return request.call_id, await self.deployment.invoke(request), ""
         except Exception as exc:  # noqa: BLE001 - plugtune's own bug: the driver makes it an internal error
-            self.finished.append((request.call_id, None, f"{type(exc).__name__}: {exc}"[:500]))
-        self.finished_any.set()
+            return request.call_id, None, f"{type(exc).__name__}: {exc}"[:500]
 
     async def report(self) -> tuple[dict[str, float], list[LogLine]]:
         """The gauges now and the log lines written since the last reply (or report)."""

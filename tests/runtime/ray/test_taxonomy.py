@@ -3,6 +3,8 @@ is the same single cause, message and evidence as on the local backend."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from plugtune.errors import Cause, PluginCallError
@@ -88,3 +90,19 @@ async def test_a_runtime_env_no_node_can_set_up_is_a_create_faas_fault_with_rays
     assert "could not set up the plugin's runtime_env" in error.message, error
     assert "Failed to download" in error.message and missing in error.message, error
     assert "Traceback" not in error.message and len(error.message) < 1000, error.message
+
+
+async def test_calls_in_flight_on_one_actor_each_get_their_own_answer_and_log_lines(
+    cluster: LocalCluster,
+) -> None:
+    async with RayRuntime(cluster.address) as rt:
+        fn = await rt.deploy(entry("ray_faults.py", "misbehaves"), runtime={"max_instances": 1})
+        calls = [
+            fn.invoke(ctx(f"traj-{i}"), sample(do="sleep", seconds=(i % 8) / 20), trajectory())
+            for i in range(16)  # the instance's max_concurrency: all out on one actor at once
+        ]
+        outcomes = await asyncio.wait_for(asyncio.gather(*calls), 30)
+        assert [o.value for o in outcomes] == [1.0] * 16
+        assert len({o.call_id for o in outcomes}) == 16
+        said = {line.trajectory_id for line in fn.logs() if "about to sleep" in line.message}
+        assert said == {f"traj-{i}" for i in range(16)}  # with the answers, not a report later

@@ -3,6 +3,7 @@
 Starts a two-node Ray cluster on this machine (one CPU each, as the tests do) and prints:
   * a no-op call's p50/p99 and throughput with 64 calls in flight: a bare async Ray actor
     (the floor), the ray backend (a no-op async grader) and the local backend (same grader);
+    the bare actor's and the ray backend's latencies are taken in alternating rounds (same load);
   * 2,000 concurrent calls of an async plugin that awaits 100 ms, through the ray backend;
   * time to a new instance (actor placed, snapshot unpacked, worker forked and ready).
 
@@ -21,7 +22,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-N_SEQ = 500
+N_SEQ = 1000
+ROUNDS = 5
 N_CONC = 2000
 WINDOW = 64
 
@@ -46,15 +48,28 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))]
 
 
-async def sequential(call: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
+async def sequential(call: Callable[[], Awaitable[Any]], n: int = N_SEQ) -> list[float]:
+    """The latency of ``n`` calls one after another (ms), after a warm-up."""
     for _ in range(20):
         await call()
     times = []
-    for _ in range(N_SEQ):
+    for _ in range(n):
         t = time.perf_counter()
         await call()
         times.append((time.perf_counter() - t) * 1000)
-    return pct(times, 0.5), pct(times, 0.99)
+    return times
+
+
+async def interleaved(
+    a: Callable[[], Awaitable[Any]], b: Callable[[], Awaitable[Any]], rounds: int = ROUNDS
+) -> tuple[list[float], list[float]]:
+    """Sequential latencies of ``a`` and ``b`` in alternating rounds, so both see the same load."""
+    times_a: list[float] = []
+    times_b: list[float] = []
+    for _ in range(rounds):
+        times_a += await sequential(a, N_SEQ // rounds)
+        times_b += await sequential(b, N_SEQ // rounds)
+    return times_a, times_b
 
 
 async def throughput(call: Callable[[], Awaitable[Any]], total: int = 3000) -> float:
@@ -92,11 +107,9 @@ async def run(address: str, folder: Path) -> list[tuple[str, str]]:
     bare = bare_actor_class(ray).remote()
     await bare.noop.remote(None)
     payload = (ctx(), sample(), trajectory())  # the same arguments the plugin gets
-    bare_p50, bare_p99 = await sequential(lambda: bare.noop.remote(payload))
-    bare_qps = await throughput(lambda: bare.noop.remote(payload))
-    rows.append(
-        ("bare Ray actor, no-op", f"p50 {bare_p50:.2f} ms  p99 {bare_p99:.2f} ms  {bare_qps:.0f}/s @64")
-    )
+
+    def bare_call() -> Awaitable[Any]:
+        return bare.noop.remote(payload)  # type: ignore[no-any-return]
 
     async with RayRuntime(address, metrics_period_s=5) as rt:
         fn = await rt.deploy(f"{plugin}:noop")
@@ -104,8 +117,14 @@ async def run(address: str, folder: Path) -> list[tuple[str, str]]:
         def ray_call() -> Awaitable[Any]:
             return fn.invoke(ctx(), sample(), trajectory())
 
-        p50, p99 = await sequential(ray_call)
+        bare_times, ray_times = await interleaved(bare_call, ray_call)
+        bare_p50, bare_p99 = pct(bare_times, 0.5), pct(bare_times, 0.99)
+        p50, p99 = pct(ray_times, 0.5), pct(ray_times, 0.99)
+        bare_qps = await throughput(bare_call)
         qps = await throughput(ray_call)
+        rows.append(
+            ("bare Ray actor, no-op", f"p50 {bare_p50:.2f} ms  p99 {bare_p99:.2f} ms  {bare_qps:.0f}/s @64")
+        )
         rows.append(
             (
                 "ray backend, no-op",
@@ -138,7 +157,8 @@ async def run(address: str, folder: Path) -> list[tuple[str, str]]:
         def local_call() -> Awaitable[Any]:
             return fn.invoke(ctx(), sample(), trajectory())
 
-        p50, p99 = await sequential(local_call)
+        local_times = await sequential(local_call)
+        p50, p99 = pct(local_times, 0.5), pct(local_times, 0.99)
         qps = await throughput(local_call)
         rows.append(("local backend, no-op", f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  {qps:.0f}/s @64"))
     return rows

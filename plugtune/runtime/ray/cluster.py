@@ -116,7 +116,10 @@ class LocalCluster:
             f'--resources={{"{resource}": 100}}',
             "--disable-usage-stats",
         ]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        # The mode is explicit: with it unset, Ray 2.60 turns token auth on for a head whenever
+        # ~/.ray/auth_token exists (a local `ray.init()` head writes one) while `ray start
+        # --address` nodes join without it and are refused. These nodes listen on 127.0.0.1 only.
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")

@@ -82,7 +82,7 @@ def test_a_ray_job_writes_what_a_local_job_writes_and_the_console_shows_it(
 ) -> None:
     local_id, local_status = run(store, home, job_on(tmp_path / "local", "local"))
     ray_id, ray_status = run(store, home, job_on(tmp_path / "ray", "ray"))
-    assert (local_status, ray_status) == ("succeeded", "succeeded")
+    assert (local_status, ray_status) == ("succeeded", "succeeded"), store.get_job(ray_id).error  # type: ignore[union-attr]
 
     local, on_ray = what_the_store_holds(store, local_id), what_the_store_holds(store, ray_id)
     assert on_ray == local, (on_ray, local)

@@ -54,7 +54,9 @@ class RayBackend:
         self.runtime_env = dict(runtime_env or {})
         self.tags = itertools.count(1)
         self.host_class = ray.remote(InstanceHost)
-        self.read_spec = ray.remote(read_spec_sync)
+        # A fresh worker per probe: a reused one can sit in a working_dir Ray has since removed and
+        # unpacked again, where os.getcwd() fails with ENOENT.
+        self.read_spec = ray.remote(max_calls=1)(read_spec_sync)
         self.deployments: list[RayDeployment] = []
         self.shipped: dict[Path, str] = {}  # snapshot folder -> its gcs:// package
         self.lost: Exception | None = None

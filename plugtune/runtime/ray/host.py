@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,7 @@ async def read_spec(config: dict[str, Any], start_timeout_s: float) -> dict[str,
         worker = {**config, **sandbox.prepare(Path(os.getcwd()), "spec", Runtime().tmp_mb)}
     except OSError as exc:
         sandbox.close()
-        return {"error": [f"could not prepare the plugin's sandbox: {exc}", "", []]}
+        return {"error": [f"could not prepare the plugin's sandbox: {exc}", traceback.format_exc(), []]}
     zygote = Zygote(worker, config["entry"])
     try:
         raw = await zygote.start(start_timeout_s)

@@ -38,7 +38,10 @@ class PluginsTable(StoreBase):
             "code_hash": code_hash,
             "runtime": dumps(runtime or {}),
         }
-        stmt = upsert(self._db, plugins, ["job_id", "name"], ["role", "entry", "code_hash", "runtime"])
+        # Declared again before a retry deploys (no code yet): keep the code that ran last time, which
+        # the console and a support bundle show if this attempt dies before its deploy.
+        updated = ["role", "entry", "code_hash", "runtime"] if code_hash else ["role", "entry"]
+        stmt = upsert(self._db, plugins, ["job_id", "name"], updated)
         with self._db.write("recording a plugin") as conn:
             require_job(conn, job_id)
             conn.execute(stmt, values)

@@ -74,6 +74,13 @@ def jobs_page(request: Request, status: str | None = None, page: str | None = No
     )
 
 
+@router.get("/jobs/new", response_class=HTMLResponse)
+def new_job_page(request: Request) -> HTMLResponse:
+    """Create a job: paste or upload job.yaml, pick its project folder or an archive; the page
+    validates as you edit (``POST /api/jobs?dry_run=true``) and submits to ``POST /api/jobs``."""
+    return _render(request, "newjob.html")
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: JobId, retried: str | None = None) -> HTMLResponse:
     return _job_page(request, job_id, message="Retry requested: the job is queued again." if retried else "")

@@ -78,6 +78,27 @@ PT.api = async function (path, params) {
   return response.json();
 };
 
+// A write from a page (POST/DELETE): carries the console's CSRF token (<meta name="csrf-token">) as
+// the X-CSRF-Token header. Resolves to {status, data} for any answer, so callers can show a 409's or
+// a 422's detail; rejects only when the server could not be reached.
+PT.send = async function (method, path, body, headers, signal) {
+  const meta = document.querySelector('meta[name="csrf-token"]');
+  const response = await fetch(new URL(path, window.location.origin), {
+    method,
+    body,
+    signal,
+    credentials: "same-origin",
+    headers: { Accept: "application/json", "X-CSRF-Token": meta ? meta.content : "", ...(headers || {}) },
+  });
+  let data = {};
+  try {
+    data = await response.json();
+  } catch (e) {
+    data = { detail: `${response.status} ${response.statusText}` };
+  }
+  return { status: response.status, data };
+};
+
 function pad(n) {
   return String(n).padStart(2, "0");
 }

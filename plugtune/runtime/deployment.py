@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
 from plugtune.runtime.bridge import PolicyBridge
-from plugtune.runtime.instance import Instance
+from plugtune.runtime.instance import RECYCLED, Instance
 from plugtune.runtime.launcher import Launcher
 from plugtune.runtime.limits import InstanceLimits, pids_max
 from plugtune.runtime.monitor import ResourceMonitor
@@ -436,7 +436,7 @@ class LocalDeployment:
         finally:
             watched.pop(request.call_id, None)
             self._wake()
-        if isinstance(result, Failed) and result.happened in (Happened.PIDS_LIMIT, Happened.DISK_FULL):
+        if isinstance(result, Failed) and result.happened in RECYCLED:
             # its stray processes, or its full temp space, would fail the next calls too
             what = "pids limit" if result.happened is Happened.PIDS_LIMIT else "temp space is full"
             self._recycle(instance, f"it hit its {what}")
@@ -469,6 +469,7 @@ class LocalDeployment:
         happened = Happened.DEADLINE
         if instance.limits.pids_hits() > 0:  # it was stuck behind its own fork bomb
             happened, message = Happened.PIDS_LIMIT, f"{message} ({instance.pids_text()})"
+            instance.draining = True  # recycled by invoke(); nothing else is routed here meanwhile
         peak = instance.limits.peak_mb() or (instance.peak_rss_mb or None)
         pending.future.set_result(Failed(happened, message, pending.logs, "", instance.id, peak, latency))
         if self.spec.is_async:

@@ -37,6 +37,9 @@ KINDS = {
     p.PIDS: Happened.PIDS_LIMIT,
     p.DISK: Happened.DISK_FULL,
 }
+#: Causes after which the instance serves no other call (its stray processes or full temp space
+#: would fail the next one too): the deployment recycles it.
+RECYCLED = (Happened.PIDS_LIMIT, Happened.DISK_FULL)
 
 
 @dataclass(slots=True)
@@ -108,6 +111,7 @@ class Instance:
                     instance.on_message(message)
 
             def connection_lost(self, exc: Exception | None) -> None:
+                instance.draining = True  # no call is routed to it while its end is being read
                 instance.end_task = instance.loop.create_task(instance.on_connection_lost())
 
         class Output(asyncio.Protocol):
@@ -209,6 +213,10 @@ class Instance:
         if happened is Happened.RAISED and self.limits.pids_hits() > 0:
             happened = Happened.PIDS_LIMIT  # it raised because a fork or thread was refused
             text = f"{text} ({self.pids_text()})"
+        if happened in RECYCLED:
+            # Route nothing here from now on: a call picked before the caller of this one resumes
+            # and recycles the instance would die with it and be answered with this call's cause.
+            self.draining = True
         latency = (time.perf_counter() - pending.started) * 1000
         peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
         pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency))

@@ -9,6 +9,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -137,6 +138,45 @@ async def test_fork_bomb_is_faas_pids_limit_recycled_and_leaves_no_process() -> 
         assert "max_pids" in info.value.hint
         assert (await fn.invoke(ctx(), sample(), trajectory())).value == 1.0
     assert _processes_of(uid) == []
+
+
+@pytest.mark.parametrize(
+    ("function", "fault", "cause"),
+    [
+        pytest.param("fork_bomb", {"bomb": True}, Cause.PIDS.value, marks=AS_ROOT, id="fork bomb"),
+        pytest.param("fill_tmp", {"fill": True}, Cause.DISK.value, id="disk fill"),
+    ],
+)
+async def test_a_call_arriving_just_as_a_limit_is_answered_is_not_sent_to_that_instance(
+    function: str, fault: dict[str, object], cause: str
+) -> None:
+    """A fault-free call that arrives after the limit's answer came in but before its caller resumed
+    (and recycled the instance) went to that instance, died with it and was answered with the
+    other call's cause (the chaos storm's fault-free 'FaaS pids limit')."""
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(entry("isolation.py", function))
+        (hit,) = fn.deployment.instances  # type: ignore[attr-defined]
+        faulty = asyncio.create_task(fn.invoke(ctx("faulty"), sample(**fault), trajectory(tid="faulty")))
+        assert await _turns_until(lambda: hit.in_flight == 1), "the faulty call was not sent"
+        assert await _turns_until(lambda: hit.in_flight == 0), "the faulty call was not answered"
+        assert not faulty.done()  # its answer is in, its caller has not resumed: the window
+        after = await fn.invoke(ctx("after"), sample(), trajectory(tid="after"))
+        with pytest.raises(PluginCallError) as info:
+            await faulty
+    assert info.value.cause == cause, info.value
+    assert after.value == 1.0 and after.instance_id != hit.id
+
+
+async def _turns_until(predicate: Callable[[], bool], within_s: float = 20.0) -> bool:
+    """Look again on every loop turn (sleep(0)), so a state that lasts one turn is seen."""
+    deadline = time.monotonic() + within_s
+    for _ in range(10_000_000):
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0)
+    return False
 
 
 def _processes_of(uid: int) -> list[psutil.Process]:

@@ -179,8 +179,8 @@ async def _train(
         if checkpoint is not None:
             trainer.load_checkpoint(Path(checkpoint.path))
         # What an earlier attempt wrote past the resume point is run again: forget it, so no step
-        # is drawn twice (a retry without a checkpoint restarts at step 0).
-        store.delete_after_step(job_id, checkpoint.step if checkpoint is not None else 0)
+        # is drawn twice (a retry without a checkpoint restarts before step 0's evaluation).
+        store.delete_after_step(job_id, checkpoint.step if checkpoint is not None else -1)
         store.update_job(job_id, steps_total=config.steps, steps_done=trainer.step_count)
         # This process now exists to train: keep freed memory for the next step, and take what
         # start-up left alive out of the garbage collector's full passes.
@@ -235,6 +235,8 @@ class _Loop:
     async def run(self) -> None:
         """Train the remaining steps, writing each step's records before the next starts."""
         try:
+            if self.evaluator is not None and self.trainer.step_count == 0 and is_eval_step(0, self.spec):
+                await self._evaluate(self.evaluator, 0)  # the baseline: the initial model
             await self._steps()
         finally:  # the next step's rollouts may already be running: they end with the attempt
             await self.trainer.cancel_pending()

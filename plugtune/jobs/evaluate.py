@@ -35,7 +35,8 @@ def eval_settings(spec: JobSpec) -> EvalSettings:
 
 
 def is_eval_step(step: int, spec: JobSpec) -> bool:
-    """Whether the weights after ``step`` are evaluated: every eval_every_n_steps, and the last."""
+    """Whether the weights after ``step`` are evaluated: the initial model (step 0, the curves'
+    starting point), every eval_every_n_steps, and the last."""
     h = spec.hyperparameters
     return step % h.eval_every_n_steps == 0 or step == h.steps
 

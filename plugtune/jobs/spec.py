@@ -132,7 +132,8 @@ class DataSpec(BaseModel):
 
 
 class EvalSpec(BaseModel):
-    """How ``data.validation`` is evaluated, every ``hyperparameters.eval_every_n_steps`` and at the end."""
+    """How ``data.validation`` is evaluated: before step 1 (as step 0), every
+    ``hyperparameters.eval_every_n_steps`` and at the end."""
 
     model_config = _STRICT
 

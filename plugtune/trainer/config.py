@@ -60,7 +60,8 @@ class TrainerConfig:
     eval_every_n_steps: int = field(
         default=10,
         metadata=_doc(
-            "Evaluate data.validation every N steps (and after the last step); ignored without it.",
+            "Evaluate data.validation every N steps (and before the first, as step 0, and after the "
+            "last); ignored without it.",
             1,
             1_000_000,
         ),

@@ -1,5 +1,6 @@
-"""A job with data.validation evaluates it every eval_every_n_steps and at the end, through its own
-plugins and gateway: eval trajectories (phase eval), eval/* metrics, and `plugtune eval` alone."""
+"""A job with data.validation evaluates it before training (step 0), every eval_every_n_steps and at
+the end, through its own plugins and gateway: eval trajectories (phase eval), eval/* metrics, and
+`plugtune eval` alone."""
 
 from __future__ import annotations
 
@@ -79,16 +80,24 @@ def test_a_job_evaluates_its_validation_rows_at_the_right_steps_and_plugtune_eva
     store = Store.open(home.database_url)
     try:
         pass1, passk = _by_step(store, "eval/pass@1"), _by_step(store, "eval/pass@k")
-        assert sorted(pass1) == sorted(passk) == [2, 3]  # every 2 steps, and after the last one
-        assert sorted(_by_step(store, "eval/reward/exact")) == [2, 3]
-        assert set(_by_step(store, "eval/response_length")) == {2, 3}
-        assert _by_step(store, "eval/plugin/calls") == {2: 24.0, 3: 24.0}  # 3 rows x (1 + 3), x2 plugins
+        # the initial model (step 0), every 2 steps, and after the last one
+        assert sorted(pass1) == sorted(passk) == [0, 2, 3]
+        assert sorted(_by_step(store, "eval/reward/exact")) == [0, 2, 3]
+        assert set(_by_step(store, "eval/response_length")) == {0, 2, 3}
+        # 3 rows x (1 + 3), x2 plugins
+        assert _by_step(store, "eval/plugin/calls") == {0: 24.0, 2: 24.0, 3: 24.0}
 
         evals = store.trajectories(1, phase="eval", limit=100)
         trains = store.trajectories(1, phase="train", limit=100)
-        assert len(evals) == 2 * 3 * (1 + 3) and all(t.phase == "eval" for t in evals)
+        assert len(evals) == 3 * 3 * (1 + 3) and all(t.phase == "eval" for t in evals)
         assert len(trains) == 3 * 2 * 2 and all(t.phase == "train" for t in trains)
+        assert store.count_trajectories(1, phase="eval", step=0) == 12
         assert store.count_trajectories(1, phase="eval", step=2) == 12
+        baseline = store.trajectories(1, phase="eval", step=0, limit=100)
+        versions = {
+            r.policy_version for r in store.trajectory_records(1, [t.trajectory_id for t in baseline])
+        }
+        assert versions == {0}  # sampled from the weights before any step
         records = store.trajectory_records(1, [t.trajectory_id for t in evals])
         for r in records:
             assert r.status == "success", r.errors  # greedy requests were not refused by the gateway
@@ -99,7 +108,7 @@ def test_a_job_evaluates_its_validation_rows_at_the_right_steps_and_plugtune_eva
             r.metrics["eval"] == 0.0 for r in store.trajectory_records(1, [t.trajectory_id for t in trains])
         )
 
-        for step in (2, 3):  # the stored metrics are the estimator over the stored rewards
+        for step in (0, 2, 3):  # the stored metrics are the estimator over the stored rewards
             mine = [r for r in records if r.step == step]
             greedy = [r for r in mine if r.group_id.startswith("eval-greedy-")]
             assert pass1[step] == pytest.approx(sum(r.reward == 1.0 for r in greedy) / len(greedy))
@@ -132,7 +141,7 @@ def _console_shows_eval(store: Store) -> None:
     listed = client.get("/api/jobs/1/trajectories", params={"phase": "eval", "limit": 500})
     assert listed.status_code == 200, listed.text
     items = listed.json()["items"]
-    assert len(items) == 24 and {t["phase"] for t in items} == {"eval"}
+    assert len(items) == 36 and {t["phase"] for t in items} == {"eval"}
     assert {
         t["phase"] for t in client.get("/api/jobs/1/trajectories", params={"limit": 500}).json()["items"]
     } == {
@@ -145,10 +154,10 @@ def _console_shows_eval(store: Store) -> None:
     assert detail["phase"] == "eval"
     page = client.get("/jobs/1/trajectories", params={"phase": "eval"})
     assert page.status_code == 200 and 'value="eval" selected' in page.text
-    assert page.text.count('<span class="badge">eval</span>') == min(24, page.text.count("data-open="))
+    assert page.text.count('<span class="badge">eval</span>') == min(36, page.text.count("data-open="))
     charts = {c["key"]: c for c in client.get("/api/jobs/1/curves").json()["charts"]}
     names = {s["name"]: [x for x, _ in s["points"]] for s in charts["eval_pass"]["series"]}
-    assert names == {"pass@1 (greedy)": [2, 3], "pass@k (sampled)": [2, 3]}
+    assert names == {"pass@1 (greedy)": [0, 2, 3], "pass@k (sampled)": [0, 2, 3]}  # starts at step 0
     assert {s["name"] for s in charts["eval_reward"]["series"]} == {"mean", "exact"}
     assert "eval/pass@1" not in charts  # claimed by the eval charts, not one chart per name
 
@@ -177,14 +186,49 @@ def test_a_rollout_that_overrides_the_greedy_eval_temperature_is_told_so(
         greedy = [
             t for t in store.trajectories(1, phase="eval", limit=100) if t.group_id.startswith("eval-greedy")
         ]
-        assert len(greedy) == 3 and all(t.status == "failed" for t in greedy)
+        assert len(greedy) == 2 * 3 and all(t.status == "failed" for t in greedy)  # steps 0 and 1
         [record] = store.trajectory_records(1, [greedy[0].trajectory_id])
         assert "conflicts with greedy evaluation (eval/pass@1), which samples with temperature=0" in (
             record.errors[0].message
         )
-        assert store.count_trajectories(1, phase="eval", status="success") == 3 * 3  # sampled rows ran
-        assert _by_step(store, "eval/unscored") == {1: 3.0}
-        assert 1 not in _by_step(store, "eval/pass@1")  # nothing greedy was scored: no point, not a 0
+        assert store.count_trajectories(1, phase="eval", status="success") == 2 * 3 * 3  # sampled rows ran
+        assert _by_step(store, "eval/unscored") == {0: 3.0, 1: 3.0}
+        assert _by_step(store, "eval/pass@1") == {}  # nothing greedy was scored: no point, not a 0
         assert store.count_trajectories(1, phase="train", status="success") == 4  # training unaffected
     finally:
         store.close()
+
+
+BROKEN_IN_TRAINING = """
+import os
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    if ctx.phase == "train" and os.path.exists(os.path.join(os.path.dirname(__file__), "broken")):
+        raise ValueError("broken on purpose")
+    return 1.0 if len(trajectory.completion) % 2 == 0 else 0.0
+"""
+
+
+def test_a_retry_without_a_checkpoint_evaluates_the_initial_model_once_more_not_twice(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    from plugtune.jobs.control import create_job, retry_job
+    from plugtune.jobs.scheduler import run_job
+
+    root = tmp_path / "again"
+    job_file = _eval_job(root)
+    (root / "plugins" / "grader.py").write_text(BROKEN_IN_TRAINING)
+    (root / "plugins" / "broken").write_text("x")
+    job_id, _ = create_job(store, job_file)
+    assert run_job(store, home, job_id) == "failed"  # step 1's grader: after step 0's evaluation
+    assert store.count_trajectories(job_id, phase="eval", step=0) == 12
+    assert store.latest_checkpoint(job_id) is None
+    (root / "plugins" / "broken").unlink()
+    retry_job(store, job_id)
+    assert run_job(store, home, job_id) == "succeeded"
+    # the earlier attempt's step-0 evaluation was forgotten and run again: one set, one point
+    assert store.count_trajectories(job_id, phase="eval", step=0) == 12
+    points = [p for p in store.metrics(job_id, "", max_points=1000)["eval/pass@1"] if p.step == 0]
+    assert len(points) == 1

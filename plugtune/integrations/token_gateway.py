@@ -51,6 +51,7 @@ class TokenReply:
 
     token_ids: list[int]
     logprobs: list[float] | None = None  # per token; None when the engine gave none
+    version: int | None = None  # the weights version the engine sampled with (None: the gateway's)
 
 
 #: The engine's generation: prompt ids and how to sample -> the sampled tokens.
@@ -77,6 +78,7 @@ class _EngineAdapter:
     async def _run(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         version = self._version()
         reply = await self._generate(list(prompt_ids), params)
+        version = version if reply.version is None else int(reply.version)
         tokens = [int(t) for t in reply.token_ids][: params.max_tokens]
         logprobs = [float(x) for x in (reply.logprobs or [])][: len(tokens)]
         if len(logprobs) != len(tokens):  # no log-probs from the engine: the record says 0.0
@@ -139,9 +141,10 @@ class TokenGateway:
         model_name: str = "policy",
         max_context: int = 4096,
         host: str = "127.0.0.1",
+        policy_version: int = 0,
     ) -> None:
         self.model_name, self.host, self.port = model_name, host, 0
-        self._version = 0
+        self._version = policy_version
         renderer = ChatRenderer(copy.deepcopy(tokenizer))
         eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
         adapter = _EngineAdapter(generate, loop, eos, renderer.decode, lambda: self._version)

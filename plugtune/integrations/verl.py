@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -79,7 +80,8 @@ class _VerlRun:
             if gateway is None:
                 generate = _verl_generate(server_manager)
                 loop = asyncio.get_running_loop()  # verl's loop: its clients belong to it
-                gateway = TokenGateway(tokenizer, generate, loop, max_context=max_context)
+                # -1 until verl's server says which weights it sampled with (its global_steps)
+                gateway = TokenGateway(tokenizer, generate, loop, max_context=max_context, policy_version=-1)
                 gateway.start()
                 self._gateways[id(server_manager)] = gateway
             return gateway
@@ -132,6 +134,23 @@ def _job_path(job: str | os.PathLike[str] | None) -> Path:
     return path
 
 
+def _verl_step() -> tuple[int | None, bool]:
+    """The training step and the validate flag of the trajectory verl's ``AgentLoopWorker`` is
+    running (its batch's ``meta_info["global_steps"]`` and ``["validate"]``). verl hands them to its
+    trace context only, not to ``run()``, so they are read from the worker's ``_run_agent_loop``
+    frame (verl 0.9); ``(None, False)`` where that frame is not found."""
+    frame = sys._getframe(1)
+    for _ in range(6):  # run() -> _run_agent_loop(), within a few frames
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            break
+        info = frame.f_locals.get("trajectory") if frame.f_code.co_name == "_run_agent_loop" else None
+        if isinstance(info, Mapping) and isinstance(info.get("step"), (int, float)):
+            step = int(info["step"])
+            return (step if step >= 0 else None), bool(info.get("validate", False))
+    return None, False
+
+
 def _verl_generate(server_manager: Any) -> Any:
     async def generate(prompt_ids: list[int], params: SamplingParams) -> TokenReply:
         sampling: dict[str, Any] = {
@@ -147,7 +166,10 @@ def _verl_generate(server_manager: Any) -> Any:
         output = await server_manager.generate(
             request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params=sampling
         )
-        return TokenReply(list(output.token_ids), list(output.log_probs) if output.log_probs else None)
+        steps = (output.extra_fields or {}).get("global_steps")  # the weights' step, as verl's servers say
+        version = int(steps) if isinstance(steps, (int, float)) else None
+        logprobs = list(output.log_probs) if output.log_probs else None
+        return TokenReply(list(output.token_ids), logprobs, version)
 
     return generate
 
@@ -168,8 +190,9 @@ class PlugtuneAgentLoop(AgentLoopBase):
         max_context = self.prompt_length + self.response_length
         gateway = verl_run.gateway_for(self.server_manager, self.tokenizer, max_context)
         sample = sample_of(kwargs, sampling_params, self.response_length)
+        step, validate = _verl_step()
         started = time.perf_counter()
-        record = await verl_run.runner.roll(gateway, sample)
+        record = await verl_run.runner.roll(gateway, sample, step=step, phase="eval" if validate else "train")
         elapsed = time.perf_counter() - started
         if verl_run.run.stopped is not None:  # failure_policy fail_job: the run ends with this error
             verl_run.run.flush()
@@ -202,6 +225,9 @@ class PlugtuneAgentLoop(AgentLoopBase):
                 "tool_rewards": [],
                 "plugtune_trajectory_id": record.trajectory_id,
                 "plugtune_status": record.status,
+                # the weights versions it was sampled with, as verl's own loops report them
+                "min_global_steps": record.policy_version if record.step else None,
+                "max_global_steps": record.step - 1 if record.step else None,
             },
         )
 
@@ -263,7 +289,9 @@ def compute_score_batch(
 class LocalServerManager:
     """verl's server interface (``await generate(request_id, prompt_ids=, sampling_params=)`` ->
     ``TokenOutput``) over plugtune's CPU ``GenerationEngine``: a verl agent loop runs on one
-    machine without vLLM (tests, a dry run of a rollout before a cluster job)."""
+    machine without vLLM (tests, a dry run of a rollout before a cluster job). Like verl's servers
+    it reports the weights version it sampled with as ``extra_fields["global_steps"]`` (the
+    engine's ``policy_version``)."""
 
     def __init__(self, engine: GenerationEngine) -> None:
         self.engine = engine
@@ -282,7 +310,12 @@ class LocalServerManager:
         )
         generation = await asyncio.wrap_future(self.engine.submit(list(prompt_ids), params))
         logprobs = generation.logprobs if sampling_params.get("logprobs") else None
-        return TokenOutput(token_ids=generation.token_ids, log_probs=logprobs, stop_reason="completed")
+        return TokenOutput(
+            token_ids=generation.token_ids,
+            log_probs=logprobs,
+            stop_reason="completed",
+            extra_fields={"global_steps": generation.policy_version},
+        )
 
 
 __all__ = [

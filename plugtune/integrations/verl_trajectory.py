@@ -4,6 +4,14 @@ verl hands plugtune one sample at a time (an agent loop per trajectory, a reward
 response), so a trajectory here is rolled out and graded alone; the failure policy and the store
 are the ``EngineRun``'s. Engine-neutral apart from the shape of verl's dataset rows (``raw_prompt``,
 ``extra_info``, ``reward_model.ground_truth``, ``data_source``, ``index``).
+
+The training step: the agent loop passes the step verl's worker holds for the trajectory (its
+batch's ``meta_info["global_steps"]``). verl's servers also answer each generation with the weights
+version they sampled with (``TokenOutput.extra_fields["global_steps"]``: the step of the last weight
+sync, so step N samples with version N - 1); the gateway records it on the trajectory's policy
+segments and the oldest one is the record's ``policy_version``. Without a step from verl, a
+trajectory's step is its newest version + 1; with neither (a response verl's reward function hands
+over) it is the latest step this process has seen (0 before any).
 """
 
 from __future__ import annotations
@@ -85,6 +93,8 @@ class _Trajectory:
 
     trajectory_id: str
     sample: Sample
+    step: int | None = None  # as verl said (None: not said)
+    phase: str = "train"
     trace: TokenTrace = EMPTY_TRACE
     messages: list[dict[str, Any]] = field(default_factory=list)
     attempt: int = 1
@@ -104,10 +114,14 @@ class TrajectoryRunner:
         self._weights = {jf.spec.name: jf.spec.weight for jf in run.graders}
         self._flush_lock = threading.Lock()
         self._flushed = 0.0
+        self.step = 0  # the latest training step seen (0: none yet)
 
-    async def roll(self, gateway: TokenGateway, sample: Sample) -> TrajectoryRecord:
-        """The rollout plugin on ``sample`` (policy calls through ``gateway``), then the graders."""
-        t = _Trajectory(f"verl-{uuid4().hex[:16]}", sample)
+    async def roll(
+        self, gateway: TokenGateway, sample: Sample, *, step: int | None = None, phase: str = "train"
+    ) -> TrajectoryRecord:
+        """The rollout plugin on ``sample`` (policy calls through ``gateway``), then the graders;
+        ``step``: verl's training step of the trajectory, when known."""
+        t = _Trajectory(f"verl-{uuid4().hex[:16]}", sample, step=step, phase=phase)
         rollout = self.run.rollout
         if rollout is None:
             raise RuntimeError("the job has no rollout plugin")
@@ -179,8 +193,20 @@ class TrajectoryRunner:
         t.timing["graders_s"] = time.perf_counter() - started
 
     async def _call(self, fn: Any, t: _Trajectory, *args: Any) -> CallOutcome:
-        ctx = Context(sample_id=t.sample.index, trajectory_id=t.trajectory_id, attempt=t.attempt)
+        ctx = Context(
+            step=self._step_of(t),
+            phase=t.phase,
+            sample_id=t.sample.index,
+            trajectory_id=t.trajectory_id,
+            attempt=t.attempt,
+        )
         return await asyncio.wrap_future(self.run.submit(fn, ctx, *args))
+
+    def _step_of(self, t: _Trajectory) -> int:
+        if t.step is not None:
+            return t.step
+        newest = _versions(t.trace)[1]
+        return newest + 1 if newest is not None else self.step
 
     def _apply(self, t: _Trajectory, outcome: CallOutcome, plugin: str) -> bool:
         """A non-success status on the trajectory; True when the outcome's value stands."""
@@ -207,14 +233,16 @@ class TrajectoryRunner:
     def _record(self, t: _Trajectory) -> TrajectoryRecord:
         trace = t.trace
         ok = t.status == "success"
+        oldest, _ = _versions(trace)
+        step = self._step_of(t)
         record = TrajectoryRecord(
             trajectory_id=t.trajectory_id,
-            group_id=f"verl-p{t.sample.index}",
-            step=0,  # verl does not tell an agent loop or a reward function its step
+            group_id=f"verl-s{step}-p{t.sample.index}",
+            step=step,
             sample_index=t.sample.index,
             rollout_index=0,
             attempt=t.attempt,
-            policy_version=0,
+            policy_version=oldest if oldest is not None else max(step - 1, 0),
             prompt_ids=list(trace.prompt_ids),
             response_ids=list(trace.response_ids),
             response_mask=list(trace.response_mask),
@@ -228,13 +256,24 @@ class TrajectoryRunner:
             errors=list(t.errors),
             metrics=dict(t.metrics),
             timing=dict(t.timing),
+            phase=t.phase,
         )
         with self._flush_lock:  # agent loops and reward calls record from different threads
             self.run.add_trajectories([record])
-            if time.monotonic() - self._flushed >= FLUSH_EVERY_S:
+            if step > self.step and t.phase == "train":  # a new step began: the last one's counts
+                self.run.flush(self.step or None)
+                self.step, self._flushed = step, time.monotonic()
+            elif time.monotonic() - self._flushed >= FLUSH_EVERY_S:
                 self.run.flush()
                 self._flushed = time.monotonic()
         return record
+
+
+def _versions(trace: TokenTrace) -> tuple[int | None, int | None]:
+    """The oldest and newest weights versions the trajectory's policy tokens were sampled with
+    (None: the engine reported none)."""
+    versions = [s.policy_version for s in trace.segments if s.source == "policy" and s.policy_version >= 0]
+    return (min(versions), max(versions)) if versions else (None, None)
 
 
 def _take(gateway: TokenGateway, trajectory_id: str) -> TokenTrace:

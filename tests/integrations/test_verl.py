@@ -34,6 +34,8 @@ from plugtune.trainer.model import load_model  # noqa: E402
 TASK = Path(__file__).parent / "verl_task"
 DEMO_MODEL = Path(plugtune_verl.__file__).parents[1] / "demo" / "model"
 RESPONSE_LENGTH = 64
+#: The weights version the server samples with (verl's global_steps: the step of the last sync).
+WEIGHTS = {"version": 0}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def server() -> Iterator[plugtune_verl.LocalServerManager]:
         eos_token_ids={int(loaded.tokenizer.eos_token_id)},
         decode=lambda ids: str(loaded.tokenizer.decode(ids)),
         weights_lock=threading.Lock(),
-        policy_version=lambda: 0,
+        policy_version=lambda: WEIGHTS["version"],
     )
     engine.start()
     yield plugtune_verl.LocalServerManager(engine)
@@ -74,7 +76,7 @@ def _config(tmp_path: Path, job: Path) -> Any:
         )
 
 
-def _batch(rows: list[dict[str, Any]]) -> DataProto:
+def _batch(rows: list[dict[str, Any]], meta_info: dict[str, Any] | None = None) -> DataProto:
     def column(values: list[Any]) -> np.ndarray:
         out = np.empty(len(values), dtype=object)
         out[:] = values
@@ -88,7 +90,8 @@ def _batch(rows: list[dict[str, Any]]) -> DataProto:
             "data_source": column(["arith"] * len(rows)),
             "reward_model": column([{"ground_truth": r["extra"]["ground_truth"]} for r in rows]),
             "extra_info": column([dict(r["extra"]) for r in rows]),
-        }
+        },
+        meta_info=meta_info,
     )
 
 
@@ -116,6 +119,7 @@ def test_verls_worker_runs_the_rollout_plugin_with_real_generation_and_records_t
 ) -> None:
     worker = AgentLoopWorker(_config(tmp_path, TASK / "job.yaml"), llm_client=server)
     asked = server.requests
+    WEIGHTS["version"] = 4  # verl's step 5 samples with the weights synced at step 4
     output = asyncio.run(worker.generate_sequences(_batch(ROWS)))
 
     assert server.requests - asked == 4  # two policy calls per trajectory, answered by the engine
@@ -135,6 +139,10 @@ def test_verls_worker_runs_the_rollout_plugin_with_real_generation_and_records_t
     ids = output.non_tensor_batch["plugtune_trajectory_id"].tolist()
     by_id = {t.trajectory_id: t for t in store.trajectory_records(job.id, ids)}
     ok, failed = by_id[ids[0]], by_id[ids[1]]
+    # no meta_info step here: the server's weights version (4) + 1, not 0
+    assert (ok.step, ok.policy_version, failed.step) == (5, 4, 5)
+    assert output.non_tensor_batch["max_global_steps"].tolist() == [4, 4]
+    assert failed.status == "failed" and failed.reward is None  # not a 0.0-reward success
     n = len(ok.response_ids)
     assert responses[0][:n].tolist() == ok.response_ids[:RESPONSE_LENGTH]  # the tokens, not re-tokenized
     assert ok.messages[-1]["role"] == "assistant" and ok.messages[2]["role"] == "tool"
@@ -142,6 +150,32 @@ def test_verls_worker_runs_the_rollout_plugin_with_real_generation_and_records_t
     assert "picky cannot score row 1" in failed.errors[0].message
     logs = [line.message for line in store.logs(job.id, plugin="with_tool")]
     assert any("tool said 59" in m for m in logs)
+
+
+def test_a_rollout_that_crashes_is_masked_for_verl_and_recorded_failed_with_its_cause(
+    tmp_path: Path, home: Settings, runs: None, server: plugtune_verl.LocalServerManager
+) -> None:
+    worker = AgentLoopWorker(_config(tmp_path, TASK / "job.yaml"), llm_client=server)
+    WEIGHTS["version"] = 2
+    crashing = {"messages": [{"role": "user", "content": "1+2=?"}], "extra": {"ground_truth": "3"}}
+    crashing["extra"]["rollout_crash"] = True
+    # verl's trainer puts the step in the batch's meta_info; it reaches a rollout that never generates
+    output = asyncio.run(worker.generate_sequences(_batch([ROWS[0], crashing], {"global_steps": 3})))
+
+    # verl sees a response that trains nothing and scores 0.0 (it has no "unscorable")
+    assert output.non_tensor_batch["plugtune_status"].tolist() == ["success", "failed"]
+    assert output.batch["response_mask"][1].sum() == 0 and output.batch["rm_scores"][1].sum() == 0.0
+    plugtune_verl.close_runs()
+    store, job = _only_job(home)
+    ids = output.non_tensor_batch["plugtune_trajectory_id"].tolist()
+    by_id = {t.trajectory_id: t for t in store.trajectory_records(job.id, ids)}
+    failed = by_id[ids[1]]
+    # the store says what happened: failed, no reward, the classified error; at the batch's step
+    assert failed.status == "failed" and failed.reward is None and failed.attempt == 2
+    assert (failed.errors[0].type, failed.errors[0].cause) == ("Call plugin error", "500")
+    assert "the rollout cannot start row 1" in failed.errors[0].message
+    assert failed.step == by_id[ids[0]].step == 3 and by_id[ids[0]].policy_version == 2
+    assert job.status == "succeeded"  # drop_sample: the run goes on
 
 
 def test_verls_reward_loader_finds_compute_score_and_the_graders_score_in_the_runtime(

@@ -38,6 +38,7 @@ from plugtune.gateway.app import build_app
 from plugtune.gateway.chat import ChatRenderer
 from plugtune.gateway.completions import CompletionService
 from plugtune.gateway.engine import Generation, GenerationEngine, SamplingParams
+from plugtune.gateway.sampling import JobSampling
 from plugtune.gateway.trace import TraceBuilder
 from plugtune.sdk import Policy
 from plugtune.types import TokenTrace
@@ -142,6 +143,7 @@ class TokenGateway:
         max_context: int = 4096,
         host: str = "127.0.0.1",
         policy_version: int = 0,
+        sampling: JobSampling | None = None,
     ) -> None:
         self.model_name, self.host, self.port = model_name, host, 0
         self._version = policy_version
@@ -150,7 +152,7 @@ class TokenGateway:
         adapter = _EngineAdapter(generate, loop, eos, renderer.decode, lambda: self._version)
         # CompletionService only calls ``submit`` on its engine.
         engine = cast(GenerationEngine, adapter)
-        self._service = CompletionService(renderer, engine, model_name, max_context, None)
+        self._service = CompletionService(renderer, engine, model_name, max_context, sampling)
         self._keys: dict[str, str] = {}
         self._traces: dict[str, TraceBuilder] = {}
         self._registry = threading.Lock()

@@ -16,11 +16,13 @@ opens its own run). A grader's ``None`` (or a call the failure policy drops) rea
 ``None``, its "unscorable"; a call the policy fails the job with raises the classified
 ``PluginCallError`` out of ``trainer.train()`` and the job ends ``failed`` with it.
 
-With ``rollout_func`` the rollout's ``policy`` calls are answered by plugtune's policy gateway
-decoding from the trainer's own model object (the weights TRL updates), and TRL trains on the
+With ``rollout_func`` the rollout's ``policy`` calls are answered by plugtune's policy gateway:
+decoding from the trainer's own model object (the weights TRL updates), or with
+``use_vllm=True`` (``vllm_mode="server"``) by TRL's own ``VLLMClient``, whose server TRL keeps in
+sync with the trained weights (``plugtune.integrations.trl_vllm``). Either way TRL trains on the
 gateway's token records: ``prompt_ids``, ``completion_ids`` (model and tool tokens), the sampling
-``logprobs`` and ``env_mask`` (1 = sampled by the policy). ``use_vllm`` is not supported on this
-path yet (a clear error says so); the reward path works with any TRL generation.
+``logprobs`` and ``env_mask`` (1 = sampled by the policy). The reward path works with any TRL
+generation.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class TRLRun:
         self._episodes: dict[str, _Episode] = {}
         self._graded: tuple[int, dict[str, list[float | None]]] | None = None
         self._gateway: Any = None
+        self._vllm: Any = None  # the VLLMEngine behind the gateway (use_vllm=True)
         self._callback: Any = None
 
     # --- what TRL is given -----------------------------------------------------------------
@@ -122,6 +125,9 @@ class TRLRun:
         if self._gateway is not None:
             self._gateway.stop()
             self._gateway = None
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
         self.run.close(error)
 
     # --- rewards ---------------------------------------------------------------------------
@@ -236,11 +242,6 @@ class TRLRun:
     # --- rollouts --------------------------------------------------------------------------
 
     def _rollouts(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        if getattr(trainer.args, "use_vllm", False):
-            raise ValueError(
-                "plugtune's rollout_func answers the rollout's policy calls from the trainer's model; "
-                "with use_vllm=True use plugtune's reward_funcs only (TRL generates), or set use_vllm=False"
-            )
         if self.callback() not in trainer.callback_handler.callbacks:
             trainer.add_callback(self.callback())  # TRL's metrics and the run's end reach the store
         gateway = self._gateway_for(trainer)
@@ -310,9 +311,26 @@ class TRLRun:
 
             args = trainer.args
             sampling = JobSampling(args.temperature, args.top_p, args.max_completion_length)
-            self._gateway = PolicyGateway(trainer.model, trainer.processing_class, sampling=sampling)
+            if args.use_vllm:
+                self._gateway = self._vllm_gateway(trainer, sampling)
+            else:
+                self._gateway = PolicyGateway(trainer.model, trainer.processing_class, sampling=sampling)
             self._gateway.start()
         return self._gateway
+
+    def _vllm_gateway(self, trainer: Any, sampling: Any) -> Any:
+        from plugtune.integrations.token_gateway import TokenGateway
+        from plugtune.integrations.trl_vllm import VLLMEngine, vllm_client_of
+
+        self._vllm = VLLMEngine(vllm_client_of(trainer))
+        context = int(getattr(trainer.model.config, "max_position_embeddings", 0) or 4096)
+        return TokenGateway(
+            trainer.processing_class,
+            self._vllm.generate,
+            self._vllm.loop,
+            max_context=context,
+            sampling=sampling,
+        )
 
 
 class _FreshPolicy:

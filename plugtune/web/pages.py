@@ -12,9 +12,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from plugtune.jobs.report import job_warnings
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
-from plugtune.web import charts, service
+from plugtune.web import charts, compare, queries, service
 from plugtune.web.codeview import render_files
-from plugtune.web.params import LEVELS, MAX_PAGE, JobId, LogForm, RecordId, TrajectoryForm, choice, integer
+from plugtune.web.params import LEVELS, MAX_PAGE, JobForm, JobId, LogForm, RecordId, TrajectoryForm, integer
 from plugtune.web.templating import templates
 from plugtune.web.views import attempts_out, job_out, plugin_out
 
@@ -49,29 +49,54 @@ def home() -> RedirectResponse:
 
 
 @router.get("/jobs", response_class=HTMLResponse)
-def jobs_page(request: Request, status: str | None = None, page: str | None = None) -> HTMLResponse:
+def jobs_page(
+    request: Request,
+    q: str | None = None,
+    status: str | None = None,
+    cause: str | None = None,
+    page: str | None = None,
+) -> HTMLResponse:
     store = _store(request)
     statuses = tuple(s.value for s in JobStatus)
-    wanted = choice("status", status, statuses)
+    form = JobForm.parse(q, status, cause, statuses)
     number = integer("page", page, minimum=1, maximum=MAX_PAGE) or 1
-    total = store.count_jobs(wanted)
-    pages = max(1, math.ceil(total / JOBS_PER_PAGE))
-    jobs = store.list_jobs(wanted, limit=JOBS_PER_PAGE, offset=(number - 1) * JOBS_PER_PAGE)
-    base = f"status={wanted}&" if wanted else ""
-    pager = Pager(
-        label=f"page {number} of {pages} · {total} jobs",
-        prev_url=f"?{base}page={number - 1}" if number > 1 else None,
-        next_url=f"?{base}page={number + 1}" if number < pages else None,
+    jobs, total = queries.job_page(
+        store, form.to_filter(), limit=JOBS_PER_PAGE, offset=(number - 1) * JOBS_PER_PAGE
     )
+    pages = max(1, math.ceil(total / JOBS_PER_PAGE))
+    noun = "job" if total == 1 else "jobs"
+    pager = Pager(
+        label=f"page {number} of {pages} · {total} {noun}{' found' if form.any else ''}",
+        first_url=f"?{form.query()}" if number > 2 else None,
+        prev_url=f"?{form.query(page=number - 1)}" if number > 1 else None,
+        next_url=f"?{form.query(page=number + 1)}" if number < pages else None,
+        is_first=number == 1,
+    )
+    causes = queries.job_causes(store)
+    if form.cause and form.cause not in (value for value, _ in causes):
+        causes.append((form.cause, form.cause))
     return _render(
         request,
         "jobs.html",
         jobs=service.job_list(store, jobs),
         statuses=statuses,
-        status=wanted,
+        causes=causes,
+        filters=form,
+        total=total,
         pager=pager,
         page=number,
+        page_size=JOBS_PER_PAGE,
+        max_compare=compare.MAX_JOBS,
     )
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(request: Request, ids: str | None = None) -> HTMLResponse:
+    """2-5 jobs side by side (``?ids=3,7``): curves overlaid, failed calls by cause, step time, the
+    config keys that differ. The curves are drawn from ``GET /api/compare``."""
+    wanted = compare.parse_ids(ids)
+    view = compare.compare(_store(request), wanted)
+    return _render(request, "compare.html", view=view, ids=wanted, cause_colors=compare.cause_colors(view))
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)

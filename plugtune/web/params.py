@@ -9,13 +9,14 @@ from urllib.parse import urlencode
 
 from fastapi import Path
 
-from plugtune.web.queries import LogFilter, TrajectoryFilter
+from plugtune.web.queries import JobFilter, LogFilter, TrajectoryFilter
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TRAJECTORY_STATUSES = ("success", "failed", "discard")
 PHASES = ("train", "eval")  # eval: data.validation, evaluated during training
 MAX_ID = 2**63 - 1  # the store's integers are 64-bit
 MAX_PAGE = 10**9
+MAX_SEARCH = 200  # characters of a name search (a job's name is at most 200)
 
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="the job's id")]
 PluginName = Annotated[str, Path(min_length=1, max_length=256, description="the plugin's name")]
@@ -71,6 +72,35 @@ def choice(name: str, raw: str | None, allowed: tuple[str, ...], *, upper: bool 
     if value not in allowed:
         raise BadParameter(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class JobForm:
+    """The jobs list's search as it appears in its URL: name substring, status, error cause."""
+
+    q: str | None = None
+    status: str | None = None
+    cause: str | None = None
+
+    @classmethod
+    def parse(
+        cls, q: str | None, status: str | None, cause: str | None, statuses: tuple[str, ...]
+    ) -> JobForm:
+        name = text(q)
+        if name is not None and len(name) > MAX_SEARCH:
+            raise BadParameter(f"q must be at most {MAX_SEARCH} characters, got {len(name)}")
+        return cls(name, choice("status", status, statuses), text(cause))
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in (self.q, self.status, self.cause))
+
+    def to_filter(self) -> JobFilter:
+        return JobFilter(q=self.q, status=self.status, cause=self.cause)
+
+    def query(self, **extra: object) -> str:
+        values = {"q": self.q, "status": self.status, "cause": self.cause, **extra}
+        return urlencode({k: v for k, v in values.items() if v is not None and v != ""})
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""Filters as the console passes them to the Store, and the one read the Store's API lacks.
+"""Filters as the console passes them to the Store, and the reads the Store's API lacks.
+
+Jobs: the list's search (name substring, status, error cause) with its total, one query each, so
+the page and ``GET /api/jobs`` select the same rows.
 
 A newest-first keyset page knows the cursor of the page below it (its last row); the
 "Previous" link needs the cursor of the page above it. For trajectories the Store answers that
@@ -13,11 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, and_, func, or_, select
 
 from plugtune.store import Store
 from plugtune.store import logs as store_logs
-from plugtune.store.schema import log_lines
+from plugtune.store.jobs import _job
+from plugtune.store.records import Job
+from plugtune.store.schema import jobs, log_lines
+
+MAX_CAUSES = 100  # error causes offered by the jobs list's filter
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,60 @@ class LogFilter:
             "trajectory_id": self.trajectory_id,
             "text": self.text,
         }
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """The jobs list's search: ``q`` a substring of the name (any case), ``status`` exact, ``cause``
+    the error's cause (its type when the error has no cause, e.g. ``Invalid value``)."""
+
+    q: str | None = None
+    status: str | None = None
+    cause: str | None = None
+
+    def where(self, query: Select[Any]) -> Select[Any]:
+        c = jobs.c
+        if self.q:
+            query = query.where(func.lower(c.name).contains(self.q.lower(), autoescape=True))
+        if self.status:
+            query = query.where(c.status == self.status)
+        if self.cause:
+            no_cause = or_(c.error_cause.is_(None), c.error_cause == "")
+            query = query.where(or_(c.error_cause == self.cause, and_(no_cause, c.error_type == self.cause)))
+        return query
+
+
+def job_page(store: Store, flt: JobFilter, *, limit: int, offset: int) -> tuple[list[Job], int]:
+    """One page of the jobs ``flt`` selects, newest first, and how many it selects in all."""
+    rows = flt.where(select(jobs)).order_by(jobs.c.id.desc()).limit(limit).offset(offset)
+    count = flt.where(select(func.count()).select_from(jobs))
+    with store._db.read("listing jobs") as conn:
+        found = [_job(row) for row in conn.execute(rows)]
+        total = int(conn.execute(count).scalar_one())
+    return found, total
+
+
+def job_causes(store: Store) -> list[tuple[str, str]]:
+    """The error causes of the stored jobs (a job's error type when it has no cause) as (cause,
+    label: the cause with its error type), sorted by cause."""
+    c = jobs.c
+    cause = func.coalesce(func.nullif(c.error_cause, ""), c.error_type)
+    query = (
+        select(cause, c.error_type)
+        .where(c.error_type.is_not(None))
+        .distinct()
+        .order_by(cause, c.error_type)
+        .limit(MAX_CAUSES)
+    )
+    with store._db.read("listing error causes") as conn:
+        found = [(str(row[0]), str(row[1])) for row in conn.execute(query)]
+    labels: dict[str, list[str]] = {}
+    for value, error_type in found:
+        if value != error_type:
+            labels.setdefault(value, []).append(error_type)
+        else:
+            labels.setdefault(value, [])
+    return [(value, f"{value} ({', '.join(types)})" if types else value) for value, types in labels.items()]
 
 
 @dataclass(frozen=True)

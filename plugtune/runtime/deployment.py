@@ -228,11 +228,14 @@ class LocalDeployment:
 
     def _rlimits(self, runtime: Runtime) -> dict[str, int]:
         """Per-instance rlimits: open files, file size (the temp space's backstop) and, for a function
-        with its own uid but no pids cgroup, its processes (RLIMIT_NPROC counts the whole uid)."""
+        with its own uid but no pids cgroup, its processes: RLIMIT_NPROC counts the whole uid, so it
+        is only the backstop of the process watch (which holds each instance to its own limit)."""
         out = {"nofile": max(NOFILE, 4 * runtime.max_concurrency), "fsize": runtime.tmp_mb << 20}
         if self.user is not None and not self.backend.limits.has_pids:
             per_instance = pids_max(runtime.max_pids, runtime.max_concurrency)
-            out["nproc"] = per_instance * (runtime.max_instances + 2)  # + the zygote and the spare
+            # twice every instance's share (+ the zygote and the spare): room for what one instance
+            # starts between two looks of the watch, so the others can still start threads meanwhile
+            out["nproc"] = 2 * per_instance * (runtime.max_instances + 2)
         return out
 
     def _cgroup_wait(self, limits: InstanceLimits) -> str:
@@ -467,7 +470,7 @@ class LocalDeployment:
         latency = (time.perf_counter() - started) * 1000
         message = f"the call ran past timeout_s={request.timeout_s:g} on instance {instance.id}"
         happened = Happened.DEADLINE
-        if instance.limits.pids_hits() > 0:  # it was stuck behind its own fork bomb
+        if instance.hit_pids():  # it was stuck behind its own fork bomb
             happened, message = Happened.PIDS_LIMIT, f"{message} ({instance.pids_text()})"
             instance.draining = True  # recycled by invoke(); nothing else is routed here meanwhile
         peak = instance.limits.peak_mb() or (instance.peak_rss_mb or None)
@@ -536,6 +539,8 @@ class LocalDeployment:
                 self.monitor.watch_memory(self.instances)
             if not self.backend.sandbox.can_mount:  # plain temp folders: nothing else caps their size
                 self.monitor.watch_disk(self.instances)
+            if not self.backend.limits.has_pids:  # no pids.max: RLIMIT_NPROC, if any, is per uid
+                self.monitor.watch_pids(self.instances, self.backend.processes)
             now = time.monotonic()
             if now - last_idle_check >= min(1.0, self.backend.idle_timeout_s / 4):
                 last_idle_check = now

@@ -85,6 +85,7 @@ class Instance:
         self.kill_reason = ""
         self.watchdog_oom = ""
         self.disk_full = ""  # set when the temp folder's size watch killed it (what it held)
+        self.pids_over = ""  # set when the process watch killed it (what it counted)
         self.last_used = time.monotonic()
         self.started_at = time.monotonic()
         self.outbound_bytes = 0
@@ -210,7 +211,7 @@ class Instance:
         if pending is None or pending.future.done():
             return
         happened = KINDS.get(kind, Happened.RAISED)
-        if happened is Happened.RAISED and self.limits.pids_hits() > 0:
+        if happened is Happened.RAISED and self.hit_pids():
             happened = Happened.PIDS_LIMIT  # it raised because a fork or thread was refused
             text = f"{text} ({self.pids_text()})"
         if happened in RECYCLED:
@@ -293,7 +294,7 @@ class Instance:
         happened = Happened.OOM_KILLED if oom else Happened.DIED
         if not oom and self.disk_full:
             happened, message = Happened.DISK_FULL, self.disk_full
-        elif not oom and self.limits.pids_hits() > 0:
+        elif not oom and self.hit_pids():
             happened, message = Happened.PIDS_LIMIT, f"{message} ({self.pids_text()})"
         for pending in list(self.pending.values()):
             if not pending.future.done():
@@ -304,7 +305,13 @@ class Instance:
             timer.cancel()
         self.on_end(self)
 
+    def hit_pids(self) -> bool:
+        """Its pids limit refused it a process or thread (cgroup), or the process watch killed it."""
+        return bool(self.pids_over) or self.limits.pids_hits() > 0
+
     def pids_text(self) -> str:
+        if self.pids_over:
+            return self.pids_over
         hits = self.limits.pids_hits()
         return f"its cgroup refused {hits} new process(es) or thread(s) at pids.max, max_pids={self.max_pids}"
 

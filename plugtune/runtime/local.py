@@ -11,6 +11,7 @@ from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.bridge import PolicyBridge, network_problem
 from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import Limits
+from plugtune.runtime.monitor import ProcessTable
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
 from plugtune.runtime.sandbox import Sandbox, requested_tmp_mb
 from plugtune.runtime.worker.network import ANY, POLICY_ONLY
@@ -56,6 +57,7 @@ class LocalBackend:
         self.sandbox = Sandbox(limits.has_pids)
         self.isolation = self.sandbox.isolation
         self.functions = itertools.count(1)
+        self.processes = ProcessTable()  # the process watch's view, where no pids cgroup counts
 
     async def deploy(self, request: DeployRequest) -> LocalDeployment:
         config = self.sandboxed(request)

@@ -1,5 +1,5 @@
-"""Resource gauges of a function's instances, the memory watchdog used without cgroups, and the
-size watch of temp folders that are plain folders (no tmpfs of their own)."""
+"""Resource gauges of a function's instances, the memory watchdog and the process watch used
+without cgroups, and the size watch of temp folders that are plain folders (no tmpfs of their own)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import psutil
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.instance import Instance
+from plugtune.runtime.limits import pids_max
 from plugtune.sdk import Runtime
 
 
@@ -61,6 +62,23 @@ class ResourceMonitor:
                 )
                 instance.kill("over its memory limit")
 
+    def watch_pids(self, instances: list[Instance], table: ProcessTable) -> None:
+        """Kill an instance running more processes and threads than its pids limit (the rlimit
+        fallback's pids.max: RLIMIT_NPROC counts the function's whole uid, so it is only a backstop)."""
+        limit = pids_max(self.runtime.max_pids, self.runtime.max_concurrency)
+        live = [i for i in instances if i.pid and not i.ended and not i.pids_over]
+        if not live:
+            return
+        table.refresh()
+        for instance in live:
+            tasks = table.tasks_of(instance.pid)
+            if tasks > limit:
+                instance.pids_over = (
+                    f"the process watch counted {tasks} processes and threads in it, more than its "
+                    f"limit of {limit} (max_pids={self.runtime.max_pids} plus the runtime's own)"
+                )
+                instance.kill("over its pids limit")
+
     def watch_disk(self, instances: list[Instance]) -> None:
         """Kill an instance whose temp folder holds more than ``tmp_mb`` (the tmpfs's job, where the
         runtime may not mount one)."""
@@ -109,3 +127,64 @@ def cpu_seconds(pid: int) -> float:
         return float(times.user + times.system + times.children_user + times.children_system)
     except psutil.Error:
         return 0.0
+
+
+class ProcessTable:
+    """Who runs under each instance: one read of /proc, shared by a backend's functions, read again
+    when the host's task count (``/proc/loadavg``) grew by ``growth`` or ``max_age_s`` passed."""
+
+    def __init__(self, max_age_s: float = 1.0, growth: int = 4) -> None:
+        self.max_age_s = max_age_s
+        self.growth = growth
+        self.taken = -max_age_s
+        self.low = 0  # the fewest host tasks seen since the last read
+        self.threads: dict[int, int] = {}
+        self.children: dict[int, list[int]] = {}
+        self.sessions: dict[int, list[int]] = {}
+
+    def refresh(self) -> None:
+        now, tasks = time.monotonic(), host_tasks()
+        self.low = min(self.low, tasks)
+        if now - self.taken < self.max_age_s and tasks < self.low + self.growth:
+            return
+        self.taken, self.low = now, tasks
+        self.threads, self.children, self.sessions = {}, {}, {}
+        for pid, (parent, session, threads) in read_processes().items():
+            self.threads[pid] = threads
+            self.children.setdefault(parent, []).append(pid)
+            self.sessions.setdefault(session, []).append(pid)
+
+    def tasks_of(self, pid: int) -> int:
+        """Threads of ``pid``, of its descendants and of anything left in its session."""
+        found: set[int] = set()
+        stack = [pid, *self.sessions.get(pid, [])]
+        while stack:
+            current = stack.pop()
+            if current not in found:
+                found.add(current)
+                stack.extend(self.children.get(current, []))
+        return sum(self.threads.get(p, 0) for p in found)
+
+
+def host_tasks() -> int:
+    """Tasks (threads) on this host, from /proc/loadavg's ``running/total`` field."""
+    try:
+        return int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def read_processes() -> dict[int, tuple[int, int, int]]:
+    """pid -> (parent pid, session id, thread count) for every process in /proc."""
+    rows: dict[int, tuple[int, int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2 :].split()
+            rows[int(name)] = (int(fields[1]), int(fields[3]), int(fields[17]))
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+    return rows

@@ -60,7 +60,7 @@ class Isolation:
 
     user: str  # "uid per function" | "the runtime's own uid (...why)"
     tmp: str  # "tmpfs per instance" | "folder per instance"
-    pids: str  # "cgroup pids.max" | "RLIMIT_NPROC per function uid" | "none"
+    pids: str  # "cgroup pids.max" | "process watch per instance (...)"
     env: str = "scrubbed"
     view: str = "the host's"  # what files it sees: "private mount namespace (...)" | "the host's (why)"
 
@@ -212,11 +212,13 @@ def _describe(
 ) -> Isolation:
     if sandbox.is_root:
         user = "uid per function"
-        pids = "cgroup pids.max" if has_pids_cgroup else "RLIMIT_NPROC per function uid"
+        watch = "process watch per instance, RLIMIT_NPROC per function uid as its backstop"
+        pids = "cgroup pids.max" if has_pids_cgroup else watch
     else:
         user = f"the runtime's own uid ({closed[0]} is not readable by others)" if closed else ""
         user = user or "the runtime's own uid (not root)"
-        pids = "cgroup pids.max" if has_pids_cgroup else "none (not root, no pids cgroup)"
+        alone = "process watch per instance (no backstop: no uid of its own)"
+        pids = "cgroup pids.max" if has_pids_cgroup else alone
     hidden = sorted({c for c in map(closed_ancestor, interpreter_paths()) if c})
     view = "private mount namespace (/tmp and /dev/shm its own"
     view += f"; {', '.join(hidden)} hidden but Python)" if hidden else ")"

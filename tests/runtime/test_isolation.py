@@ -140,6 +140,30 @@ async def test_fork_bomb_is_faas_pids_limit_recycled_and_leaves_no_process() -> 
     assert _processes_of(uid) == []
 
 
+async def test_without_a_pids_cgroup_a_fork_bomb_is_faas_pids_limit_and_its_siblings_keep_serving() -> None:
+    """The rlimit fallback (forced): RLIMIT_NPROC counts the function's whole uid (and does not bind
+    root), so a bomb that holds its children starved the function's other instances (new ones could
+    not start a thread). The process watch holds each instance to its own max_pids: the bomb is
+    `FaaS pids limit` and the other calls, on instances started meanwhile too, are served."""
+    async with LocalRuntime(limits="rlimit") as rt:
+        assert not rt.backend.limits.has_pids  # type: ignore[union-attr]
+        fn = await rt.deploy(entry("isolation.py", "fork_and_hold"))
+        bomb = asyncio.create_task(
+            fn.invoke(ctx("bomb"), sample(bomb=True, hold_s=5), trajectory(tid="bomb"))
+        )
+        await asyncio.sleep(0.5)  # it has forked what it could
+        during = await asyncio.gather(
+            *(fn.invoke(ctx(f"t{i}"), sample(), trajectory(tid=f"t{i}")) for i in range(3)),
+            return_exceptions=True,
+        )
+        (bombed,) = await asyncio.gather(bomb, return_exceptions=True)
+        after = [(await fn.invoke(ctx(f"a{i}"), sample(), trajectory(tid=f"a{i}"))).value for i in range(4)]
+    assert [getattr(d, "value", d) for d in during] == [1.0] * 3
+    assert isinstance(bombed, PluginCallError) and bombed.cause == Cause.PIDS.value, bombed
+    assert "max_pids" in bombed.hint and "process watch" in bombed.message
+    assert after == [1.0] * 4
+
+
 @pytest.mark.parametrize(
     ("function", "fault", "cause"),
     [

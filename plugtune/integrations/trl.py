@@ -368,6 +368,23 @@ def _callback_class() -> type:
     return PlugtuneCallback
 
 
+def _checkpoints_class() -> type:
+    from transformers import TrainerCallback
+
+    class CheckpointRecorder(TrainerCallback):  # type: ignore[misc]
+        """Each checkpoint TRL saved, recorded in the store once its step's records are durable."""
+
+        def __init__(self, owner: TRLRun) -> None:
+            self.owner = owner
+
+        def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            self.owner.run.flush()
+            self.owner.run.store.add_checkpoint(self.owner.run.job_id, state.global_step, str(path))
+
+    return CheckpointRecorder
+
+
 # --- opening a run ---------------------------------------------------------------------------
 
 
@@ -531,7 +548,8 @@ def grpo_config(job: ValidatedJob, output_dir: Path, reward_weights: list[float]
         bf16=False,
         logging_steps=1,
         report_to="none",
-        save_strategy="no",
+        save_strategy="steps",  # checkpoints a retry resumes from (TRL's resume_from_checkpoint)
+        save_steps=c.save_every_n_steps,
         disable_tqdm=True,
         reward_weights=reward_weights,
     )
@@ -540,7 +558,12 @@ def grpo_config(job: ValidatedJob, output_dir: Path, reward_weights: list[float]
 def train_job(store: Any, job_id: int, job: ValidatedJob, out: Path) -> None:
     """One attempt of a ``trainer: trl`` job: TRL's GRPOTrainer on the job's model and data, the
     job's rollout and graders in plugtune's runtime; the trained model lands in ``out/final``.
-    The attempt process (``plugtune.jobs.attempt``) owns the job's status and classifies errors."""
+
+    TRL saves a checkpoint (model, optimizer, scheduler, RNG, trainer state) every
+    ``save_every_n_steps`` under ``out/trl/checkpoint-N`` and each is recorded in the store, so a
+    retried attempt resumes from the newest one (``resume_from_checkpoint``) and the steps after
+    it are forgotten and run again, as for a native job. The attempt process
+    (``plugtune.jobs.attempt``) owns the job's status and classifies errors."""
     import os
 
     from trl import GRPOTrainer
@@ -548,6 +571,9 @@ def train_job(store: Any, job_id: int, job: ValidatedJob, out: Path) -> None:
     from plugtune.trainer.model import load_model
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL
+    checkpoint = store.latest_checkpoint(job_id)
+    resume = checkpoint.path if checkpoint is not None and Path(checkpoint.path).is_dir() else None
+    store.delete_after_step(job_id, checkpoint.step if resume and checkpoint else -1)
     lm = load_model(job.model_dir)
     run = open_run(job, store=store, job_id=job_id)
     try:
@@ -558,9 +584,9 @@ def train_job(store: Any, job_id: int, job: ValidatedJob, out: Path) -> None:
             train_dataset=run.dataset(),
             processing_class=lm.tokenizer,
             rollout_func=run.rollout_func(),
-            callbacks=[run.callback()],
+            callbacks=[run.callback(), _checkpoints_class()(run)],
         )
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume)
         trainer.save_model(str(out / "final"))
     except BaseException as exc:
         run.close(exc)

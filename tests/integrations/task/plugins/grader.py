@@ -15,7 +15,7 @@ def exact_match(ctx: Context, sample: Sample, trajectory: Trajectory) -> float |
 
 @grader
 def picky(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
-    if sample.extra.get("crash"):
-        raise ValueError(f"picky cannot score row {sample.index}")
+    if sample.extra.get("crash") or sample.extra.get("crash_at_step") == ctx.step:
+        raise ValueError(f"picky cannot score row {sample.index} at step {ctx.step}")
     ctx.logger.info("picky scored %d characters", len(trajectory.completion))
     return 0.5

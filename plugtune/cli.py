@@ -221,19 +221,67 @@ def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None
 
 
 @app.command()
-def submit(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None:
-    """Validate a job and queue it for the server started with `plugtune serve` (same store)."""
-    from plugtune.jobs.control import create_job
+def submit(
+    job_file: str = typer.Argument(..., help="The job's job.yaml."),
+    server: str = typer.Option(
+        "",
+        "--server",
+        metavar="URL",
+        help="Submit to the `plugtune serve` at URL over its API (token: $PLUGTUNE_API_TOKEN): the "
+        "job.yaml's folder is packed (without .plugtune/, .venv/, __pycache__/, .git/) and sent.",
+    ),
+) -> None:
+    """Validate a job and queue it for the server started with `plugtune serve` (same store), or with
+    --server for a server elsewhere.
 
-    with _opened_store(create=True) as (_, store):
+    Exits 0 when the job is queued (its id and console URL are printed), 1 when it fails validation
+    (every problem with file, line and field), 2 when the server cannot be reached or refuses."""
+    from pathlib import Path
+
+    if server:
+        _submit_remote(server, Path(job_file))
+        return
+    from plugtune.jobs.control import create_job
+    from plugtune.jobs.remote import serving_url
+
+    with _opened_store(create=True) as (settings, store):
         job_id, invalid = create_job(store, job_file)
         if invalid is not None:
             typer.echo(f"job {job_id} failed validation before any compute:", err=True)
             _echo_error(_job_or_exit(store, job_id)["error"])
             raise typer.Exit(1)
-        typer.echo(
-            f"job {job_id} queued; `plugtune serve` runs it (console: http://127.0.0.1:8321/jobs/{job_id})"
-        )
+        url = serving_url(settings.home)
+        if url is None:
+            typer.echo(
+                f"job {job_id} queued; no `plugtune serve` is running on this store ({settings.home}): "
+                "start one to run it"
+            )
+        else:
+            typer.echo(f"job {job_id} queued; `plugtune serve` runs it (console: {url}jobs/{job_id})")
+
+
+def _submit_remote(server: str, job_file: Any) -> None:
+    import os
+
+    from plugtune.jobs.remote import RemoteError, submit_remote
+
+    try:
+        outcome = submit_remote(server, job_file, os.environ.get("PLUGTUNE_API_TOKEN") or None)
+    except RemoteError as exc:
+        typer.echo(f"plugtune submit: {exc}", err=True)
+        raise typer.Exit(2) from None
+    base = server.rstrip("/")
+    if isinstance(outcome, int):
+        typer.echo(f"job {outcome} queued on {base} (console: {base}/jobs/{outcome})")
+        return
+    if outcome.job_id is not None:
+        typer.echo(f"job {outcome.job_id} failed validation before any compute:", err=True)
+    typer.secho(outcome.detail, fg="red", err=True)
+    for problem in outcome.problems:
+        typer.echo(f"  - {problem}", err=True)
+    for hint in outcome.hints:
+        typer.echo(f"  what to do: {hint}", err=True)
+    raise typer.Exit(1)
 
 
 @app.command("eval")
@@ -538,27 +586,51 @@ def serve(
         help="A name the console may be reached by besides localhost, 127.0.0.1, ::1 and --host "
         "(repeatable; also PLUGTUNE_ALLOWED_HOSTS). Requests with any other Host header are refused.",
     ),
+    max_running: int = typer.Option(
+        1,
+        "--max-running",
+        min=1,
+        max=64,
+        help="Jobs run at once; the others wait in the queue, oldest first.",
+    ),
 ) -> None:
     """Start the control plane: JSON API (/docs), web console, scheduler for submitted jobs.
 
+    Its address is kept in $PLUGTUNE_HOME/serve.json while it runs (`plugtune submit` prints it).
     Exits 1 without starting anything when the port cannot be listened on (choose another with --port)."""
     import uvicorn
 
     from plugtune.jobs.control import Scheduler
+    from plugtune.jobs.remote import forget_serve, record_serve
     from plugtune.web import create_app
 
     sock = _listening_socket(host, port)  # before anything is printed or started
     with sock, _opened_store(create=True) as (settings, store):
-        scheduler = Scheduler(store, settings)
+        scheduler = Scheduler(store, settings, max_running=max_running)
         bound = [host] if host not in ("0.0.0.0", "::", "") else []
         hosts = [*bound, *settings.allowed_hosts, *allowed_host]
-        app_ = create_app(store, api_token=settings.api_token, on_retry=None, allowed_hosts=hosts)
+        app_ = create_app(
+            store,
+            api_token=settings.api_token,
+            on_retry=scheduler.wake,
+            on_cancel=scheduler.cancel,
+            allowed_hosts=hosts,
+            home=settings.home,
+        )
         scheduler.start()
-        typer.echo(f"plugtune console: http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
+        url = _console_url(host, sock.getsockname()[1])
+        record_serve(settings.home, url)
+        typer.echo(f"plugtune console: {url}  (API docs: {url}docs)")
         try:
             uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="warning")).run([sock])
         finally:
+            forget_serve(settings.home)
             scheduler.stop()
+
+
+def _console_url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    return f"http://[{shown}]:{port}/" if ":" in shown else f"http://{shown}:{port}/"
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

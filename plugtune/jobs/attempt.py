@@ -94,7 +94,7 @@ def _classified(exc: BaseException) -> dict[str, Any]:
 async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
     from plugtune.runtime import Quota, runtime_for
 
-    job = validate_job(spec["job_file"])
+    job = validate_job(spec["job_file"], base_dir=spec.get("base_dir"))
     if job.spec.trainer != "plugtune":  # an engine's trainer, with the job's plugins in the runtime
         _train_with_engine(store, settings, job_id, job)
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from plugtune.errors import DataError
 from plugtune.jobs.classify import classify
 from plugtune.jobs.scheduler import AttemptRunner, recover_interrupted, run_job
+from plugtune.jobs.submission import is_submission, submission_root
 from plugtune.jobs.validation import validate_job
 from plugtune.settings import Settings
 from plugtune.store import Store
@@ -27,26 +29,66 @@ class NotCancellableError(ValueError):
     """Raised when a job has nothing left to cancel: it ended and no automatic retry is pending."""
 
 
-def create_job(store: Store, job_file: str | Path) -> tuple[int, DataError | None]:
+class NotDeletableError(ValueError):
+    """Raised when deleting a job that has not ended (queued, running, or awaiting a retry)."""
+
+
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+def create_job(
+    store: Store, job_file: str | Path, *, base_dir: Path | None = None
+) -> tuple[int, DataError | None]:
     """Record a job from ``job.yaml`` and validate it before any compute.
 
     A job that fails validation is still recorded (failed, with its classified error) so that
-    ``jobs show`` and the console explain it; the error is returned too.
+    ``jobs show`` and the console explain it; the error is returned too. ``base_dir``: where the
+    relative paths of job.yaml start (default: its folder), kept for the job's attempts.
     """
     path = Path(job_file).resolve()
     text = path.read_text(errors="replace") if path.is_file() else ""
     name = path.parent.name if path.name == "job.yaml" else path.stem
+    where = {"job_file": str(path), **({"base_dir": str(base_dir.resolve())} if base_dir else {})}
     try:
-        job = validate_job(path)
+        job = validate_job(path, base_dir=base_dir)
     except DataError as exc:
-        job_id = store.create_job(name, {"job_file": str(path)}, spec_yaml=text)
+        job_id = store.create_job(name, where, spec_yaml=text)
         store.set_job_error(job_id, classify(exc), attempt=None)
         store.transition(job_id, "failed", exc.type)
         return job_id, exc
-    spec = {"job_file": str(path), **job.spec.model_dump(mode="json")}
+    spec = {**where, **job.spec.model_dump(mode="json")}
     job_id = store.create_job(job.spec.name, spec, spec_yaml=text)
     store.update_job(job_id, steps_total=job.spec.hyperparameters.steps)
     return job_id, None
+
+
+def check_job(job_file: Path, *, base_dir: Path | None = None) -> DataError | None:
+    """Validate a job.yaml as ``create_job`` does, recording nothing (a dry run)."""
+    try:
+        validate_job(job_file, base_dir=base_dir)
+    except DataError as exc:
+        return exc
+    return None
+
+
+def delete_job(store: Store, home: Path, job_id: int) -> None:
+    """Remove an ended job's rows and its files ($PLUGTUNE_HOME/jobs/<id>, and the submission folder
+    the API unpacked it into); NotDeletableError while it is queued, running or awaiting a retry."""
+    require(store, job_id)
+    job = store.get_job(job_id)
+    if job is None or job.status not in ENDED or job.next_retry_at is not None:
+        state = (
+            "waiting for its automatic retry" if job and job.next_retry_at else (job.status if job else "")
+        )
+        raise NotDeletableError(
+            f"job {job_id} is {state}; only a succeeded, failed or cancelled job can be deleted: "
+            f"cancel it first (`plugtune jobs cancel {job_id}`)"
+        )
+    job_file = Path(str(job.spec.get("job_file") or ""))
+    store.delete_job(job_id)
+    shutil.rmtree(home / "jobs" / str(job_id), ignore_errors=True)
+    if job_file.name and is_submission(home, job_file):
+        shutil.rmtree(submission_root(home, job_file), ignore_errors=True)
 
 
 def require(store: Store, job_id: int) -> None:
@@ -70,7 +112,7 @@ def cancel_job(store: Store, job_id: int, runners: dict[int, AttemptRunner] | No
     if runner is not None:
         runner.cancel()  # run_job records the transition when the attempt has stopped
         return
-    _cancel_now(store, job_id)
+    request_cancel(store, job_id)
 
 
 def request_cancel(store: Store, job_id: int) -> None:
@@ -103,15 +145,21 @@ def _cancel_now(store: Store, job_id: int) -> None:
 
 
 class Scheduler:
-    """The server's loop: runs queued jobs one at a time and starts automatic retries when due."""
+    """The server's loop: runs up to ``max_running`` queued jobs at once, oldest first, each attempt in
+    its own process supervised by its own thread, and starts automatic retries when due."""
 
     PURGE_EVERY_S = 3600.0
 
-    def __init__(self, store: Store, settings: Settings, poll_s: float = 1.0) -> None:
-        self.store, self.settings, self.poll_s = store, settings, poll_s
+    def __init__(self, store: Store, settings: Settings, poll_s: float = 1.0, max_running: int = 1) -> None:
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        self.store, self.settings, self.poll_s, self.max_running = store, settings, poll_s, max_running
         self._purged_at = 0.0
         self.runners: dict[int, AttemptRunner] = {}
+        self._threads: dict[int, threading.Thread] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="plugtune-scheduler", daemon=True)
 
     def start(self) -> None:
@@ -121,12 +169,28 @@ class Scheduler:
 
     def stop(self) -> None:
         self._stop.set()
-        for runner in list(self.runners.values()):
+        self._wake.set()
+        with self._lock:
+            runners, threads = list(self.runners.values()), list(self._threads.values())
+        for runner in runners:
             runner.cancel()
         self._thread.join(timeout=30)
+        for thread in threads:
+            thread.join(timeout=30)
+
+    def wake(self, _job_id: str = "") -> None:
+        """Look at the queue now (a job was submitted or retried) instead of at the next poll."""
+        self._wake.set()
 
     def cancel(self, job_id: int) -> None:
-        cancel_job(self.store, job_id, self.runners)
+        with self._lock:
+            runners = dict(self.runners)
+        cancel_job(self.store, job_id, runners)
+
+    def running(self) -> list[int]:
+        """The ids of the jobs this scheduler is running now."""
+        with self._lock:
+            return sorted(self._threads)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -134,7 +198,8 @@ class Scheduler:
                 self._tick()
             except Exception:  # the loop must survive anything one job does
                 log.exception("scheduler tick failed")
-            self._stop.wait(self.poll_s)
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
 
     def _tick(self) -> None:
         now = time.time()
@@ -146,13 +211,32 @@ class Scheduler:
         for job in self.store.list_jobs("failed", limit=200):
             if job.next_retry_at is not None and job.next_retry_at <= now:
                 self.store.transition(job.id, "queued", f"automatic retry {job.auto_retries}")
-        queued = self.store.list_jobs("queued", limit=200)
-        if not queued or self._stop.is_set():
+        with self._lock:
+            free = self.max_running - len(self._threads)
+            busy = set(self._threads)
+        if free <= 0 or self._stop.is_set():
             return
-        job = queued[-1]  # oldest first
+        queued = [j for j in reversed(self.store.list_jobs("queued", limit=200)) if j.id not in busy]
+        for job in queued[:free]:  # oldest first
+            self._launch(job.id)
+
+    def _launch(self, job_id: int) -> None:
         runner = AttemptRunner(self.store, self.settings)
-        self.runners[job.id] = runner
+        thread = threading.Thread(
+            target=self._run, args=(job_id, runner), name=f"plugtune-job-{job_id}", daemon=True
+        )
+        with self._lock:
+            self.runners[job_id] = runner
+            self._threads[job_id] = thread
+        thread.start()
+
+    def _run(self, job_id: int, runner: AttemptRunner) -> None:
         try:
-            run_job(self.store, self.settings, job.id, runner=runner, wait_for_retries=False)
+            run_job(self.store, self.settings, job_id, runner=runner, wait_for_retries=False)
+        except Exception:  # e.g. cancelled before it started: the next job must still run
+            log.exception("job %d could not be run", job_id)
         finally:
-            self.runners.pop(job.id, None)
+            with self._lock:
+                self.runners.pop(job_id, None)
+                self._threads.pop(job_id, None)
+            self._wake.set()

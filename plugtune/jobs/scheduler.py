@@ -84,6 +84,8 @@ class AttemptRunner:
                 start_new_session=True,
                 preexec_fn=_die_with_parent(),
             )
+            if self.cancel_requested.is_set():  # cancelled while the attempt was being started
+                self.proc.send_signal(signal.SIGTERM)
             while self.proc.poll() is None:
                 if progress is not None:
                     progress(job_id)

@@ -113,17 +113,20 @@ def load_spec(path: str | Path) -> JobSpec:
     return spec
 
 
-def validate_job(path: str | Path, *, check_model: bool = True) -> ValidatedJob:
+def validate_job(
+    path: str | Path, *, check_model: bool = True, base_dir: str | Path | None = None
+) -> ValidatedJob:
     """Validate everything a job needs before compute starts; raise with every problem found.
 
-    ``check_model=False`` skips only the check that the model folder exists.
+    ``check_model=False`` skips only the check that the model folder exists. Relative paths in
+    job.yaml are resolved against ``base_dir`` (default: the job.yaml's folder).
     """
     job_file = Path(path)
     found = Found()
     spec, raw, lines = _load(job_file, found)
     if raw is None:
         found.raise_if_any()
-    base_dir = job_file.resolve().parent
+    base_dir = Path(base_dir).resolve() if base_dir is not None else job_file.resolve().parent
     name = str(job_file)
     model_dir = _check_model(raw, lines, base_dir, name, found) if check_model else None
     counts = _check_data(raw, lines, base_dir, name, found)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, delete, func, insert, select, update
 
 from plugtune.store.base import StoreBase, dumps, loads
 from plugtune.store.records import (
@@ -16,7 +16,7 @@ from plugtune.store.records import (
     NotFoundError,
     Transition,
 )
-from plugtune.store.schema import job_errors, job_transitions, jobs, plugins
+from plugtune.store.schema import job_errors, job_transitions, jobs, metadata, plugins
 
 _UPDATABLE = frozenset(
     {"name", "spec", "spec_yaml", "steps_done", "steps_total", "next_retry_at", "auto_retries"}
@@ -74,6 +74,17 @@ class JobsTable(StoreBase):
             query = query.where(jobs.c.status == JobStatus(status).value)
         with self._db.read("counting jobs") as conn:
             return int(conn.execute(query).scalar_one())
+
+    def delete_job(self, job_id: int) -> None:
+        """Remove a job and every row that belongs to it (attempts, errors, plugins, logs, metrics,
+        trajectories, checkpoints); the code files stay, other jobs may share them. The caller checks
+        that the job has ended."""
+        owned = [t for t in reversed(metadata.sorted_tables) if t is not jobs and "job_id" in t.c]
+        with self._db.write("deleting a job") as conn:
+            require_job(conn, job_id, lock=True)
+            for table in owned:
+                conn.execute(delete(table).where(table.c.job_id == job_id))
+            conn.execute(delete(jobs).where(jobs.c.id == job_id))
 
     def update_job(self, job_id: int, **fields: Any) -> None:
         """Set fields: name, spec, spec_yaml, steps_done, steps_total, next_retry_at, auto_retries."""

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from plugtune import __version__
 from plugtune.errors import PlatformError
 from plugtune.store import Store
-from plugtune.web import api, exposition, login, pages, service
+from plugtune.web import api, compare, control_api, exposition, login, pages, service
 from plugtune.web.auth import COOKIE, TokenAuth
 from plugtune.web.csrf import CsrfGuard
 from plugtune.web.docs import operations
@@ -34,14 +34,19 @@ def create_app(
     *,
     api_token: str | None = None,
     on_retry: Callable[[str], None] | None = None,
+    on_cancel: Callable[[int], None] | None = None,
     allowed_hosts: Iterable[str] = (),
+    home: Path | None = None,
 ) -> FastAPI:
     """The console over ``store``.
 
     ``api_token``: when set, every page and API request must carry it (``Authorization: Bearer``,
     ``?token=``, or the session cookie of the login form). ``on_retry(job_id)`` is called after a
-    manual retry has queued the job again (the scheduler's wake-up hook). ``allowed_hosts``: names
-    the Host header may carry besides localhost, 127.0.0.1 and ::1 (any other is a 400).
+    manual retry or a submission has queued a job (the scheduler's wake-up hook); ``on_cancel(job_id)``
+    cancels a job (the scheduler's, which stops the attempt it supervises; default: SIGTERM to the
+    attempt's process from here). ``allowed_hosts``: names the Host header may carry besides
+    localhost, 127.0.0.1 and ::1 (any other is a 400). ``home``: where submitted projects are
+    unpacked and jobs' files lie (default: ``$PLUGTUNE_HOME``).
     """
     app = FastAPI(
         title="plugtune",
@@ -52,9 +57,13 @@ def create_app(
     )
     app.state.store = store
     app.state.on_retry = on_retry
+    app.state.on_cancel = on_cancel
+    app.state.home = home
     app.state.api_token = api_token
     app.state.token_required = api_token is not None
     app.include_router(api.router)
+    app.include_router(control_api.router)
+    app.include_router(compare.router)
     app.include_router(pages.router)
     app.include_router(login.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from plugtune.jobs.submission import MAX_UPLOAD_BYTES
 from plugtune.web.templating import templates
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -23,6 +24,10 @@ MAX_QUERY_BYTES = 8192
 MAX_QUERY_PARAMS = 64
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 FORM = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"
+YAML_TYPES = ("application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml")
+#: Routes that take uploads: their own body limit and the extra Content-Types they accept.
+UPLOADS = {("POST", "/api/jobs"): (MAX_UPLOAD_BYTES, (MULTIPART, *YAML_TYPES))}
 # The pages load only the console's own files; injected markup could not run a script anyway.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -119,12 +124,13 @@ class EdgeGuard:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         request = Request(scope)
+        limit, extra_types = UPLOADS.get((scope["method"], scope["path"].rstrip("/")), (MAX_BODY_BYTES, ()))
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise _too_large(int(declared))
-        body = await read_body(receive, MAX_BODY_BYTES)
+        if declared.isdigit() and int(declared) > limit:
+            raise _too_large(int(declared), limit, scope)
+        body = await read_body(receive, limit, scope)
         if body.strip():
-            check_body(body, request.headers.get("content-type", ""))
+            check_body(body, request.headers.get("content-type", ""), extra_types)
         return body
 
 
@@ -157,9 +163,14 @@ def check_pairs(pairs: list[bytes], what: str) -> None:
             raise Refused(400, f"{what} {name.replace(chr(0), '')!r} contains a NUL byte (%00)")
 
 
-def check_body(body: bytes, content_type: str) -> None:
-    """A write's body must be a form (the console) or JSON (the API), and well formed."""
+def check_body(body: bytes, content_type: str, extra_types: tuple[str, ...] = ()) -> None:
+    """A write's body must be a form (the console) or JSON (the API), and well formed; an upload
+    route also takes its ``extra_types`` (multipart, or job.yaml's text in UTF-8)."""
     kind = content_type.partition(";")[0].strip().lower()
+    if kind in extra_types:
+        if kind in YAML_TYPES:
+            _utf8("the job.yaml body", body)
+        return
     if kind == "application/json":
         text = _utf8("the request body", body)
         try:
@@ -169,14 +180,15 @@ def check_body(body: bytes, content_type: str) -> None:
     elif kind == FORM:
         check_pairs([p for p in body.split(b"&") if p], "form field")
     else:
+        also = f" (this route also takes {', '.join(extra_types)})" if extra_types else ""
         raise Refused(
             415,
             f"Content-Type {content_type or '(none)'!r} is not accepted for a request body: send "
-            f"application/json to the API, {FORM} from a form, or no body",
+            f"application/json to the API, {FORM} from a form, or no body{also}",
         )
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
+async def read_body(receive: Receive, limit: int, scope: Scope | None = None) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -186,7 +198,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise _too_large(size, more=True)
+            raise _too_large(size, limit, scope, more=True)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
@@ -206,9 +218,16 @@ def replay(body: bytes, then: Receive) -> Receive:
     return receive
 
 
-def _too_large(size: int, *, more: bool = False) -> Refused:
-    got = f"more than {MAX_BODY_BYTES}" if more else str(size)
-    return Refused(413, f"the request body is {got} bytes; the console accepts at most {MAX_BODY_BYTES}")
+def _too_large(size: int, limit: int, scope: Scope | None, *, more: bool = False) -> Refused:
+    got = f"more than {limit}" if more else str(size)
+    what = f"{scope['method']} {scope['path']}" if scope is not None else "the console"
+    if limit == MAX_BODY_BYTES:
+        return Refused(413, f"the request body is {got} bytes; {what} accepts at most {limit} (1 MiB)")
+    return Refused(
+        413,
+        f"the request body is {got} bytes; {what} accepts at most {limit} ({limit >> 20} MiB): keep "
+        "large data files on the server and name them by absolute path in job.yaml",
+    )
 
 
 def _utf8(what: str, raw: bytes) -> str:

@@ -246,3 +246,50 @@ class RetryOut(BaseModel):
     job_id: int
     status: str
     message: str
+
+
+class ProblemOut(BaseModel):
+    """One thing wrong with a submitted job: where (file in the project, line, field) and what to do."""
+
+    file: str
+    line: int | None = None
+    field: str | None = None
+    message: str
+    hint: str = ""
+
+
+class SubmittedOut(BaseModel):
+    job_id: int
+    status: str
+    url: str = Field(description="the job's console page")
+
+
+class DryRunOut(BaseModel):
+    ok: bool
+    problems: list[ProblemOut] = Field(default_factory=list)
+
+
+class ProblemsOut(BaseModel):
+    detail: str
+    problems: list[ProblemOut]
+    job_id: int | None = Field(
+        default=None, description="the job recorded as failed (absent for a dry run or a refused upload)"
+    )
+
+
+class CancelOut(BaseModel):
+    job_id: int
+    status: str = Field(description="cancelled, or still running while its attempt stops")
+    message: str
+
+
+class JobEventOut(BaseModel):
+    """The data of a `job` event of GET /api/jobs/{id}/events."""
+
+    id: int
+    status: str
+    steps_done: int
+    steps_total: int
+    error_cause: str | None = None
+    updated_at: float
+    queue_position: int | None = None

@@ -43,6 +43,7 @@ JOB_ROUTES = [
     "/api/jobs/{}/logs",
     "/api/jobs/{}/trajectories",
     "/api/jobs/{}/plugins",
+    "/api/jobs/{}/events",
     "/jobs/{}",
     "/jobs/{}/plugins",
     "/jobs/{}/logs",
@@ -78,7 +79,35 @@ WRITES = [
     ("POST", f"/api/jobs/{10**30}/retry", b"", {}),
     ("POST", "/api/jobs/abc/retry", b"", {}),
     ("PUT", f"/api/jobs/{JOB}", b"{}", JSON),
-    ("DELETE", f"/api/jobs/{JOB}", b"", {}),
+    ("PATCH", f"/api/jobs/{JOB}", b"{}", JSON),
+    # The control plane's routes (POST /api/jobs, cancel, DELETE, events).
+    ("DELETE", f"/api/jobs/{10**30}", b"", {}),
+    ("DELETE", "/api/jobs/abc", b"", {}),
+    ("DELETE", f"/api/jobs/{JOB}", b"", {"origin": "http://evil.example"}),
+    ("POST", f"/api/jobs/{JOB}/cancel", b"", {}),  # failed, no retry pending: nothing to cancel
+    ("POST", f"/api/jobs/{10**30}/cancel", b"", {}),
+    ("POST", "/api/jobs", b"name: x\n", {"content-type": "text/yaml", "origin": "http://evil.example"}),
+    ("POST", "/api/jobs", b"name: [unclosed\n", {"content-type": "text/yaml"}),
+    ("POST", "/api/jobs?dry_run=true", b"\xff\xfe", {"content-type": "application/x-yaml"}),
+    ("POST", "/api/jobs", b"x" * (33 << 20), {"content-type": "application/x-yaml"}),
+    ("POST", "/api/jobs", b'{"spec": "name: x"}', JSON),
+    ("POST", "/api/jobs", b"--b\r\nbroken", {"content-type": "multipart/form-data; boundary=b"}),
+    ("POST", "/api/jobs", b"garbage", {"content-type": "multipart/form-data"}),
+    (
+        "POST",
+        "/api/jobs",
+        b'--b\r\nContent-Disposition: form-data; name="project"; filename="p.zip"\r\n\r\n'
+        b"not a zip\r\n--b--\r\n",
+        {"content-type": "multipart/form-data; boundary=b"},
+    ),
+    (
+        "POST",
+        "/api/jobs",
+        b'--b\r\nContent-Disposition: form-data; name="project_files"; filename="../../etc/x"\r\n\r\n'
+        b"x\r\n--b--\r\n",
+        {"content-type": "multipart/form-data; boundary=b"},
+    ),
+    ("POST", "/api/jobs?dry_run=maybe", b"name: x\n", {"content-type": "text/yaml"}),
     ("POST", "/login", b"token=" + b"x" * (2 << 20), {"content-type": "application/x-www-form-urlencoded"}),
 ]
 
@@ -89,7 +118,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int,
     store = Store.open(f"sqlite:///{folder / 'plugtune.db'}", retention_days=7)
     seeded = seed(store)
     assert seeded.failed_job == JOB
-    with _serving(create_app(store)) as base:
+    with _serving(create_app(store, home=folder)) as base:
         host, port = base.removeprefix("http://").split(":")
         yield host, int(port), store, seeded
     store.close()

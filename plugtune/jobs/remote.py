@@ -1,0 +1,141 @@
+"""Reaching a `plugtune serve` from the command line: the address a local server recorded, and a job
+submitted to a remote one over its API (``plugtune submit --server URL``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from plugtune.errors import Problem
+from plugtune.jobs.submission import SubmissionError, pack
+
+SERVE_FILE = "serve.json"  # in $PLUGTUNE_HOME while `plugtune serve` runs
+TIMEOUT_S = 120.0
+
+
+class RemoteError(Exception):
+    """Raised when a submission to a server fails before the server judged the job; one line to print."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The server's 422: what is wrong, and the job it recorded as failed (None for a refused upload)."""
+
+    detail: str
+    problems: list[Problem]
+    hints: list[str] = field(default_factory=list)
+    job_id: int | None = None
+
+
+def record_serve(home: Path, url: str) -> Path:
+    """Write where this process serves the console (``$PLUGTUNE_HOME/serve.json``)."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / SERVE_FILE
+    path.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    return path
+
+
+def forget_serve(home: Path) -> None:
+    """Remove serve.json if this process wrote it."""
+    path = home / SERVE_FILE
+    if _read_serve(path).get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def serving_url(home: Path) -> str | None:
+    """The console URL of the `plugtune serve` running on this home, or None when none runs (a file
+    left by a killed server names a process that is gone)."""
+    record = _read_serve(home / SERVE_FILE)
+    pid, url = record.get("pid"), record.get("url")
+    if not isinstance(pid, int) or not isinstance(url, str) or not psutil.pid_exists(pid):
+        return None
+    return url
+
+
+def _read_serve(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def submit_remote(server: str, job_file: Path, token: str | None) -> int | Rejected:
+    """Pack the job's folder (without .plugtune/, .venv/, __pycache__/, .git/), post it with its
+    job.yaml to ``server``'s ``POST /api/jobs``: the new job's id, or the server's 422."""
+    import httpx
+
+    base = server.rstrip("/")
+    if not job_file.is_file():
+        raise RemoteError(f"{job_file} does not exist; name the job's job.yaml")
+    try:
+        archive = pack(job_file.resolve().parent)
+    except SubmissionError as exc:
+        raise RemoteError(str(exc)) from None
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    spec = {"spec": job_file.read_text(encoding="utf-8", errors="replace")}
+    files = {"project": ("project.tar.gz", archive, "application/gzip")}
+    try:
+        answer = httpx.post(f"{base}/api/jobs", data=spec, files=files, headers=headers, timeout=TIMEOUT_S)
+    except httpx.ConnectError as exc:
+        raise RemoteError(
+            f"cannot reach {base} ({_reason(exc)}); is `plugtune serve` running there? Check --server"
+        ) from None
+    except httpx.TimeoutException:
+        raise RemoteError(f"{base} did not answer within {TIMEOUT_S:g} s; try again later") from None
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        raise RemoteError(f"--server {server!r} is not a usable URL ({exc}); e.g. http://host:8321") from None
+    except httpx.HTTPError as exc:
+        raise RemoteError(f"the request to {base} failed: {exc}") from None
+    return _answer(base, answer, token)
+
+
+def _answer(base: str, answer: Any, token: str | None) -> int | Rejected:
+    body = _json(answer)
+    detail = str(body.get("detail") or answer.text[:300] or answer.reason_phrase)
+    if answer.status_code == 201:
+        return int(body["job_id"])
+    if answer.status_code == 422 and isinstance(body.get("problems"), list):
+        problems = [_problem(p) for p in body["problems"] if isinstance(p, dict)]
+        hints = list(dict.fromkeys(str(p.get("hint")) for p in body["problems"] if p.get("hint")))
+        job_id = body.get("job_id")
+        return Rejected(detail, problems, hints, job_id if isinstance(job_id, int) else None)
+    if answer.status_code == 401:
+        if token:
+            raise RemoteError(f"{base} refused the API token in PLUGTUNE_API_TOKEN (401): {detail}")
+        raise RemoteError(
+            f"{base} requires an API token (401): export PLUGTUNE_API_TOKEN=<the server's token>"
+        )
+    if answer.status_code == 413:
+        raise RemoteError(f"{base} refused the upload as too large (413): {detail}")
+    raise RemoteError(f"{base} answered {answer.status_code}: {detail}")
+
+
+def _json(answer: Any) -> dict[str, Any]:
+    try:
+        body = answer.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _problem(raw: dict[str, Any]) -> Problem:
+    line = raw.get("line")
+    return Problem(
+        file=str(raw.get("file") or "job.yaml"),
+        message=str(raw.get("message") or ""),
+        line=line if isinstance(line, int) else None,
+        field=str(raw["field"]) if raw.get("field") else None,
+    )
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    return "connection refused" if "refused" in text.lower() else text or type(exc).__name__

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from plugtune.jobs.report import job_warnings
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
-from plugtune.web import charts, service
+from plugtune.web import charts, queries, service
 from plugtune.web.codeview import zip_code
 from plugtune.web.models import (
     ChartsOut,
@@ -31,12 +31,12 @@ from plugtune.web.params import (
     MAX_PAGE,
     BadParameter,
     FilePath,
+    JobForm,
     JobId,
     LogForm,
     PluginName,
     RecordId,
     TrajectoryForm,
-    choice,
     number,
 )
 from plugtune.web.views import attempts_out, error_out, plugin_out
@@ -59,16 +59,30 @@ def _store(request: Request) -> Store:
 @router.get("/jobs", response_model=JobPage)
 def list_jobs(
     request: Request,
+    q: Annotated[str | None, Query(description="text the job's name contains (any case)")] = None,
     status: str | None = None,
+    cause: Annotated[
+        str | None, Query(description="the error's cause (its type when it has none, e.g. Invalid value)")
+    ] = None,
+    limit: Annotated[int | None, Query(ge=1, le=200, description="rows per page (with offset)")] = None,
+    offset: Annotated[int | None, Query(ge=0, le=MAX_ID, description="rows to skip (with limit)")] = None,
     page: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1,
     page_size: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobPage:
-    """Jobs, newest first, optionally only those in one status."""
+    """Jobs, newest first, filtered by name (`q`), `status` and error `cause`; paged by `limit` and
+    `offset` (or `page` and `page_size`), with the `total` the filters select."""
     store = _store(request)
-    wanted = choice("status", status, STATUSES)
-    jobs = store.list_jobs(wanted, limit=page_size, offset=(page - 1) * page_size)
+    form = JobForm.parse(q, status, cause, STATUSES)
+    size = limit if limit is not None else page_size
+    skip = offset if offset is not None else (page - 1) * page_size
+    jobs, total = queries.job_page(store, form.to_filter(), limit=size, offset=skip)
     return JobPage(
-        items=service.job_list(store, jobs), page=page, page_size=page_size, total=store.count_jobs(wanted)
+        items=service.job_list(store, jobs),
+        page=skip // size + 1,
+        page_size=size,
+        total=total,
+        limit=size,
+        offset=skip,
     )
 
 
@@ -84,7 +98,7 @@ def get_job(request: Request, job_id: JobId) -> JobDetail:
         attempts=attempts_out(store.list_attempts(job_id), errors, store.list_transitions(job_id)),
         errors=[e for e in (error_out(x) for x in errors) if e is not None],
         warnings=job_warnings(store, job_id),
-        config={k: v for k, v in job.spec.items() if k != "job_file"},
+        config={k: v for k, v in job.spec.items() if k not in ("job_file", "base_dir")},
         spec_yaml=job.spec_yaml,
         retry_note=service.retry_note(store, job),
     )

@@ -48,7 +48,9 @@ class JobPage(BaseModel):
     items: list[JobOut]
     page: int
     page_size: int
-    total: int
+    total: int = Field(description="how many jobs the filters select")
+    limit: int = Field(default=50, description="rows per page")
+    offset: int = Field(default=0, description="rows skipped before this page")
 
 
 class AttemptOut(BaseModel):

@@ -370,3 +370,25 @@ def _parse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
         if "event" in lines:
             out.append((lines["event"], json.loads(lines["data"])))
     return out
+
+
+def test_the_jobs_list_filters_by_name_status_and_cause_with_limit_offset_and_total(
+    api: TestClient, db: Store
+) -> None:
+    ids = [db.create_job(name, {}) for name in ("Adder-a", "adder-b", "sorter", "adder_c%")]
+    db.transition(ids[1], "running")
+    db.transition(ids[1], "failed", "x")
+    db.set_job_error(ids[1], {"type": "Call plugin error", "owner": "plugin", "cause": "Timeout"})
+    page = api.get("/api/jobs?q=ADDER&limit=2&offset=0").json()
+    assert [j["id"] for j in page["items"]] == [ids[3], ids[1]] and page["total"] == 3
+    assert (page["limit"], page["offset"]) == (2, 0)
+    rest = api.get("/api/jobs?q=adder&limit=2&offset=2").json()
+    assert [j["id"] for j in rest["items"]] == [ids[0]] and rest["total"] == 3
+    assert api.get("/api/jobs?q=_c%25").json()["total"] == 1  # LIKE wildcards are literal
+    failed = api.get("/api/jobs?status=failed&cause=Timeout").json()
+    assert [j["id"] for j in failed["items"]] == [ids[1]] and failed["total"] == 1
+    assert api.get("/api/jobs?cause=EOF").json() == {**api.get("/api/jobs?cause=EOF").json(), "total": 0}
+    queued = api.get("/api/jobs?status=queued").json()["items"]
+    assert [j["queue_position"] for j in queued] == [3, 2, 1]  # the oldest runs next
+    assert api.get("/api/jobs?status=bogus").status_code == 400
+    assert api.get("/api/jobs?limit=0").status_code == 422

@@ -79,6 +79,7 @@ class Run:
     rewards: list[float]
     cpu_s: list[float] = field(default_factory=list)  # CPU time per step: all threads, plugin processes too
     # (plugtune's: the round's CPU time shared out over its steps by their wall time)
+    load: list[float] = field(default_factory=list)  # the 1-minute load average as each round ended
 
     @property
     def tokens_per_s(self) -> float:
@@ -104,6 +105,7 @@ class Run:
         self.tokens += other.tokens
         self.rewards += other.rewards
         self.cpu_s += other.cpu_s
+        self.load += other.load
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
@@ -133,7 +135,9 @@ class PlugtuneBench:
 
             self.runtime = LocalRuntime()
             self.loop.run_until_complete(self.runtime.start())
-            settings = {"max_concurrency": fan_out, "max_instances": 1}
+            # A step of the real shape takes seconds, many more on a loaded machine: no rollout
+            # may time out waiting for its batch (a timed-out step trains on nothing).
+            settings = {"max_concurrency": fan_out, "max_instances": 1, "timeout_s": 3600}
             plugins = Plugins(
                 rollout=self.loop.run_until_complete(
                     self.runtime.deploy(f"{demo_rollout.__file__}:answer", runtime=settings)
@@ -150,6 +154,7 @@ class PlugtuneBench:
                 graders=[InProcessFunction(demo_grader.exact_match, concurrency=fan_out)],
             )
         self.server, self.stop = make_policy_server(args.policy, lm)
+        self.batches = self.steps = 0
         self.trainer = GRPOTrainer(lm.model, lm.tokenizer, self.server, plugins, rows, config)
         memory.settle_for_training()  # as a job's attempt process does once its trainer is built
         self.round(warmup_only=True)
@@ -178,9 +183,28 @@ class PlugtuneBench:
             await self.trainer.cancel_pending()
             return used
 
+        batches = self.engine_batches()
         cpu_s = self.loop.run_until_complete(steps())
         run.cpu_s = [cpu_s * step_s / sum(run.step_s) for step_s in run.step_s] if timed else []
+        run.load = [os.getloadavg()[0]]
+        self.batches += self.engine_batches() - batches
+        self.steps += self.args.warmup + timed
         return run
+
+    def engine_batches(self) -> int:
+        """Decode batches the gateway's engine ran so far (one a step when a step's requests meet)."""
+        engine = getattr(self.server, "engine", None)
+        return engine.batches_run if engine is not None else 0
+
+    def engine_note(self) -> str:
+        engine = getattr(self.server, "engine", None)
+        if engine is None:
+            return ""
+        chosen = engine.thread_choice.chosen
+        threads = ", ".join(f"{n} thread(s) {k}x" for n, k in chosen.items()) if len(chosen) > 1 else ""
+        return f"plugtune's engine: {self.batches} decode batches in {self.steps} steps" + (
+            f"; decode threads chosen per batch: {threads}" if threads else ""
+        )
 
     def close(self) -> None:
         self.stop()
@@ -300,6 +324,7 @@ def run_trl(args: argparse.Namespace, rows: list[dict[str, Any]], checkpointing:
                 run.rewards.append(step_rewards[-1])
 
     with tempfile.TemporaryDirectory() as out:
+        run.load = [os.getloadavg()[0]]  # as the run started (it ends after the trainer below)
         config = GRPOConfig(
             output_dir=out,
             per_device_train_batch_size=args.batch * args.group,
@@ -334,6 +359,7 @@ def run_trl(args: argparse.Namespace, rows: list[dict[str, Any]], checkpointing:
             callbacks=[Timer()],
         )
         trainer.train()
+    run.load.append(os.getloadavg()[0])
     return run
 
 
@@ -345,8 +371,8 @@ def table(runs: dict[int, list[Run]], args: argparse.Namespace) -> str:
         f"(after {args.warmup} warm-up) per trainer and thread count; medians",
         "",
         "| trainer | torch threads | s/step | CPU s/step | tokens/step | tokens/s | tokens/CPU-s "
-        "| tokens/s, all steps | reward | plugtune is |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| tokens/s, all steps | reward | load average | plugtune is |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for threads, block in runs.items():
         ours = block[0]
@@ -355,7 +381,8 @@ def table(runs: dict[int, list[Run]], args: argparse.Namespace) -> str:
                 f"| {run.name} | {threads} | {run.median_step_s:.3f} | {statistics.median(run.cpu_s):.3f} | "
                 f"{statistics.mean(run.tokens):.0f} | {run.tokens_per_s:.0f} | {run.tokens_per_cpu_s:.0f} | "
                 f"{run.tokens_per_s_overall:.0f} | "
-                f"{statistics.mean(run.rewards):.3f} | {ours.tokens_per_s / run.tokens_per_s:.2f}x |"
+                f"{statistics.mean(run.rewards):.3f} | {min(run.load):.1f}–{max(run.load):.1f} | "
+                f"{ours.tokens_per_s / run.tokens_per_s:.2f}x |"
             )
     lines.append("")
     for threads, block in runs.items():
@@ -477,6 +504,7 @@ def main() -> None:
     torch.set_num_threads(thread_counts[0])
     ours = PlugtuneBench(args, rows)
     runs = {t: [Run("", [], [], []) for _ in range(3)] for t in thread_counts}
+    started_load = os.getloadavg()
     try:
         for _ in range(args.rounds):
             for threads in thread_counts:
@@ -493,6 +521,11 @@ def main() -> None:
         ours.close()
         trl.close()
     print(table(runs, args))
+    print(
+        f"load average (1, 5, 15 min) at the start: {', '.join(f'{x:.1f}' for x in started_load)}; "
+        f"at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
+    print(ours.engine_note())
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ ask for the ``top_logprobs`` most likely tokens of that same distribution at eac
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import secrets
@@ -38,16 +39,67 @@ logger = logging.getLogger(__name__)
 
 #: ``threads=AUTO_THREADS``: one intra-op thread for a model of at most ``SMALL_MODEL_BYTES`` of
 #: weights (its decode steps are many small kernels, and a second OpenMP team costs the trainer's
-#: backward more than threads gain), the caller's torch thread count for a larger one (matrix
-#: products dominate: a ~110M-parameter model decodes ~1.5x faster on 2 threads than on 1).
+#: backward more than threads gain); for a larger one, prefill on the caller's torch thread count
+#: and decode on that count or on one, whichever each batch measures faster (``ThreadChoice``).
 AUTO_THREADS = 0
 SMALL_MODEL_BYTES = 64 * 2**20
+#: Gathering waits for a burst's next request at least this share of the last batch's decode
+#: time, and for the whole burst at least ``WINDOW_SHARE`` of it (see ``gather_waits``).
+GAP_SHARE, WINDOW_SHARE = 0.01, 0.05
 
 
 def decoding_threads(model: Any) -> int:
-    """The intra-op threads ``AUTO_THREADS`` gives ``model`` (see there)."""
+    """The most intra-op threads ``AUTO_THREADS`` gives ``model`` (see there)."""
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     return 1 if size <= SMALL_MODEL_BYTES else torch.get_num_threads()
+
+
+def gather_waits(gap_s: float, window_s: float, last_batch_s: float) -> tuple[float, float]:
+    """How long gathering waits for a burst's next request, and for the whole burst.
+
+    The configured gap and window, or a small share of the last batch's decode time when that is
+    longer: a batch of a large model takes seconds, and a request that misses it waits for the whole
+    next one, so waiting a few percent longer for the burst's stragglers costs less than a second
+    batch (on a loaded machine a step's requests arrive spread out: one 32-row step then ran as two
+    batches of 12 s each). ``every open caller has asked`` still ends the wait at once.
+    """
+    return max(gap_s, GAP_SHARE * last_batch_s), max(window_s, WINDOW_SHARE * last_batch_s)
+
+
+class ThreadChoice:
+    """The intra-op thread count of a batch's decode steps: ``most`` or one, whichever is faster now.
+
+    On an idle machine a large model decodes fastest on every core. On a loaded one a team of
+    OpenMP threads waits at each of a decode step's many small parallel regions for a thread the
+    scheduler has set aside: one 32-row batch of a ~110M-parameter model took over 60 s on 2
+    threads and 12.8 s on one at a load average of 10 on 2 cores. So the first ``2 * probe_steps``
+    decode steps of every batch alternate the two counts, and the rest run on the one whose
+    quickest step was quicker (the load moves: every batch measures again).
+    """
+
+    def __init__(self, most: int, probe_steps: int = 2) -> None:
+        self.counts = sorted({1, max(1, most)})
+        self.probe_steps = probe_steps
+        self.chosen: dict[int, int] = dict.fromkeys(self.counts, 0)  # batches decoded on each count
+        self._best: dict[int, float] = {}
+        self._choice: int | None = None
+
+    def start_batch(self) -> None:
+        self._best, self._choice = {}, None
+
+    def threads(self, decode_step: int) -> int:
+        """The count to run decode step ``decode_step`` (0-based within the batch) on."""
+        if len(self.counts) == 1:
+            return self.counts[0]
+        if decode_step < self.probe_steps * len(self.counts):
+            return self.counts[decode_step % len(self.counts)]
+        if self._choice is None:
+            self._choice = min(self.counts, key=lambda n: self._best.get(n, float("inf")))
+            self.chosen[self._choice] += 1
+        return self._choice
+
+    def record(self, threads: int, seconds: float) -> None:
+        self._best[threads] = min(seconds, self._best.get(threads, float("inf")))
 
 
 @dataclass(frozen=True)
@@ -196,6 +248,11 @@ class GenerationEngine:
         self._batch_window_s = batch_window_s
         self._open_callers = open_callers
         self._threads = decoding_threads(model) if threads == AUTO_THREADS else threads
+        # Only a large model's decoding chooses (AUTO_THREADS): a given count is kept as given.
+        self.thread_choice = (
+            ThreadChoice(self._threads) if threads == AUTO_THREADS and self._threads else ThreadChoice(1)
+        )
+        self._last_batch_s = 0.0  # decode time of the last batch (sizes the gathering wait)
         self._hold_finished_s = hold_finished_s
         self._outstanding = 0  # submitted requests whose future is not done yet
         self._outstanding_lock = threading.Lock()
@@ -264,12 +321,13 @@ class GenerationEngine:
     def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
         """``first`` and what follows it in the burst; True when the engine is asked to stop."""
         batch = [first]
-        window_ends = time.monotonic() + self._batch_window_s
+        gap_s, window_s = gather_waits(self._batch_gap_s, self._batch_window_s, self._last_batch_s)
+        window_ends = time.monotonic() + window_s
         stopping = False
         # Requests of one training step arrive in a burst: gather until the burst pauses, or at
         # once when every open trajectory has asked (the rest of the queue is taken as it is).
         while len(batch) < self.max_batch_size:
-            wait_s = min(self._batch_gap_s, window_ends - time.monotonic())
+            wait_s = min(gap_s, window_ends - time.monotonic())
             if self._everyone_asked():
                 wait_s = 0.0
             try:
@@ -287,8 +345,10 @@ class GenerationEngine:
         """Decode ``batch`` (the caller holds the weights lock) and answer every request."""
         self.batches_run += 1
         version = self._version()
+        started = time.monotonic()
         try:
             self._decode_batch(batch, lambda row: self._deliver(row, version, len(batch)))
+            self._last_batch_s = time.monotonic() - started
         except Exception as exc:  # noqa: BLE001 - every waiting caller must hear about it
             logger.exception("generation failed for a batch of %d", len(batch))
             for pending in batch:
@@ -338,9 +398,13 @@ class GenerationEngine:
         # The rollouts of a GRPO group send the same prompt: it is prefilled once for all of them.
         distinct: dict[tuple[int, ...], int] = {}
         row_prompt = [distinct.setdefault(tuple(p.prompt_ids), len(distinct)) for p in batch]
+        choice, most = self.thread_choice, self._threads
+        if most is not None and len(choice.counts) > 1:
+            torch.set_num_threads(most)  # prefill: large products, on every thread
         session = self.decoder.start(list(distinct), row_prompt, max(p.params.max_tokens for p in batch))
+        choice.start_batch()
         oldest = 0.0
-        while True:
+        for decode_step in itertools.count():
             tokens, finished = self._step(live, session.logits)
             if not held:
                 oldest = time.monotonic()
@@ -357,7 +421,12 @@ class GenerationEngine:
             if (len(live) - len(active)) * 4 >= len(live):
                 session.keep(active)
                 live, tokens = [live[b] for b in active], [tokens[b] for b in active]
+            threads = choice.threads(decode_step)
+            if len(choice.counts) > 1 and threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+            began = time.perf_counter()
             session.step(tokens)
+            choice.record(threads, time.perf_counter() - began)
 
     def _step(self, live: list[_Row], logits_BV: torch.Tensor) -> tuple[list[int], list[_Row]]:
         """Sample the next token of every row; returns the tokens to feed and the rows that just

@@ -484,7 +484,8 @@ def trajectories(
     limit: int = typer.Option(50, min=1, max=100_000, help="How many, newest first."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """List a job's trajectories with status, reward and errors.
+    """List a job's trajectories with status, reward, error cause and, when one gave the policy no
+    gradient (discarded, failed and dropped, unscorable, equal rewards, a step not applied), why.
 
     With --json each one is its whole record: messages, prompt_ids, response_ids, response_mask
     (1 = sampled by the policy), response_logprobs, reward per grader, errors and metrics."""
@@ -503,7 +504,9 @@ def trajectories(
             return
         for r in rows:
             reward = "-" if r.reward is None else f"{r.reward:.3f}"
-            typer.echo(f"{r.trajectory_id:<20} step {r.step:>4}  {r.status:<8} reward {reward}")
+            cause = f"  {r.error_cause}" if r.error_cause else ""
+            why = f"  — {r.discard_reason}" if r.discard_reason else ""
+            typer.echo(f"{r.trajectory_id:<20} step {r.step:>4}  {r.status:<8} reward {reward}{cause}{why}")
 
 
 @app.command()

@@ -42,6 +42,14 @@ class Cause(str, enum.Enum):
     INVALID_REWARD = "Invalid reward"
 
 
+class StatusCause(str, enum.Enum):
+    """A call that completed, in which the plugin itself reported that it failed: its own verdict
+    (``Status.FAILURE`` / ``Status.RETRY``, or ``raise Retry``), not a fault of the runtime."""
+
+    FAILURE = "Status failure"
+    RETRY = "Status retry"
+
+
 OWNERS: dict[ErrorType, Owner] = {
     ErrorType.INTERNAL: Owner.PLATFORM,
     ErrorType.UNKNOWN: Owner.PLATFORM,
@@ -51,7 +59,7 @@ OWNERS: dict[ErrorType, Owner] = {
     ErrorType.LOSS_NAN: Owner.DATA,
 }
 
-HINTS: dict[ErrorType | Cause, str] = {
+HINTS: dict[ErrorType | Cause | StatusCause, str] = {
     ErrorType.INTERNAL: (
         "A platform component failed. The job retries by itself from its last checkpoint; "
         "you can also retry it now. If it keeps failing, send the support bundle."
@@ -93,6 +101,17 @@ HINTS: dict[ErrorType | Cause, str] = {
     Cause.INVALID_REWARD: (
         "A grader returned NaN, inf, a non-number or a list of the wrong length. Return a finite "
         "float, or None when a trajectory cannot be scored."
+    ),
+    StatusCause.FAILURE: (
+        "The plugin reported this failure itself: it returned Status.FAILURE (it did not raise), "
+        "on every try failure_policy.max_attempts allows. The message holds its own reason: fix what "
+        "it reports (read its log lines of that call), or return Status.RETRY to drop only the sample "
+        "instead of failing the job."
+    ),
+    StatusCause.RETRY: (
+        "The plugin asked for a retry itself (Status.RETRY or `raise Retry(reason)`) on every try, so "
+        "the sample was dropped. The message holds its own reason; fix what it reports, or raise "
+        "failure_policy.max_attempts if a later try would succeed."
     ),
     ErrorType.INVALID_DATA: (
         "A data file is missing, unreadable or empty. Fix the path in job.yaml or the file itself."
@@ -171,14 +190,16 @@ class UnknownError(PlugtuneError):
 
 
 class PluginCallError(PlugtuneError):
-    """Raised when one plugin call fails; ``cause`` is exactly one :class:`Cause`; ``hint``, when
-    given, replaces the cause's general one (a sync plugin's Timeout is not about its event loop)."""
+    """Raised when one plugin call fails; ``cause`` is exactly one :class:`Cause` (the runtime's
+    finding) or :class:`StatusCause` (the plugin's own verdict, with its reason as the message);
+    ``hint``, when given, replaces the cause's general one (a sync plugin's Timeout is not about
+    its event loop)."""
 
     error_type = ErrorType.CALL_PLUGIN
 
     def __init__(
         self,
-        cause: Cause,
+        cause: Cause | StatusCause,
         message: str,
         *,
         plugin: str = "",

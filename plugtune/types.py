@@ -103,6 +103,9 @@ class TrajectoryRecord:
     timing: dict[str, float] = field(default_factory=dict)
     code_hash: dict[str, str] = field(default_factory=dict)
     phase: str = "train"  # train | eval (held-out rows, never trained on)
+    # Why it gave the policy no gradient (empty when it did): discarded by a plugin, failed and
+    # dropped, unscorable, a zero-advantage group, no policy tokens, or a step that was not applied.
+    discard_reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugtune.errors import Cause, PluginCallError
+from plugtune.errors import Cause, PluginCallError, StatusCause
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evaluate import build_evaluator, is_eval_step
-from plugtune.jobs.evidence import failed_record
+from plugtune.jobs.evidence import failed_record, stopped_records
 from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed, record_waiting
 from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.jobs.retry_policy import breaker
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         asyncio.run(run_attempt(store, settings, job_id, job.spec))
-    except Cancelled:
+    except (Cancelled, asyncio.CancelledError):
         store.end_attempt(job_id, number, "cancelled")
         return EXIT_CANCELLED
     except BaseException as exc:  # every failure is classified once, here
@@ -92,6 +92,18 @@ def _classified(exc: BaseException) -> dict[str, Any]:
 
 
 async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
+    # Once the loop runs, SIGTERM cancels this task: the step in progress keeps its trajectories.
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    if task is not None:
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        await _run_attempt(store, settings, job_id, spec)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+async def _run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
     from plugtune.runtime import Quota, runtime_for
 
     job = validate_job(spec["job_file"], base_dir=spec.get("base_dir"))
@@ -233,11 +245,18 @@ class _Loop:
     evaluator: Evaluator | None = None  # of data.validation, when the job has one
 
     async def run(self) -> None:
-        """Train the remaining steps, writing each step's records before the next starts."""
+        """Train the remaining steps, writing each step's records before the next starts; when the
+        attempt stops, every trajectory of the steps it stopped is written too, with why."""
         try:
             if self.evaluator is not None and self.trainer.step_count == 0 and is_eval_step(0, self.spec):
                 await self._evaluate(self.evaluator, 0)  # the baseline: the initial model
             await self._steps()
+        except BaseException as exc:
+            await self.trainer.cancel_pending()  # the next step's rollouts, if started ahead
+            stopped = stopped_records(self.trainer.take_stopped(), exc)
+            self.writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in stopped])
+            self.writer.flush()
+            raise
         finally:  # the next step's rollouts may already be running: they end with the attempt
             await self.trainer.cancel_pending()
 
@@ -246,11 +265,9 @@ class _Loop:
         while trainer.step_count < config.steps:
             try:
                 result = await trainer.step()
-            except JobStop as stop:
+            except JobStop:  # run() writes the step's trajectories
                 step = trainer.step_count + 1
-                writer.add_trajectories(failed_record(stop, self.gateway, step))
                 writer.add_metrics(_call_points(step, caller.take_counts(step)))
-                writer.flush()
                 raise
             counts = caller.take_counts(result.step)
             writer.add_metrics(_call_points(result.step, counts))
@@ -332,7 +349,7 @@ def _check_breaker(counts: StepCounts, config: Any) -> None:
     decision = breaker(counts.calls, dict(counts.errors), config)
     if not decision.trip:
         return
-    causes = {c.value: c for c in Cause}
+    causes: dict[str, Cause | StatusCause] = {c.value: c for c in (*Cause, *StatusCause)}
     cause = causes.get(decision.dominant_cause or "", Cause.ERROR_500)
     example = counts.examples.get(cause.value)
     error = PluginCallError(

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from plugtune.errors import Cause, PluginCallError
+from plugtune.errors import Cause, PluginCallError, StatusCause
 from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, decide
 from plugtune.jobs.spec import FailurePolicy
 from plugtune.sdk import Context, Status
@@ -25,8 +25,8 @@ from plugtune.types import CallOutcome
 log = logging.getLogger(__name__)
 
 _STATUS_KINDS = {
-    Status.FAILURE.value: FailureKind.STATUS_FAILURE,
-    Status.RETRY.value: FailureKind.STATUS_RETRY,
+    Status.FAILURE.value: (FailureKind.STATUS_FAILURE, StatusCause.FAILURE),
+    Status.RETRY.value: (FailureKind.STATUS_RETRY, StatusCause.RETRY),
 }
 
 
@@ -128,22 +128,32 @@ class PolicyCaller:
             self.spans.record(
                 fn.spec.name, call_ctx, started_ns, status=outcome.status, call_id=outcome.call_id
             )
-            kind_of_status = _STATUS_KINDS.get(outcome.status)
-            if kind_of_status is None:
+            reported = _STATUS_KINDS.get(outcome.status)
+            if reported is None:
                 return outcome
-            self._count_error(ctx.step, fn.spec.name, Cause.ERROR_500.value)
+            kind_of_status, cause = reported
+            error = status_error(cause, fn.spec.name, outcome, (attempt, self.failure.max_attempts), ctx)
+            self._count_error(ctx.step, fn.spec.name, cause.value, error)
             decision = decide(kind_of_status, attempt, self.failure)
             if isinstance(decision, RetryCall):
                 attempt, self.retries = decision.attempt, self.retries + 1
                 continue
             if isinstance(decision, FailJob):
-                error = PluginCallError(
-                    Cause.ERROR_500,
-                    f"{fn.spec.name} returned status failure {attempt} times: {outcome.reason or '-'}",
-                    plugin=fn.spec.name,
-                    call_id=outcome.call_id,
-                    instance_id=outcome.instance_id,
-                    trajectory_id=ctx.trajectory_id,
-                )
                 raise JobStop(error, decision.reason, ctx, args)
             return outcome  # dropped: the trainer records the status on the trajectory
+
+
+def status_error(
+    cause: StatusCause, plugin: str, outcome: CallOutcome, tries: tuple[int, int], ctx: Context
+) -> PluginCallError:
+    """The plugin's own verdict as an error: its status, which try of how many, and its reason."""
+    status = "Status.FAILURE" if cause is StatusCause.FAILURE else "Status.RETRY"
+    reason = outcome.reason or "(none given)"
+    return PluginCallError(
+        cause,
+        f"{plugin} returned {status} (try {tries[0]} of {tries[1]}); its reason: {reason}",
+        plugin=plugin,
+        call_id=outcome.call_id,
+        instance_id=outcome.instance_id,
+        trajectory_id=ctx.trajectory_id,
+    )

@@ -197,6 +197,7 @@ class TrajectorySummary(_Record):
     plugins: list[str]
     error_cause: str
     preview: str
+    discard_reason: str = ""  # why it gave no gradient ('' when it did)
 
 
 @dataclass(frozen=True)

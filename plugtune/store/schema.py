@@ -24,15 +24,17 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
-SCHEMA_VERSION = 2  # bump when a table changes; Store.open refuses a database of another version
+SCHEMA_VERSION = 3  # bump when a table changes; Store.open refuses a database of another version
 
 #: What turns a database of an older version into the next one (``{trajectories}``: the qualified
-#: table name). Version 2: trajectories.phase (train | eval).
+#: table name). Version 2: trajectories.phase (train | eval). Version 3:
+#: trajectories.discard_reason (why a trajectory gave no gradient; '' for the older ones).
 MIGRATIONS: dict[int, list[str]] = {
     1: [
         "ALTER TABLE {trajectories} ADD COLUMN phase VARCHAR(16) NOT NULL DEFAULT 'train'",
         "CREATE INDEX ix_trajectories_phase ON {trajectories} (job_id, phase, id)",
     ],
+    2: ["ALTER TABLE {trajectories} ADD COLUMN discard_reason TEXT NOT NULL DEFAULT ''"],
 }
 
 # BIGINT on PostgreSQL, but INTEGER on SQLite so the column is the rowid (autoincrement, no copy).
@@ -216,6 +218,7 @@ trajectories = Table(
     Column("reward", Float(precision=53)),
     Column("advantage", Float(precision=53)),
     Column("stop_reason", String(64), nullable=False, default=""),
+    Column("discard_reason", Text, nullable=False, default=""),
     Column("reward_components", Text, nullable=False),  # JSON
     Column("messages", Text, nullable=False),  # JSON
     Column("tools", Text, nullable=False),  # JSON

@@ -25,7 +25,7 @@ _IDS_PER_QUERY = 500  # well under every database's limit on bound parameters
 _SUMMARY = [
     T.c.id, T.c.job_id, T.c.trajectory_id, T.c.group_id, T.c.step, T.c.sample_index, T.c.rollout_index,
     T.c.attempt, T.c.policy_version, T.c.status, T.c.phase, T.c.reward, T.c.advantage, T.c.stop_reason,
-    T.c.prompt_tokens, T.c.response_tokens, T.c.plugins, T.c.error_cause, T.c.preview,
+    T.c.prompt_tokens, T.c.response_tokens, T.c.plugins, T.c.error_cause, T.c.preview, T.c.discard_reason,
 ]  # fmt: skip
 _KEY = ["job_id", "trajectory_id"]
 _NOT_UPDATED = {"id", "job_id", "trajectory_id", "created_at"}
@@ -231,6 +231,7 @@ def _row(job_id: int, r: TrajectoryRecord, now: float) -> dict[str, Any]:
         "reward": r.reward,
         "advantage": r.advantage,
         "stop_reason": r.stop_reason,
+        "discard_reason": r.discard_reason,
         "reward_components": dumps(r.reward_components),
         "messages": dumps(r.messages),
         "tools": dumps(r.tools),
@@ -293,4 +294,5 @@ def _record(r: Any) -> TrajectoryRecord:
         timing=loads(r.timing),
         code_hash=loads(r.code_hash),
         phase=r.phase,
+        discard_reason=r.discard_reason,
     )

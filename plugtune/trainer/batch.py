@@ -50,6 +50,27 @@ def is_trainable(record: TrajectoryRecord) -> bool:
     return record.advantage is not None and any(record.response_mask) and len(record.prompt_ids) > 0
 
 
+def untrained_reason(record: TrajectoryRecord) -> str:
+    """Why ``record`` gives the policy no policy-gradient signal ('' when it does); a reason it
+    already carries (a plugin discarded it) stands."""
+    if record.discard_reason:
+        return record.discard_reason
+    if record.status == "failed":
+        error = record.errors[0] if record.errors else None
+        what = f": {error.plugin} {error.cause} (try {error.attempt})" if error else ""
+        return f"failed{what}; left out of training"
+    if record.reward is None:
+        return "unscorable: no grader gave it a reward (each returned None); left out of training"
+    if not any(record.response_mask) or not record.prompt_ids:
+        return "no policy tokens to train on (the rollout did not call the policy)"
+    if record.advantage == 0.0:
+        return (
+            f"advantage 0: every scored trajectory of group {record.group_id} has reward "
+            f"{record.reward:.4g}, so there is nothing to prefer"
+        )
+    return ""
+
+
 def build_batch(records: Sequence[TrajectoryRecord], pad_id: int) -> TrainBatch:
     """Pad the trainable records into one batch (at least one record must be trainable)."""
     rows = [r for r in records if is_trainable(r)]

@@ -2,11 +2,13 @@
 
 Outcome handling (Ark semantics, DESIGN §2): a rollout or grader that reports ``retry`` or
 ``failure``, or whose call raised ``PluginCallError``, marks its trajectory ``failed`` (reward
-``None``, no gradient) with an ErrorRecord; ``discard`` from any plugin drops the whole group.
-Retries belong to the caller the jobs layer passes in; each attempt of a rollout reopens its
-trajectory id in the policy server, so a failed attempt's tokens never reach the loss. When the
-caller raises anything else (to stop the job), the step ends and the policy server keeps the
-trajectory's record for the caller's evidence; a cancelled group closes its trajectories.
+``None``, no gradient) with an ErrorRecord; ``discard`` from any plugin drops the whole group,
+each of its trajectories keeping the plugin's reason in ``discard_reason``. Retries belong to the
+caller the jobs layer passes in; each attempt of a rollout reopens its trajectory id in the
+policy server, so a failed attempt's tokens never reach the loss. When a group is stopped (the
+caller raises anything else to stop the job, or the step is cancelled), every one of its
+trajectories is still kept, in ``GroupRunner.stopped``: the finished ones as they ended, the
+unfinished ones ``failed`` with stop reason :data:`STOPPED` and the tokens they had so far.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from plugtune.errors import ErrorType, Owner, PluginCallError
+from plugtune.errors import HINTS, ErrorType, Owner, PluginCallError, StatusCause
 from plugtune.sdk import Context, Kind, PluginSpec, Policy, Sample, Status, Trajectory
 from plugtune.trainer.protocols import Caller, PluginFunction, PolicyServer
 from plugtune.trainer.rewards import final_reward
 from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
 
 T = TypeVar("T")
+
+#: The stop reason of a trajectory whose group was stopped before it finished.
+STOPPED = "step stopped"
 
 EMPTY_TRACE = TokenTrace(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[], messages=[])
 
@@ -64,6 +69,8 @@ class _Slot:
     messages: list[dict[str, Any]] = field(default_factory=list)
     status: str = "success"
     discard: bool = False
+    discard_reason: str = ""
+    finished: bool = False  # its rollout and single graders ended (group graders may follow)
     errors: list[ErrorRecord] = field(default_factory=list)
     components: dict[str, float | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -103,6 +110,7 @@ class GroupRunner:
     job_id: str = ""
     phase: str = "train"
     group_prefix: str = "s"
+    stopped: list[TrajectoryRecord] = field(default_factory=list)  # of groups that did not end
 
     async def run(
         self, step: int, sample: Sample, group_size: int, policy_version: int
@@ -127,22 +135,45 @@ class GroupRunner:
             discard = discard or slot.discard
             if slot.ok and not discard:
                 await self._grade_single(step, sample, slot)
+            slot.finished = True
 
         try:
             await gather_or_cancel([roll_and_grade(slot) for slot in slots])
             discard = any(s.discard for s in slots)
             if not discard:
+                if self.plugins.group_graders:
+                    for slot in slots:
+                        slot.finished = False
                 await self._grade_groups(step, sample, slots)
-        except asyncio.CancelledError:
-            for slot in slots:  # the policy server forgets them (a step started ahead, cancelled)
-                _take(self.server, slot.trajectory_id)
+                for slot in slots:
+                    slot.finished = True
+        except BaseException:  # stopped: keep every trajectory, then stop as asked
+            self.stopped += self._stopped(step, sample, group_id, slots, policy_version)
             raise
         graded = time.perf_counter()
+        _share_discard(slots)
         weights = self.plugins.weights()
         records = []
         for slot in slots:
             slot.timing.update(rollouts_s=rolled - started, graders_s=graded - rolled)
             records.append(self._record(step, sample, group_id, slot, weights, discard, policy_version))
+        return records
+
+    def _stopped(
+        self, step: int, sample: Sample, group_id: str, slots: list[_Slot], policy_version: int
+    ) -> list[TrajectoryRecord]:
+        """The group's records when it was stopped; the policy server closes every trajectory."""
+        discard = any(s.discard and s.finished for s in slots)
+        _share_discard(slots)
+        records, weights = [], self.plugins.weights()
+        for slot in slots:
+            trace = _take(self.server, slot.trajectory_id)  # EMPTY_TRACE once its rollout ended
+            if not slot.finished:
+                slot.trace = slot.trace if trace is EMPTY_TRACE else trace
+                slot.messages = slot.messages or list(slot.trace.messages or sample.messages)
+                slot.status = "failed"
+            record = self._record(step, sample, group_id, slot, weights, discard, policy_version)
+            records.append(record if slot.finished else replace(record, stop_reason=STOPPED))
         return records
 
     async def _rollout(self, step: int, sample: Sample, slot: _Slot, group_id: str) -> None:
@@ -273,6 +304,7 @@ class GroupRunner:
             metrics={**slot.metrics, **_history_metrics(trace)},
             timing=dict(slot.timing),
             phase=self.phase,
+            discard_reason=slot.discard_reason if discard else "",
         )
 
 
@@ -290,14 +322,20 @@ def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str) -> bool:
         return True
     if outcome.status == Status.DISCARD.value:
         slot.discard = True
+        slot.discard_reason = slot.discard_reason or (
+            f"{plugin} discarded it (Status.DISCARD): {outcome.reason or '(no reason given)'}"
+        )
         return False
+    cause = StatusCause.FAILURE if outcome.status == Status.FAILURE.value else StatusCause.RETRY
     _fail(
         slot,
         ErrorRecord(
             type=ErrorType.CALL_PLUGIN.value,
             owner=Owner.PLUGIN.value,
-            cause=outcome.status,
-            message=outcome.reason or f"{plugin} returned status {outcome.status!r}",
+            cause=cause.value,
+            message=f"{plugin} returned Status.{outcome.status.upper()}; its reason: "
+            + (outcome.reason or "(none given)"),
+            hint=HINTS[cause],
             plugin=plugin,
             call_id=outcome.call_id,
             trajectory_id=slot.trajectory_id,
@@ -305,6 +343,16 @@ def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str) -> bool:
         ),
     )
     return False
+
+
+def _share_discard(slots: list[_Slot]) -> None:
+    """A discarded group's other trajectories say which one was discarded, and why."""
+    first = next((s for s in slots if s.discard), None)
+    if first is None:
+        return
+    for slot in slots:
+        if not slot.discard_reason:
+            slot.discard_reason = f"its group was discarded: {first.trajectory_id}: {first.discard_reason}"
 
 
 def _fail(slot: _Slot, error: ErrorRecord) -> None:

@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from plugtune.errors import LossNanError
 from plugtune.sdk import Sample, Sampling
 from plugtune.trainer import checkpoint, lora, objective
-from plugtune.trainer.batch import TrainBatch, micro_batches
+from plugtune.trainer.batch import TrainBatch, micro_batches, untrained_reason
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
@@ -47,6 +47,7 @@ class _Rollouts:
     task: asyncio.Future[list[list[TrajectoryRecord]]]
     started: float
     cursor_before: DataCursor  # the data cursor before this step's prompts were drawn
+    finished: list[TrajectoryRecord] = field(default_factory=list)  # of the groups that ended
 
 
 @dataclass(frozen=True)
@@ -118,17 +119,25 @@ class GRPOTrainer:
         prefetched = rollouts is not None
         if rollouts is None:
             rollouts = self._start_rollouts(step)
-        groups = await rollouts.task
+        try:
+            groups = await rollouts.task
+        except BaseException:
+            self.runner.stopped += rollouts.finished
+            raise
         rolled = time.perf_counter()
         records = [r for group in groups for r in _with_advantages(group)]
 
         batches = micro_batches(records, self.pad_id, self.vocab_size)
         parts: LossParts | None = None
         grad_norm = 0.0
-        if batches:
-            parts, grad_norm = await self._train(batches, step, records)
-        else:
-            self.server.set_policy_version(step)
+        try:
+            if batches:
+                parts, grad_norm = await self._train(batches, step, records)
+            else:
+                self.server.set_policy_version(step)
+        except BaseException:  # not applied (a non-finite loss, a stop): its trajectories are kept
+            self.runner.stopped += records
+            raise
         self.step_count = step
 
         metrics = _metrics(records, parts, grad_norm, sum(len(b.trajectory_ids) for b in batches))
@@ -159,19 +168,34 @@ class GRPOTrainer:
             await self.cancel_pending()
 
     async def cancel_pending(self) -> None:
-        """Cancel the next step's rollouts if they were started ahead (their trajectories close)."""
+        """Cancel the next step's rollouts if they were started ahead (their trajectories close,
+        and are kept in :meth:`take_stopped`)."""
         rollouts, self._next = self._next, None
         if rollouts is not None:
             rollouts.task.cancel()
             await asyncio.gather(rollouts.task, return_exceptions=True)
+            self.runner.stopped += rollouts.finished
+
+    def take_stopped(self) -> list[TrajectoryRecord]:
+        """The trajectories of steps that were stopped (failed, cancelled, not applied) since the
+        last call: every one of them, finished or not (unfinished ones ``failed``, stop reason
+        ``groups.STOPPED``)."""
+        stopped, self.runner.stopped = self.runner.stopped, []
+        return stopped
 
     def _start_rollouts(self, step: int) -> _Rollouts:
         """Draw ``step``'s prompts and start their groups (``group_size`` rollouts each, then graders)."""
         cursor_before = copy.copy(self.cursor)  # a checkpoint of the step before resumes from here
         samples = [self._sample(i, row) for i, row in self.cursor.batch(self.rows, self.config.batch_size)]
-        groups = [self.runner.run(step, s, self.config.group_size, step - 1) for s in samples]
-        task = asyncio.ensure_future(gather_or_cancel(groups))
-        return _Rollouts(step, task, time.perf_counter(), cursor_before)
+        finished: list[TrajectoryRecord] = []
+
+        async def run_group(sample: Sample) -> list[TrajectoryRecord]:
+            records = await self.runner.run(step, sample, self.config.group_size, step - 1)
+            finished.extend(records)  # kept should a sibling group stop the step
+            return records
+
+        task = asyncio.ensure_future(gather_or_cancel([run_group(s) for s in samples]))
+        return _Rollouts(step, task, time.perf_counter(), cursor_before, finished)
 
     async def _train(
         self, batches: list[TrainBatch], step: int, records: list[TrajectoryRecord]
@@ -302,9 +326,11 @@ class GRPOTrainer:
 
 
 def _with_advantages(group: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
-    """The group's records with GRPO advantages (None for failed, unscorable and discarded ones)."""
+    """The group's records with GRPO advantages (None for failed, unscorable and discarded ones),
+    each saying why when it gives no policy-gradient signal."""
     rewards = [r.reward if r.status == "success" else None for r in group]
-    return [replace(r, advantage=a) for r, a in zip(group, group_advantages(rewards), strict=True)]
+    out = [replace(r, advantage=a) for r, a in zip(group, group_advantages(rewards), strict=True)]
+    return [replace(r, discard_reason=untrained_reason(r)) for r in out]
 
 
 def _metrics(

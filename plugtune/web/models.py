@@ -151,6 +151,13 @@ class LogPage(BaseModel):
     job_status: str = ""
 
 
+DISCARD_REASON = (
+    "why it gave the policy no gradient ('' when it did): a plugin discarded it or its group, it "
+    "failed and was dropped, it was unscorable, its group's rewards were all equal, or its step was "
+    "not applied (the job stopped or was cancelled)"
+)
+
+
 class TrajectorySummaryOut(BaseModel):
     id: str
     row: int = Field(description="stable row id; the list's order and keyset cursor")
@@ -163,6 +170,7 @@ class TrajectorySummaryOut(BaseModel):
     plugins: list[str] = Field(default_factory=list)
     error_cause: str = ""
     preview: str = ""
+    discard_reason: str = Field(default="", description=DISCARD_REASON)
 
 
 class TrajectoryPage(BaseModel):
@@ -207,6 +215,7 @@ class TrajectoryOut(BaseModel):
     status: str
     phase: str = Field(default="train", description="train, or eval (a data.validation row)")
     stop_reason: str = ""
+    discard_reason: str = Field(default="", description=DISCARD_REASON)
     reward: float | None = None
     advantage: float | None = None
     reward_components: dict[str, float | None] = Field(default_factory=dict)

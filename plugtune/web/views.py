@@ -134,6 +134,7 @@ def summary_out(row: TrajectorySummary) -> TrajectorySummaryOut:
         plugins=list(row.plugins),
         error_cause=row.error_cause,
         preview=row.preview,
+        discard_reason=row.discard_reason,
     )
 
 
@@ -146,6 +147,7 @@ def trajectory_out(record: TrajectoryRecord, logs: TrajectoryLogs) -> Trajectory
         status=record.status,
         phase=record.phase,
         stop_reason=record.stop_reason,
+        discard_reason=record.discard_reason,
         reward=_finite(record.reward),
         advantage=_finite(record.advantage),
         reward_components={k: _finite(v) for k, v in record.reward_components.items()},

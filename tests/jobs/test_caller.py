@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from plugtune.errors import Cause, PluginCallError
+from plugtune.errors import HINTS, Cause, PluginCallError, StatusCause
 from plugtune.jobs.caller import JobStop, PolicyCaller
 from plugtune.jobs.spec import FailurePolicy
 from plugtune.sdk import Context, Kind, PluginSpec, Runtime
@@ -69,7 +69,30 @@ async def test_status_retry_is_retried_then_dropped_and_failure_fails_the_job() 
     failing = Scripted("failure", "failure")
     with pytest.raises(JobStop) as stop:
         await PolicyCaller(FailurePolicy(max_attempts=2))(failing, Context())
-    assert "returned status failure 2 times" in stop.value.error.message
+    assert "g returned Status.FAILURE (try 2 of 2); its reason: scripted" in stop.value.error.message
+
+
+async def test_status_failure_is_the_plugins_own_verdict_not_an_exception() -> None:
+    """A plugin returning Status.FAILURE did not raise: the error says so, with its reason."""
+    caller = PolicyCaller(FailurePolicy(max_attempts=2))
+    with pytest.raises(JobStop) as stop:
+        await caller(Scripted("failure", "failure"), Context(step=1, trajectory_id="s1-p0-r0"))
+    error = stop.value.error
+    assert (error.type, error.owner, error.cause, error.plugin) == (
+        "Call plugin error",
+        "plugin",
+        "Status failure",
+        "g",
+    )
+    assert error.trajectory_id == "s1-p0-r0" and error.message.endswith("its reason: scripted")
+    assert error.hint == HINTS[StatusCause.FAILURE] and "raised" not in error.hint.split(":")[0]
+    assert dict(caller.take_counts(1).errors) == {"Status failure": 2}  # not counted as 500s
+
+
+async def test_status_retry_is_counted_as_the_plugins_retry() -> None:
+    caller = PolicyCaller(FailurePolicy(max_attempts=2))
+    await caller(Scripted("retry", "success"), Context(step=1))
+    assert dict(caller.take_counts(1).errors) == {"Status retry": 1}
 
 
 async def test_discard_comes_back_at_once() -> None:

@@ -8,6 +8,7 @@ import pytest
 from plugtune.errors import PlatformError
 from plugtune.store import Store
 from plugtune.store.database import normalize_url
+from plugtune.store.schema import SCHEMA_VERSION
 
 
 def test_default_url_is_sqlite_under_plugtune_home_in_wal_mode(
@@ -80,7 +81,9 @@ def test_a_database_of_another_schema_version_is_refused(tmp_path: Path) -> None
     Store.open(url).close()
     with sqlite3.connect(tmp_path / "old.db") as conn:
         conn.execute("UPDATE plugtune_meta SET value = '0' WHERE key = 'schema_version'")
-    with pytest.raises(PlatformError, match="has plugtune schema version 0; this plugtune reads version 2"):
+    with pytest.raises(
+        PlatformError, match=f"has plugtune schema version 0; this plugtune reads version {SCHEMA_VERSION}"
+    ):
         Store.open(url)
 
 

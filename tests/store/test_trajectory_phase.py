@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from plugtune.store import Store
+from plugtune.store.schema import SCHEMA_VERSION
 from plugtune.types import TrajectoryRecord
 
 
@@ -54,6 +55,7 @@ def test_a_schema_1_store_is_upgraded_and_its_trajectories_are_train(tmp_path: P
     with sqlite3.connect(path) as conn:  # back to what plugtune wrote before phases
         conn.execute("DROP INDEX ix_trajectories_phase")
         conn.execute("ALTER TABLE trajectories DROP COLUMN phase")
+        conn.execute("ALTER TABLE trajectories DROP COLUMN discard_reason")
         conn.execute("UPDATE plugtune_meta SET value = '1' WHERE key = 'schema_version'")
 
     store = Store.open(url)
@@ -64,7 +66,34 @@ def test_a_schema_1_store_is_upgraded_and_its_trajectories_are_train(tmp_path: P
     store.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT value FROM plugtune_meta WHERE key = 'schema_version'").fetchone() == (
-            "2",
+            str(SCHEMA_VERSION),
         )
         indexes = {row[1] for row in conn.execute("PRAGMA index_list(trajectories)")}
     assert "ix_trajectories_phase" in indexes
+
+
+def test_a_schema_2_store_gains_discard_reasons_and_keeps_its_trajectories(tmp_path: Path) -> None:
+    url, path = f"sqlite:///{tmp_path / 'v2.db'}", tmp_path / "v2.db"
+    store = Store.open(url)
+    job = store.create_job("j", {"name": "j"})
+    store.upsert_trajectories(job, [_record("s1-p0-r0", 1)])
+    store.close()
+    with sqlite3.connect(path) as conn:  # back to what plugtune wrote before discard reasons
+        conn.execute("ALTER TABLE trajectories DROP COLUMN discard_reason")
+        conn.execute("UPDATE plugtune_meta SET value = '2' WHERE key = 'schema_version'")
+
+    store = Store.open(url)
+    [old] = store.trajectories(job)
+    assert old.discard_reason == "" and old.reward == 1.0
+    why = "answer discarded it (Status.DISCARD): the tool sandbox was down"
+    store.upsert_trajectories(
+        job, [dataclasses.replace(_record("s1-p1-r0", 1), status="discard", discard_reason=why)]
+    )
+    assert [t.discard_reason for t in store.trajectories(job, status="discard")] == [why]
+    got = store.get_trajectory(job, "s1-p1-r0")
+    assert got is not None and got.discard_reason == why
+    store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM plugtune_meta WHERE key = 'schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),
+        )

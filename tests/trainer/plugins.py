@@ -63,3 +63,27 @@ def stamp(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
 
     EVENTS.append(("graded", ctx.rollout_index, time.monotonic()))
     return 1.0
+
+
+@rollout
+def discard_first(ctx: Context, policy: Policy, sample: Sample) -> None:
+    """Rollout 0 of each group discards it (its siblings end well)."""
+    policy.chat(sample.messages, max_tokens=4)
+    if ctx.rollout_index == 0:
+        raise Discard("the tool sandbox was down")
+
+
+@grader
+def constant(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    return 0.5
+
+
+@rollout
+async def first_ends(ctx: Context, policy: Policy, sample: Sample) -> None:
+    """Each rollout calls the policy once; rollout 0 of each group then ends, the others run on
+    for a minute."""
+    import asyncio
+
+    await asyncio.to_thread(policy.chat, sample.messages, max_tokens=4)
+    if ctx.rollout_index != 0:
+        await asyncio.sleep(60)

@@ -13,7 +13,7 @@ from plugtune.errors import LossNanError, PluginCallError
 from plugtune.trainer import batch as batch_module
 from plugtune.trainer.batch import micro_batches
 from plugtune.trainer.config import TrainerConfig
-from plugtune.trainer.groups import Plugins
+from plugtune.trainer.groups import STOPPED, Plugins
 from plugtune.trainer.grpo import GRPOTrainer
 from plugtune.trainer.model import load_model
 from plugtune.trainer.testing import InProcessFunction, InProcessPolicyServer
@@ -100,12 +100,14 @@ async def test_failed_retry_discard_and_unscorable_trajectories(tiny_model_path:
     assert crash.errors[0].plugin == "answer"
     assert len(crash.response_ids) > 0  # the tokens it produced are kept for the viewer
     assert [m["role"] for m in crash.messages][:2] == ["user", "assistant"]  # and what the policy said
-    assert by_mode["retry"].status == "failed" and by_mode["retry"].errors[0].cause == "retry"
+    retried = by_mode["retry"]  # the plugin's own verdict, with its reason: not a crash
+    assert retried.status == "failed" and retried.errors[0].cause == "Status retry"
+    assert "returned Status.RETRY; its reason: asked to retry" in retried.errors[0].message
     assert {r.status for r in result.records if r.sample_index == 2} == {"discard"}
     unscorable = by_mode["unscorable"]
     assert unscorable.status == "success" and unscorable.reward is None and unscorable.advantage is None
     m = result.metrics
-    assert m["plugin/errors/500"] == 4 and m["plugin/errors/retry"] == 4
+    assert m["plugin/errors/500"] == 4 and m["plugin/errors/Status retry"] == 4
     assert m["trajectories/discarded"] == 4 and m["trajectories/trained"] == 0
     assert "loss" not in m  # nothing trainable: no optimizer step
 
@@ -215,7 +217,7 @@ def test_plugins_check_kinds_and_unique_grader_names() -> None:
         Plugins(rollout=InProcessFunction(p.answer), graders=[InProcessFunction(p.digits)] * 2)
 
 
-async def test_a_caller_that_stops_the_job_leaves_the_evidence_in_the_policy_server(
+async def test_a_caller_that_stops_the_job_keeps_the_evidence_in_the_stopped_records(
     tiny_model_path: Path,
 ) -> None:
     class Stop(Exception):
@@ -237,8 +239,12 @@ async def test_a_caller_that_stops_the_job_leaves_the_evidence_in_the_policy_ser
     with pytest.raises(Stop):
         await trainer.step()
     assert seen and seen[0].startswith("s1-p0-r")
-    trace = trainer.server.take(seen[0])  # what the rollout got from the policy before it crashed
-    assert sum(trace.response_mask) > 0 and trace.messages[-1]["role"] == "assistant"
+    stopped = {r.trajectory_id: r for r in trainer.take_stopped()}
+    record = stopped[seen[0]]  # what the rollout got from the policy before it crashed
+    assert record.status == "failed" and record.stop_reason == STOPPED
+    assert sum(record.response_mask) > 0 and record.messages[-1]["role"] == "assistant"
+    with pytest.raises(KeyError):  # the policy server closed it
+        trainer.server.take(seen[0])
     assert trainer.step_count == 0 and all(torch.equal(before[k], v) for k, v in params(trainer).items())
 
 

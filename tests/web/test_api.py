@@ -321,3 +321,20 @@ def test_job_warnings_reach_the_api_and_the_job_page(
     )  # a plugin's WARNING is not one
     html = client.get(f"/jobs/{seeded.done_job}").text
     assert 'id="job-warnings"' in html and "logprob_gap is 0.12" in html and "<b>x</b>" not in html
+
+
+def test_a_discard_reason_is_shown_in_the_api_the_list_the_detail_and_the_group(
+    client: TestClient, seeded: Seeded, store: Store
+) -> None:
+    import dataclasses
+
+    [record] = store.trajectory_records(seeded.failed_job, ["s2-g1-r1"])
+    why = f"answer discarded it (Status.DISCARD): the sandbox was down \u202e{XSS_SCRIPT}"
+    store.upsert_trajectories(seeded.failed_job, [dataclasses.replace(record, discard_reason=why)])
+    items = client.get(f"/api/jobs/{seeded.failed_job}/trajectories", params={"status": "discard"}).json()
+    assert [t["discard_reason"] for t in items["items"]] == [why]
+    detail = client.get(f"/api/jobs/{seeded.failed_job}/trajectories/s2-g1-r1").json()
+    assert detail["discard_reason"] == why
+    for url in (f"/jobs/{seeded.failed_job}/trajectories", f"/jobs/{seeded.failed_job}/groups/g1"):
+        page = client.get(url).text
+        assert "the sandbox was down ⟨U+202E⟩" in page and XSS_SCRIPT not in page, url

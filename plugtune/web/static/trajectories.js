@@ -119,8 +119,10 @@
         PT.el("span", { class: "mono", id: "detail-id", text: t.id }), " ", PT.badge("status", t.status),
       ]);
       const meta = PT.el("div", { class: "muted", text: (t.phase === "eval" ? "eval (data.validation) · " : "") + `step ${t.step} · group ${t.group_id} · attempt ${t.attempt}` + (t.stop_reason ? ` · stop: ${t.stop_reason}` : "") });
+      // Why it gave no gradient (discarded, dropped, unscorable, a step not applied), when it did not.
+      const why = t.discard_reason ? PT.clipped("div", { class: "notice", id: "discard-reason" }, `No gradient: ${t.discard_reason}`) : null;
       panel.replaceChildren(
-        navBar(t), head, meta,
+        navBar(t), head, meta, why,
         section("Reward per grader", [renderRewards(t)]),
         section("Errors", renderErrors(t.errors)),
         renderLogs(t, job),

@@ -47,6 +47,7 @@
       this.detailAt = 0;
       this.detailTimer = null;
       this.duration = null; // {seconds, at}: the server's duration and when it was read
+      this.steps = null; // steps done as last shown: a new step redraws the curves at once
     }
 
     start() {
@@ -129,6 +130,8 @@
       }
       setText("job-status-text", j.status + (j.queue_position ? ` · position ${j.queue_position} in the queue` : ""));
       setText("steps-done", `${j.steps_done}${total ? " / " + total : ""}`);
+      if (this.steps !== null && j.steps_done !== this.steps) drawCurves(this.grid);
+      this.steps = j.steps_done;
       const bar = $("job-progress");
       if (bar && total) {
         bar.hidden = false;
@@ -179,8 +182,34 @@
       if (j.duration_s !== null) this.duration = { seconds: j.duration_s, at: Date.now(), ticking: j.status === "running" };
       this.tickDuration();
       setText("job-eta", j.eta_s !== null ? `about ${PT.fmtDuration(j.eta_s)} to the last step` : "after the first step");
+      this.showAttempts(answer.attempts || []);
       if (j.status === "failed") this.showFailure(j, answer.retry_note);
       if (j.status === "cancelled") this.showCancelled(answer.retry_note);
+    }
+
+    // The attempts table (retry history), as the server renders it.
+    showAttempts(attempts) {
+      const body = document.querySelector("#attempts tbody");
+      if (!body || !attempts.length) return;
+      const limit = Number(document.getElementById("attempts").dataset.limit) || attempts.length;
+      body.replaceChildren(
+        ...attempts.slice(0, limit).map((a) => {
+          const error = a.error ? a.error.type + (a.error.cause ? ` · ${a.error.cause}` : "") : "";
+          const message = PT.el("td", { class: "wrap" });
+          const text = a.error ? String(a.error.message || "") : "";
+          message.textContent = PT.reveal(text.length > 300 ? `${text.slice(0, 300)}…` : text);
+          return PT.el("tr", {}, [
+            PT.el("td", { text: String(a.number) }),
+            PT.el("td", { text: a.trigger }),
+            PT.el("td", {}, [PT.badge("status", a.status)]),
+            PT.el("td", { text: String(a.resumed_from_step) }),
+            PT.el("td", { text: PT.fmtTime(a.started_at) }),
+            PT.el("td", { text: PT.fmtTime(a.ended_at) }),
+            PT.el("td", { text: error }),
+            message,
+          ]);
+        })
+      );
     }
 
     tickDuration() {

@@ -1,0 +1,279 @@
+"""The console as a control plane, in a real headless Chromium against a real ``plugtune serve``
+(its scheduler runs the jobs): create a job from the New job page, watch it run to the end without a
+reload, cancel a running one from its page, see a broken job.yaml's problems before submitting, and
+a failure's banner appear live when the event stream is refused (the page polls instead).
+
+``PLUGTUNE_SCREENSHOTS=docs/screenshots pytest tests/web/test_browser_control.py`` writes the README's
+screenshots of the New job page and of a running job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from plugtune.store import Store
+from plugtune.web import create_app
+from tests.jobs.jobkit import make_job
+from tests.web.conftest import BASE_URL
+from tests.web.test_browser import ARGS, CHROMIUM, _free_port, _shot
+
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium"
+)
+JOB_TIMEOUT_MS = 240_000  # a few tiny steps; the machine may be busy
+CHECK_TIMEOUT_MS = 120_000  # a dry run (the server's first one imports the trainer)
+FAILING_GRADER = """
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    return 1 / 0
+"""
+
+
+def _api(base: str, path: str) -> Any:
+    with urllib.request.urlopen(f"{base}{path}", timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``plugtune serve`` in its own process (API, console, scheduler) on a free 127.0.0.1 port."""
+    folder = tmp_path_factory.mktemp("serve")
+    port = _free_port()
+    env = {**os.environ, "PLUGTUNE_HOME": str(folder / "state")}
+    env.pop("PLUGTUNE_API_TOKEN", None)
+    env.pop("PLUGTUNE_DATABASE_URL", None)
+    log = (folder / "serve.log").open("wb")
+    command = [sys.executable, "-c", "from plugtune.cli import app; app()", "serve", "--port", str(port)]
+    proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                _api(base, "/api/jobs")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"plugtune serve did not start: {(folder / 'serve.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    # bypass_csp only so that wait_for_function can evaluate; the pages' own JS is all in static/.
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True)
+    opened = context.new_page()
+    opened.set_default_timeout(15_000)
+    problems: list[str] = []
+    opened.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    opened.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
+    opened.problems = problems
+    yield opened
+    context.close()
+    assert problems == [], problems
+
+
+def _project(root: Path, *, steps: int = 2, grader: str | None = None) -> Path:
+    """A tiny job's folder (builtin tiny model, a few rows, rollout and grader) for the folder picker."""
+    job_file = make_job(root, hyper={"steps": steps}, **({"grader": grader} if grader else {}))
+    spec = yaml.safe_load(job_file.read_text())
+    spec["model"] = "builtin:tiny-chat"
+    job_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return root
+
+
+def _create_from_page(page: Any, base: str, folder: Path) -> int:
+    """Pick ``folder`` on the New job page (its job.yaml fills the editor), wait for the check to
+    pass, submit; return the id of the job page the browser lands on."""
+    page.goto(f"{base}/jobs")
+    page.click("#new-job-link")
+    page.wait_for_url(f"{base}/jobs/new")
+    page.set_input_files("#project-folder", str(folder))
+    page.wait_for_selector('#validation-status[data-state="ok"]', timeout=CHECK_TIMEOUT_MS)
+    assert "job.yaml" in page.locator("#project-summary").inner_text()
+    assert "name: " in page.locator("#spec-text").input_value()
+    page.click("#submit-job")
+    page.wait_for_url(re.compile(r".*/jobs/\d+$"), timeout=30_000)
+    return int(page.url.rsplit("/", 1)[1])
+
+
+def _mark_loaded(page: Any) -> None:
+    page.evaluate("window.__notReloaded = true")
+
+
+def _assert_not_reloaded(page: Any) -> None:
+    assert page.evaluate("window.__notReloaded === true"), "the page reloaded"
+
+
+def test_new_job_page_renders_without_inline_script_and_the_list_links_to_it(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}")
+    client = TestClient(create_app(store), base_url=BASE_URL)
+    html = client.get("/jobs/new").text
+    assert 'id="spec-text"' in html and 'id="project-folder"' in html and "webkitdirectory" in html
+    assert 'id="project-archive"' in html and 'accept=".zip,.tar.gz' in html
+    assert re.search(r'<script src="[^"]*/static/newjob\.js"', html)
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), "an inline script (the CSP forbids it)"
+    assert 'href="/jobs/new"' in client.get("/jobs").text
+    job = store.create_job("live", {"model": "tiny"})
+    store.transition(job, "running")
+    running = client.get(f"/jobs/{job}").text
+    assert 'id="cancel-button"' in running and 'id="cancel-bar" hidden' not in running
+    store.transition(job, "succeeded")
+    assert 'id="cancel-bar" hidden' in client.get(f"/jobs/{job}").text
+    store.close()
+
+
+BROKEN = """\
+name: broken
+model: builtin:tiny-chat
+hyperparameters:
+  steps: 0
+  batch_size: 2
+data:
+  train: data/missing.jsonl
+plugins:
+  rollout:
+    entry: plugins/rollout.py:answer
+"""
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_new_job_page_shows_a_broken_job_yamls_problems_before_submit(
+    serve: str, page: Any, tmp_path: Path
+) -> None:
+    before = _api(serve, "/api/jobs")["total"]
+    page.goto(f"{serve}/jobs/new")
+    folder = _project(tmp_path / "adder")
+    page.set_input_files("#project-folder", str(folder))
+    page.wait_for_selector('#validation-status[data-state="ok"]', timeout=CHECK_TIMEOUT_MS)
+    page.fill("#spec-text", BROKEN)
+    page.wait_for_selector('#validation-status[data-state="problems"]', timeout=CHECK_TIMEOUT_MS)
+    rows = page.locator("#problems tbody tr")
+    text = page.locator("#problems").inner_text()
+    assert rows.count() >= 2, text
+    fields = page.locator("#problems tbody td:nth-child(3)").all_inner_texts()
+    files = page.locator("#problems tbody td:nth-child(1)").all_inner_texts()
+    assert "hyperparameters.steps" in fields, text
+    assert "data/missing.jsonl" in files, text
+    steps_row = rows.filter(has_text="hyperparameters.steps").first
+    assert steps_row.locator("td").nth(0).inner_text().endswith("job.yaml")
+    assert steps_row.locator("td").nth(1).inner_text() == "4"  # the line of `steps: 0`
+    assert steps_row.locator("td").nth(4).inner_text().strip(), "no hint"
+    _shot(page, "new-job.png", full_page=True)
+    assert _api(serve, "/api/jobs")["total"] == before  # a dry run creates nothing
+
+    fixed = BROKEN.replace("steps: 0", "steps: 1").replace("missing.jsonl", "train.jsonl")
+    page.fill("#spec-text", fixed + "  graders:\n    - entry: plugins/grader.py:exact\n")
+    page.wait_for_selector('#validation-status[data-state="ok"]', timeout=CHECK_TIMEOUT_MS)
+    assert page.locator("#problems").is_hidden()
+    assert _api(serve, "/api/jobs")["total"] == before
+    page.problems[:] = [p for p in page.problems if "status of 422" not in p]  # the browser logs each 422
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@needs_chromium
+def test_a_job_created_from_the_page_runs_to_the_end_without_reload(
+    serve: str, page: Any, tmp_path: Path
+) -> None:
+    job = _create_from_page(page, serve, _project(tmp_path / "adder", steps=4))
+    _mark_loaded(page)
+    page.wait_for_function(
+        "document.getElementById('job-status').textContent === 'running'", timeout=JOB_TIMEOUT_MS
+    )
+    page.wait_for_function(
+        "Number(document.getElementById('job-progress').value) >= 2", timeout=JOB_TIMEOUT_MS
+    )
+    assert page.locator("#job-eta").is_visible()
+    page.wait_for_selector('#curves [data-chart="loss"] svg path.series', state="attached")
+    assert "first run" in page.locator("#attempts tbody").inner_text()  # the attempt started after load
+    _shot(page, "job-live.png", full_page=True)
+    page.wait_for_function(
+        "document.getElementById('job-status').textContent === 'succeeded'", timeout=JOB_TIMEOUT_MS
+    )
+    _assert_not_reloaded(page)
+    assert page.locator("#steps-done").inner_text() == "4 / 4"
+    assert page.locator("#job-progress").evaluate("p => [p.value, p.max]") == [4, 4]
+    assert page.locator("#job-status-text").inner_text() == "succeeded"
+    assert page.locator("#cancel-bar").is_hidden() and page.locator("#job-eta").is_hidden()
+    page.wait_for_selector('#curves [data-chart="reward"] svg path.series', state="attached")
+    assert _api(serve, f"/api/jobs/{job}")["job"]["status"] == "succeeded"
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@needs_chromium
+def test_a_running_job_is_cancelled_from_its_page(serve: str, page: Any, tmp_path: Path) -> None:
+    job = _create_from_page(page, serve, _project(tmp_path / "long", steps=200))
+    _mark_loaded(page)
+    page.wait_for_function(
+        "document.getElementById('job-status').textContent === 'running'", timeout=JOB_TIMEOUT_MS
+    )
+    asked: list[str] = []
+    page.once("dialog", lambda d: (asked.append(d.message), d.accept()))
+    page.click("#cancel-button")
+    page.wait_for_function(
+        "document.getElementById('job-status').textContent === 'cancelled'", timeout=60_000
+    )
+    _assert_not_reloaded(page)
+    assert asked and f"Cancel job {job}?" in asked[0]
+    assert page.locator("#cancel-result").inner_text().strip()
+    assert page.locator("#cancel-button").is_hidden()
+    page.wait_for_selector("#cancelled-panel #retry-button")
+    assert _api(serve, f"/api/jobs/{job}")["job"]["status"] == "cancelled"
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@needs_chromium
+def test_a_failure_banner_appears_live_when_the_event_stream_is_refused(
+    serve: str, page: Any, tmp_path: Path
+) -> None:
+    page.route("**/api/jobs/*/events", lambda route: route.fulfill(status=503, body="down"))
+    _create_from_page(page, serve, _project(tmp_path / "crash", grader=textwrap.dedent(FAILING_GRADER)))
+    _mark_loaded(page)
+    page.wait_for_selector("#live-state >> text=updating every", timeout=30_000)
+    page.wait_for_selector("#failure-banner", timeout=JOB_TIMEOUT_MS)
+    _assert_not_reloaded(page)
+    banner = page.locator("#failure-banner").inner_text()
+    assert "Call plugin error" in banner and "ZeroDivisionError" in banner
+    assert page.locator("#failure-owner").inner_text() == "plugin"
+    assert page.locator("#job-status").inner_text() == "failed"
+    assert page.locator("#failure-banner #retry-button").count() == 1
+    page.problems[:] = [p for p in page.problems if "503" not in p]  # the refused stream is logged

@@ -17,8 +17,10 @@ from plugtune.cli import app
 from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.trainer.evaluation import pass_at_k
+from plugtune.trainer.tracking import TENSORBOARD_DIR
 from plugtune.web import create_app
 from tests.jobs.jobkit import ROWS, make_job
+from tests.trainer.test_tracking import tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -122,6 +124,12 @@ def test_a_job_evaluates_its_validation_rows_at_the_right_steps_and_plugtune_eva
         _console_shows_eval(store)
     finally:
         store.close()
+
+    # a job with no tracking section still writes TensorBoard event files: training and eval curves
+    scalars = tensorboard_scalars(home.home / "jobs" / "1" / TENSORBOARD_DIR)
+    assert [step for step, _ in scalars["reward/mean"]] == [1, 2, 3]
+    assert [step for step, _ in scalars["eval/pass@1"]] == [0, 2, 3]
+    assert [value for _, value in scalars["eval/pass@k"]] == pytest.approx([passk[s] for s in (0, 2, 3)])
 
     final = home.home / "jobs" / "1" / "final"
     alone = runner.invoke(app, ["eval", str(final), str(job_file)])

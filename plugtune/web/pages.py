@@ -14,6 +14,7 @@ from plugtune.store import Store
 from plugtune.store.records import JobStatus
 from plugtune.web import charts, compare, queries, service
 from plugtune.web.codeview import render_files
+from plugtune.web.models import AttemptOut
 from plugtune.web.params import LEVELS, MAX_PAGE, JobForm, JobId, LogForm, RecordId, TrajectoryForm, integer
 from plugtune.web.templating import templates
 from plugtune.web.views import attempts_out, job_out, plugin_out
@@ -23,6 +24,8 @@ router = APIRouter(include_in_schema=False)
 JOBS_PER_PAGE = 50
 LOGS_PER_PAGE = 100
 TRAJECTORIES_PER_PAGE = 50
+ATTEMPTS_ON_JOB_PAGE = 20  # the newest; /jobs/{id}/attempts pages through all of them
+ATTEMPTS_PER_PAGE = 50
 
 
 @dataclass(frozen=True)
@@ -114,9 +117,7 @@ def job_page(request: Request, job_id: JobId, retried: str | None = None) -> HTM
 def _job_page(request: Request, job_id: int, *, message: str = "", status_code: int = 200) -> HTMLResponse:
     store = _store(request)
     job = service.require_job(store, job_id)
-    attempts = attempts_out(
-        store.list_attempts(job_id), store.list_job_errors(job_id), store.list_transitions(job_id)
-    )
+    attempts = _attempts(store, job_id)
     job_view = service.job_view(store, job)
     warnings = job_warnings(store, job_id)
     return _render(
@@ -124,12 +125,39 @@ def _job_page(request: Request, job_id: int, *, message: str = "", status_code: 
         "job.html",
         status_code,
         job=job_view,
-        attempts=attempts,
+        attempts=attempts[:ATTEMPTS_ON_JOB_PAGE],
+        attempts_total=len(attempts),
+        attempts_limit=ATTEMPTS_ON_JOB_PAGE,
         message=message,
         warnings=warnings,
         retry_note=service.retry_note(store, job),
         config=config_rows(job.spec),
         spec_yaml=job.spec_yaml,
+    )
+
+
+@router.get("/jobs/{job_id}/attempts", response_class=HTMLResponse)
+def attempts_page(request: Request, job_id: JobId, page: str | None = None) -> HTMLResponse:
+    """Every attempt of a job (its retry history), newest first, 50 a page."""
+    store = _store(request)
+    job = service.require_job(store, job_id)
+    attempts = _attempts(store, job_id)
+    number = integer("page", page, minimum=1, maximum=MAX_PAGE) or 1
+    pages = max(1, math.ceil(len(attempts) / ATTEMPTS_PER_PAGE))
+    noun = "attempt" if len(attempts) == 1 else "attempts"
+    pager = Pager(
+        label=f"page {number} of {pages} · {len(attempts)} {noun}, newest first",
+        prev_url=f"?page={number - 1}" if number > 1 else None,
+        next_url=f"?page={number + 1}" if number < pages else None,
+        is_first=number == 1,
+    )
+    shown = attempts[(number - 1) * ATTEMPTS_PER_PAGE : number * ATTEMPTS_PER_PAGE]
+    return _render(request, "attempts.html", job=job_out(job), attempts=shown, pager=pager, attempts_limit=0)
+
+
+def _attempts(store: Store, job_id: int) -> list[AttemptOut]:
+    return attempts_out(
+        store.list_attempts(job_id), store.list_job_errors(job_id), store.list_transitions(job_id)
     )
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from plugtune.sdk import Context, Sample, Trajectory
@@ -23,3 +26,15 @@ def trajectory(text: str = "42", tid: str = "traj-1") -> Trajectory:
 
 def ctx(tid: str = "traj-1") -> Context:
     return Context(job_id="job-1", trajectory_id=tid)
+
+
+async def turns_until(predicate: Callable[[], bool], within_s: float = 20.0) -> bool:
+    """Look again on every loop turn (sleep(0)), so a state that lasts one turn is seen."""
+    deadline = time.monotonic() + within_s
+    for _ in range(10_000_000):
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0)
+    return False

@@ -3,6 +3,7 @@ logs written before it, and the next call on the same function succeeds."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ import pytest
 from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.function import Function
-from tests.runtime.helpers import ctx, entry, sample, trajectory
+from tests.runtime.helpers import ctx, entry, sample, trajectory, turns_until
 
 
 @pytest.fixture
@@ -176,3 +177,18 @@ async def test_timeout_fires_close_to_timeout_s(rt: LocalRuntime) -> None:
     elapsed = time.perf_counter() - started
     assert info.value.cause == Cause.TIMEOUT.value
     assert 0.5 <= elapsed < 0.9, elapsed  # deadlines share timers in 5 ms slots: never early, soon after
+
+
+async def test_a_call_arriving_as_an_instance_dies_is_not_sent_to_it(rt: LocalRuntime) -> None:
+    """max_concurrency=4: between the instance's connection closing and its end being read, it still
+    had free slots, so a new call went to it and was answered EOF with the call that killed it."""
+    fn = await rt.deploy(entry("faults.py", "exits_hard"))
+    (dying,) = fn.deployment.instances  # type: ignore[attr-defined]
+    crash = asyncio.create_task(fn.invoke(ctx("crash"), sample(fail=True), trajectory(tid="crash")))
+    assert await turns_until(lambda: dying.end_task is not None), "the instance did not end"
+    assert not dying.ended  # its end is not read yet: the window
+    after = await fn.invoke(ctx("after"), sample(fail=False), trajectory(tid="after"))
+    with pytest.raises(PluginCallError) as info:
+        await crash
+    assert info.value.cause == Cause.EOF.value
+    assert after.status == "success" and after.instance_id != dying.id

@@ -9,7 +9,6 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -19,7 +18,7 @@ from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.sandbox import closed_python_paths, mount_view_problem
 from plugtune.runtime.worker.mounts import closed_ancestor, interpreter_paths
-from tests.runtime.helpers import ctx, entry, sample, trajectory
+from tests.runtime.helpers import ctx, entry, sample, trajectory, turns_until
 
 AS_ROOT = pytest.mark.skipif(
     os.geteuid() != 0 or (bool(closed_python_paths()) and mount_view_problem() is not None),
@@ -181,26 +180,14 @@ async def test_a_call_arriving_just_as_a_limit_is_answered_is_not_sent_to_that_i
         fn = await rt.deploy(entry("isolation.py", function))
         (hit,) = fn.deployment.instances  # type: ignore[attr-defined]
         faulty = asyncio.create_task(fn.invoke(ctx("faulty"), sample(**fault), trajectory(tid="faulty")))
-        assert await _turns_until(lambda: hit.in_flight == 1), "the faulty call was not sent"
-        assert await _turns_until(lambda: hit.in_flight == 0), "the faulty call was not answered"
+        assert await turns_until(lambda: hit.in_flight == 1), "the faulty call was not sent"
+        assert await turns_until(lambda: hit.in_flight == 0), "the faulty call was not answered"
         assert not faulty.done()  # its answer is in, its caller has not resumed: the window
         after = await fn.invoke(ctx("after"), sample(), trajectory(tid="after"))
         with pytest.raises(PluginCallError) as info:
             await faulty
     assert info.value.cause == cause, info.value
     assert after.value == 1.0 and after.instance_id != hit.id
-
-
-async def _turns_until(predicate: Callable[[], bool], within_s: float = 20.0) -> bool:
-    """Look again on every loop turn (sleep(0)), so a state that lasts one turn is seen."""
-    deadline = time.monotonic() + within_s
-    for _ in range(10_000_000):
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0)
-    return False
 
 
 def _processes_of(uid: int) -> list[psutil.Process]:

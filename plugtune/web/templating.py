@@ -74,6 +74,7 @@ def _environment() -> Environment:
     env.filters["num"] = num
     env.filters["clip"] = clip
     env.filters["clip_line"] = clip_line
+    env.filters["reveal"] = reveal  # for attributes (a tooltip), where no "show more" fits
     env.filters["duration"] = duration
     return env
 

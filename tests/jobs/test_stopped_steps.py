@@ -4,6 +4,8 @@ and a plugin's own Status.FAILURE is reported as such (real jobs: attempt proces
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -138,3 +140,31 @@ def test_a_job_cancelled_mid_step_keeps_every_trajectory_of_it(
         assert t.status == ("success" if t.rollout_index == 0 else "failed")
         assert t.stop_reason != "job cancelled" if t.rollout_index == 0 else t.stop_reason == "job cancelled"
     assert store.list_attempts(job_id)[-1].status == "cancelled"
+
+
+def test_no_plugin_stays_running_after_its_attempt_process_is_killed(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    job_file = make_job(
+        tmp_path / "killed",
+        rollout=SLEEPY,
+        hyper={"steps": 3},
+        extra={"retry": {"platform_delay_s": 0.5, "max_auto_retries": 0}},
+    )
+    job_id, _ = create_job(store, job_file)
+    seen: set[str] = set()
+    deadline = time.monotonic() + 120
+
+    def kill_once_deployed(jid: int) -> None:
+        statuses = {p.status for p in store.list_plugins(jid)}
+        seen.update(statuses)
+        attempts = store.list_attempts(jid)
+        if attempts and attempts[-1].pid and (statuses == {"running"} or time.monotonic() > deadline):
+            os.kill(attempts[-1].pid, signal.SIGKILL)
+
+    assert run_job(store, home, job_id, progress=kill_once_deployed) == "failed"
+    assert "running" in seen
+    job = store.get_job(job_id)
+    assert job is not None and job.error is not None and job.error.type == "internal error"
+    plugins = store.list_plugins(job_id)
+    assert {p.status for p in plugins} == {"completed"} and all(p.ended_at for p in plugins)

@@ -338,3 +338,44 @@ def test_a_discard_reason_is_shown_in_the_api_the_list_the_detail_and_the_group(
     for url in (f"/jobs/{seeded.failed_job}/trajectories", f"/jobs/{seeded.failed_job}/groups/g1"):
         page = client.get(url).text
         assert "the sandbox was down ⟨U+202E⟩" in page and XSS_SCRIPT not in page, url
+
+
+def test_a_100_kb_message_keeps_every_page_short_and_bidi_controls_visible(store: Store) -> None:
+    """The console walk's "very long content": a plugin's 100 KB Status.FAILURE reason reaches the
+    job banner, the Plugin tab, the trajectory list and the group view; each shows the head, the
+    rest behind "show more", and a right-to-left override as ⟨U+202E⟩."""
+    import dataclasses
+
+    from plugtune.web import create_app
+    from tests.web.conftest import BASE_URL
+    from tests.web.seed import _trajectories
+
+    reason = "saved photo_\u202egnp.exe " + "x" * 100_000
+    job = store.create_job("loud", {"model": "tiny"})
+    store.transition(job, "validating")
+    store.transition(job, "running")
+    attempt = store.start_attempt(job, pid=1)
+    store.upsert_plugin(job, "solve", "rollout", "plugins/rollout.py:solve")
+    store.set_plugin_status(job, "solve", "running")
+    error = {"type": "Call plugin error", "owner": "plugin", "cause": "Status failure", "plugin": "solve"}
+    error |= {"message": f"solve returned Status.FAILURE (try 1 of 1); its reason: {reason}"}
+    store.set_plugin_status(job, "solve", "failed", failure_reason=f"Status failure [solve]: {reason}")
+    record = dataclasses.replace(_trajectories()[0], status="discard", discard_reason=reason)
+    record = dataclasses.replace(record, messages=[{"role": "user", "content": reason}])
+    store.upsert_trajectories(job, [record])
+    store.end_attempt(job, attempt, "failed", error)
+    store.set_job_error(job, error, attempt=attempt)
+    store.transition(job, "failed")
+    client = TestClient(create_app(store), base_url=BASE_URL)
+    urls = [f"/jobs/{job}", f"/jobs/{job}/plugins", f"/jobs/{job}/trajectories"]
+    urls.append(f"/jobs/{job}/groups/{record.group_id}")
+    for url in urls:
+        page = client.get(url)
+        assert page.status_code == 200, url
+        # the text is sent once or twice, but all past its head is folded in a closed <details>
+        assert page.text.count("x" * 90_000) <= page.text.count('<details class="more">'), url
+        assert len(page.content) < 450_000, (url, len(page.content))
+        assert "photo_⟨U+202E⟩gnp.exe" in page.text and "\u202e" not in page.text, url
+        assert "show more" in page.text, url
+    detail = client.get(f"/api/jobs/{job}/trajectories/{record.trajectory_id}").json()
+    assert detail["discard_reason"] == reason  # "show more" has the whole text to show

@@ -34,6 +34,7 @@ class NotDeletableError(ValueError):
 
 
 ENDED = ("succeeded", "failed", "cancelled")
+MAX_QUEUE = 1000  # queued jobs given a position; later ones show none
 
 
 def create_job(
@@ -89,6 +90,12 @@ def delete_job(store: Store, home: Path, job_id: int) -> None:
     shutil.rmtree(home / "jobs" / str(job_id), ignore_errors=True)
     if job_file.name and is_submission(home, job_file):
         shutil.rmtree(submission_root(home, job_file), ignore_errors=True)
+
+
+def queue_positions(store: Store) -> dict[int, int]:
+    """Queued job id -> its place in the queue (1 starts next: the scheduler takes the oldest)."""
+    queued = store.list_jobs("queued", limit=MAX_QUEUE)
+    return {j.id: i + 1 for i, j in enumerate(reversed(queued))}
 
 
 def require(store: Store, job_id: int) -> None:

@@ -225,8 +225,9 @@ def _too_large(size: int, limit: int, scope: Scope | None, *, more: bool = False
         return Refused(413, f"the request body is {got} bytes; {what} accepts at most {limit} (1 MiB)")
     return Refused(
         413,
-        f"the request body is {got} bytes; {what} accepts at most {limit} ({limit >> 20} MiB): keep "
-        "large data files on the server and name them by absolute path in job.yaml",
+        f"the request body is {got} bytes; {what} accepts at most {limit}"
+        f"{f' ({limit >> 20} MiB)' if limit >= 1 << 20 else ''}: keep large data files on the server "
+        "and name them by absolute path in job.yaml",
     )
 
 

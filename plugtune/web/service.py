@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from plugtune.jobs import control
 from plugtune.jobs.control import JobNotFoundError, retry_job
 from plugtune.store import Store
 from plugtune.store.records import Attempt, IllegalTransitionError, Job, NotFoundError, Plugin
@@ -25,7 +26,6 @@ from plugtune.web.views import job_out, log_out, summary_out, trajectory_out
 
 Row = TypeVar("Row", LogOut, TrajectorySummaryOut)
 
-MAX_QUEUE = 1000  # queued jobs given a position; later ones show none
 ENDED = ("succeeded", "failed", "cancelled")
 
 TRAJECTORY_LOG_LINES = 500  # shown with a trajectory; the Logs page pages through the rest
@@ -74,8 +74,7 @@ def job_list(store: Store, jobs: list[Job]) -> list[JobOut]:
 
 def queue_positions(store: Store) -> dict[int, int]:
     """Queued job id -> its place in the queue (1 runs next: the scheduler takes the oldest)."""
-    queued = store.list_jobs("queued", limit=MAX_QUEUE)
-    return {j.id: i + 1 for i, j in enumerate(reversed(queued))}
+    return control.queue_positions(store)
 
 
 def timing(job: Job, attempts: list[Attempt], now: float) -> tuple[float | None, float | None]:

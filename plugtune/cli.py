@@ -352,30 +352,39 @@ def jobs_list(
             f"plugtune: unknown status {status!r}; one of {', '.join(s.value for s in JobStatus)}", err=True
         )
         raise typer.Exit(2)
+    from plugtune.jobs.control import queue_positions
+
     with _opened_store() as (_, store):
         jobs = store.list_jobs(status or None, limit=limit)
+        places = queue_positions(store)
         if as_json:
-            _echo_json({"jobs": [j.to_dict() for j in jobs]})
+            _echo_json({"jobs": [{**j.to_dict(), "queue_position": places.get(j.id)} for j in jobs]})
             return
         for job in jobs:
             failure = f"  {job.error.type}: {job.error.cause}" if job.error else ""
+            place = f"  (#{places[job.id]} in the queue)" if job.id in places else ""
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(job.updated_at))
             steps = f"{job.steps_done:>4}/{job.steps_total:<4}"
-            typer.echo(f"{job.id:>5}  {job.status:<10} {steps} {when}  {job.name}{failure}")
+            typer.echo(f"{job.id:>5}  {job.status:<10} {steps} {when}  {job.name}{failure}{place}")
 
 
 @jobs_app.command("show")
 def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
     """Show a job: status, progress, the classified error with its hint, warnings (off-policy
     training, dropped policy tokens), attempts and plugins."""
+    from plugtune.jobs.control import queue_positions
+
     with _opened_store() as (_, store):
-        doc = _job_or_exit(store, job_id)
+        doc = {**_job_or_exit(store, job_id), "queue_position": queue_positions(store).get(job_id)}
         if as_json:
             _echo_json(doc)
             return
         typer.echo(
             f"job {doc['id']} {doc['name']}: {doc['status']} ({doc['steps_done']}/{doc['steps_total']} steps)"
         )
+        if doc["queue_position"] is not None:
+            ahead = doc["queue_position"] - 1
+            typer.echo(f"  #{doc['queue_position']} in the queue ({ahead} queued job(s) start before it)")
         if doc["error"]:
             _echo_error(doc["error"])
         if doc["next_retry_at"]:

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 import urllib.request
@@ -180,8 +181,16 @@ def test_new_job_page_shows_a_broken_job_yamls_problems_before_submit(
     before = _api(serve, "/api/jobs")["total"]
     page.goto(f"{serve}/jobs/new")
     folder = _project(tmp_path / "adder")
-    page.set_input_files("#project-folder", str(folder))
+    page.set_input_files("#spec-file", str(folder / "job.yaml"))  # alone: its paths are the server's
+    page.wait_for_selector('#validation-status[data-state="problems"]', timeout=CHECK_TIMEOUT_MS)
+    assert "entry: plugins/rollout.py:answer" in page.locator("#spec-text").input_value()
+    assert "data/train.jsonl" in page.locator("#problems").inner_text()
+    archive = tmp_path / "adder.tar.gz"
+    with tarfile.open(archive, "w:gz") as packed:
+        packed.add(folder, arcname="adder")
+    page.set_input_files("#project-archive", str(archive))
     page.wait_for_selector('#validation-status[data-state="ok"]', timeout=CHECK_TIMEOUT_MS)
+    assert "Archive adder.tar.gz" in page.locator("#project-summary").inner_text()
     page.fill("#spec-text", BROKEN)
     page.wait_for_selector('#validation-status[data-state="problems"]', timeout=CHECK_TIMEOUT_MS)
     rows = page.locator("#problems tbody tr")
@@ -277,3 +286,26 @@ def test_a_failure_banner_appears_live_when_the_event_stream_is_refused(
     assert page.locator("#job-status").inner_text() == "failed"
     assert page.locator("#failure-banner #retry-button").count() == 1
     page.problems[:] = [p for p in page.problems if "503" not in p]  # the refused stream is logged
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_new_job_page_fits_a_phone_in_dark_mode(serve: str, browser: Any, tmp_path: Path) -> None:
+    context = browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark")
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{serve}/jobs/new")
+        page.set_input_files("#project-folder", str(_project(tmp_path / "adder")))
+        page.wait_for_selector('#validation-status[data-state="ok"]', timeout=CHECK_TIMEOUT_MS)
+        page.fill("#spec-text", BROKEN)
+        page.wait_for_selector('#validation-status[data-state="problems"]', timeout=CHECK_TIMEOUT_MS)
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, f"/jobs/new is {wide} px wide at 390 px"
+        editor = page.locator("#spec-text").evaluate("t => getComputedStyle(t).backgroundColor")
+        assert editor == "rgb(28, 32, 41)"  # the dark palette's panel colour
+    finally:
+        context.close()
+    assert errors == []

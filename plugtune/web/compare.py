@@ -85,7 +85,7 @@ def parse_ids(raw: str | None) -> list[int]:
     parts = [p.strip() for p in (raw or "").split(",") if p.strip()]
     ids: list[int] = []
     for part in parts[:MAX_IDS_READ]:
-        if not part.isdigit() or len(part) > 19 or not 1 <= int(part) <= MAX_ID:
+        if not (part.isascii() and part.isdigit()) or len(part) > 19 or not 1 <= int(part) <= MAX_ID:
             raise BadParameter(
                 f"ids: {part[:40]!r} is not a job id; give job ids separated by commas, e.g. ids=3,7"
             )

@@ -146,6 +146,8 @@ def test_compare_of_a_missing_key_says_not_set(client: TestClient, store: Store,
         ("1,x", 400, "'x' is not a job id"),
         ("1,-2", 400, "'-2' is not a job id"),
         ("1,99999999999999999999", 400, "is not a job id"),
+        ("1,\u00b2", 400, "is not a job id"),  # a digit to str.isdigit, not to int()
+        ("1,\u0663", 400, "is not a job id"),  # an Arabic-Indic 3
         ("1,998,999", 404, "no job has id 998, 999"),
     ],
 )

@@ -66,6 +66,16 @@ QUERIES = [
     "/api/jobs?" + "&".join(f"k{i}=v" for i in range(200)),
     f"/jobs?page={10**30}",
     f"/jobs/{JOB}/trajectories?before=-3",
+    # The jobs list's search and the compare view.
+    "/api/jobs?q=" + "a" * 300,
+    "/jobs?q=" + "a" * 300,
+    "/jobs?cause=%00",
+    "/api/compare?ids=" + "1," * 3000,
+    "/api/compare?ids=%C2%B2,1",
+    "/api/compare?ids=1,2,3,4,5,6",
+    f"/api/compare?ids={JOB},{10**30}",
+    "/compare?ids=abc",
+    "/compare",
 ]
 JSON = {"content-type": "application/json"}
 WRITES = [

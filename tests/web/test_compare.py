@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from plugtune.jobs.control import create_job
+from plugtune.jobs.scheduler import run_job
+from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.types import MetricPoint
+from plugtune.web import create_app
 from plugtune.web.pages import JOBS_PER_PAGE
+from tests.jobs.jobkit import make_job
+from tests.web.conftest import BASE_URL
 from tests.web.seed import Seeded
 
 JSON = {"Accept": "application/json"}
@@ -166,3 +173,35 @@ def test_the_jobs_list_offers_compare_and_the_api_serves_it_in_openapi(client: T
     assert 'id="compare-form"' in page and 'action="/compare"' in page and 'data-max="5"' in page
     assert page.count('class="pick"') == 4
     assert "/api/compare" in client.get("/openapi.json").json()["paths"]
+
+
+@pytest.mark.slow
+def test_two_real_tiny_jobs_compare_by_what_their_trainer_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    monkeypatch.setenv("PLUGTUNE_HOME", str(state))
+    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", f"sqlite:///{state / 'plugtune.db'}")
+    settings = Settings.from_env()
+    real = Store.open(settings.database_url)
+    try:
+        ids = []
+        for name, lr in (("tiny-lr-a", 1e-3), ("tiny-lr-b", 5e-3)):
+            job_file = make_job(tmp_path / name, hyper={"learning_rate": lr})
+            job_id, invalid = create_job(real, job_file)
+            assert invalid is None, invalid
+            assert run_job(real, settings, job_id) == "succeeded"
+            ids.append(job_id)
+        client = TestClient(create_app(real), base_url=BASE_URL)
+        out = client.get("/api/compare", params={"ids": f"{ids[0]},{ids[1]}"}).json()
+    finally:
+        real.close()
+    for chart in out["charts"]:  # the trainer's metric names are the ones compare reads
+        assert [s["name"] for s in chart["series"]] == [f"#{ids[0]} tiny-lr-a", f"#{ids[1]} tiny-lr-b"], chart
+        assert all([p[0] for p in s["points"]] == [1.0, 2.0] for s in chart["series"]), chart
+    for timing in out["step_times"]:
+        assert timing["steps"] == 2 and timing["mean_s"] > 0 and timing["median_s"] > 0
+    diff = {row["key"]: row["values"] for row in out["config_diff"]}
+    assert diff["hyperparameters.learning_rate"] == ["0.001", "0.005"]
+    assert "plugins.rollout.entry" not in diff and "model" not in diff
+    assert [c["failed_calls"] for c in out["causes"]] == [0.0, 0.0]

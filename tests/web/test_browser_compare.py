@@ -179,9 +179,12 @@ def test_the_list_and_steps_done_refresh_without_a_reload(console: Console, page
     assert page.evaluate("window.__same_document") is True
     page.goto(f"{console.base}/jobs")  # queued jobs on it: it refreshes too, and shows new jobs
     page.evaluate("window.__same_document = true")
+    total = console.store.count_jobs()
+    assert page.locator(".pager .muted").inner_text() == f"page 1 of 2 · {total} jobs"
     fresh = store.create_job("arrived-while-watching", {"model": "tiny"})
     page.wait_for_selector(f'#jobs tbody tr[data-job="{fresh}"]', timeout=15_000)
     assert _ids(page)[0] == fresh and len(_ids(page)) == JOBS_PER_PAGE
+    assert page.locator(".pager .muted").inner_text() == f"page 1 of 2 · {total + 1} jobs"
     assert page.evaluate("window.__same_document") is True  # no reload happened
 
 
@@ -195,6 +198,10 @@ def test_a_searched_list_keeps_its_search_when_it_refreshes(console: Console, pa
     page.wait_for_function(f"document.querySelector('{cell}')?.textContent === '2 / 9'", timeout=15_000)
     assert _ids(page) == wanted  # the refresh asked the API for the same search
     assert page.locator(f'#jobs tr[data-job="{fresh}"]').count() == 0
+    console.store.update_job(wanted[-1], name="sweep-x00")  # it leaves this search (not the sweep)
+    page.wait_for_selector(f'#jobs tr[data-job="{wanted[-1]}"]', state="detached", timeout=15_000)
+    assert _ids(page) == wanted[:-1]
+    assert page.locator(".pager .muted").inner_text() == "page 1 of 1 · 9 jobs found"
 
 
 def test_compare_two_jobs_from_the_list_shows_both_curves_shares_times_and_the_config_diff(

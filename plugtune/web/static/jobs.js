@@ -92,9 +92,11 @@
     const shown = [...body.querySelectorAll("tr[data-job]")].map((tr) => Number(tr.dataset.job));
     const same = shown.length === items.length && items.every((job, i) => job.id === shown[i]);
     if (!same) {
-      if (!items.length) return; /* keep the "No jobs" row the server wrote */
       const chosen = picked();
-      body.replaceChildren(...items.map((job) => row(job, chosen)));
+      const empty = PT.el("tr", { class: "empty-row" }, [
+        PT.el("td", { colspan: 9, class: "muted", text: table.dataset.searched ? "No jobs match this search." : "No jobs." }),
+      ]);
+      body.replaceChildren(...(items.length ? items.map((job) => row(job, chosen)) : [empty]));
       return;
     }
     for (const job of items) {
@@ -118,7 +120,12 @@
       page: d.page, page_size: size,
     };
     try {
-      render(table, (await PT.api("/api/jobs", params)).items);
+      const answer = await PT.api("/api/jobs", params);
+      render(table, answer.items);
+      const label = document.querySelector(".pager .muted");
+      const pages = Math.max(1, Math.ceil(answer.total / size));
+      const noun = answer.total === 1 ? "job" : "jobs";
+      if (label) label.textContent = `page ${d.page} of ${pages} · ${answer.total} ${noun}${d.searched ? " found" : ""}`;
     } catch (err) {
       /* the server may be restarting: try again on the next tick */
     }

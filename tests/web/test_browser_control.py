@@ -31,7 +31,8 @@ from plugtune.store import Store
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job
 from tests.web.conftest import BASE_URL
-from tests.web.test_browser import ARGS, CHROMIUM, _free_port, _shot
+from tests.web.seed import seed
+from tests.web.test_browser import ARGS, CHROMIUM, _free_port, _serving, _shot
 
 needs_chromium = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium"
@@ -309,3 +310,30 @@ def test_new_job_page_fits_a_phone_in_dark_mode(serve: str, browser: Any, tmp_pa
     finally:
         context.close()
     assert errors == []
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_a_job_waiting_for_its_automatic_retry_is_cancelled_from_its_page(tmp_path: Path, page: Any) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
+    seeded = seed(store)
+    with _serving(create_app(store)) as base:
+        page.goto(f"{base}/jobs/{seeded.platform_job}")
+        _mark_loaded(page)
+        assert page.locator("#retry-countdown").is_visible() and page.locator("#cancel-button").is_visible()
+        page.once("dialog", lambda d: d.accept())
+        page.click("#cancel-button")
+        page.wait_for_function("document.getElementById('job-status').textContent === 'cancelled'")
+        page.wait_for_selector("#cancelled-panel")
+        _assert_not_reloaded(page)
+        assert page.locator("#retry-countdown").count() == 0  # no automatic retry is coming
+        assert page.locator("#retry-button").count() == 1 and page.locator("#cancel-button").is_hidden()
+        page.wait_for_timeout(2500)  # the last reads of the ended job
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.wait_for_timeout(5000)  # past the stream's 2 s reconnect delay
+        assert [u for u in requests if "/events" in u or "/api/" in u] == [], "still watching an ended job"
+        page.goto("about:blank")
+    job = store.get_job(seeded.platform_job)
+    assert job is not None and job.status == "cancelled" and job.next_retry_at is None
+    store.close()

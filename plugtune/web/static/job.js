@@ -149,7 +149,7 @@
         if (this.curvesTimer !== null) window.clearInterval(this.curvesTimer);
         this.curvesTimer = null;
         setText("live-state", "");
-        drawCurves(this.grid);
+        if (changed) drawCurves(this.grid); // its last points
       } else if (ACTIVE.includes(j.status)) {
         if (running) this.followCurves();
         $("failure-banner")?.remove(); // queued again (an automatic retry): the attempts table keeps the history
@@ -255,11 +255,14 @@
       this.panel.before(banner);
     }
 
+    // A job cancelled while the page was open (a retry-pending one keeps its banner, without the
+    // countdown to a retry that will not come).
     showCancelled(note) {
-      if ($("cancelled-panel") || $("retry-button")) return;
+      $("retry-countdown")?.remove();
+      if ($("cancelled-panel")) return;
       const panel = PT.el("section", { class: "panel", id: "cancelled-panel" }, [
         PT.el("span", { text: "This job was cancelled." }),
-        this.retryForm(note),
+        $("retry-button") ? null : this.retryForm(note),
       ]);
       this.panel.before(panel);
     }

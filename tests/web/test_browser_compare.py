@@ -242,6 +242,33 @@ def test_compare_two_jobs_from_the_list_shows_both_curves_shares_times_and_the_c
     _shot(page, "compare.png", full_page=True)
 
 
+def test_compare_of_a_running_job_draws_its_new_steps_without_a_reload(console: Console, page: Any) -> None:
+    running = console.seeded.running_job
+    page.goto(f"{console.base}/compare?ids={console.a},{running}")
+    page.wait_for_selector('#compare-charts[data-loaded="1"]')
+    assert page.locator("#compare-live").is_visible()
+    line = f'[data-chart="reward"] path.series[data-series="#{running} live"]'
+    before = page.locator(line).get_attribute("d")
+    console.store.add_metrics(running, [MetricPoint(time.time(), "", "reward/mean", 0.8, step=2)])
+    page.wait_for_function(
+        f"document.querySelector('{line}')?.getAttribute('d') !== {before!r}", timeout=15_000
+    )
+    assert page.locator(line).get_attribute("d").count("L") == 1  # steps 1 and 2
+
+
+def test_more_than_five_picked_jobs_cannot_be_compared(console: Console, page: Any) -> None:
+    page.goto(f"{console.base}/jobs?q=sweep-00")
+    boxes = page.locator("#jobs input.pick")
+    for i in range(6):
+        boxes.nth(i).check()
+    assert page.locator("#compare-button").is_disabled()
+    assert "6 picked: at most 5 can be compared" in page.locator("#compare-hint").inner_text()
+    boxes.nth(0).uncheck()
+    assert page.locator("#compare-button").is_enabled()
+    page.click("#compare-clear")
+    assert page.locator("#compare-button").is_disabled() and boxes.nth(1).is_checked() is False
+
+
 def test_compare_says_what_is_wrong_with_its_ids(console: Console, page: Any) -> None:
     answer = page.goto(f"{console.base}/compare?ids={console.a}")
     assert answer.status == 400

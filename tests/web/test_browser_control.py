@@ -213,6 +213,15 @@ def test_new_job_page_shows_a_broken_job_yamls_problems_before_submit(
     page.wait_for_selector('#validation-status[data-state="ok"]', timeout=CHECK_TIMEOUT_MS)
     assert page.locator("#problems").is_hidden()
     assert _api(serve, "/api/jobs")["total"] == before
+
+    page.fill("#spec-text", BROKEN)  # submitted anyway: recorded failed, as `plugtune submit` does
+    page.wait_for_selector('#validation-status[data-state="problems"]', timeout=CHECK_TIMEOUT_MS)
+    page.click("#submit-job")
+    page.wait_for_selector("#submit-status a", timeout=CHECK_TIMEOUT_MS)
+    assert page.url == f"{serve}/jobs/new"  # the page stays, with the problems
+    recorded = int(page.locator("#submit-status a").get_attribute("href").rsplit("/", 1)[1])
+    assert _api(serve, f"/api/jobs/{recorded}")["job"]["status"] == "failed"
+    assert page.locator("#problems tbody tr").count() >= 2
     page.problems[:] = [p for p in page.problems if "status of 422" not in p]  # the browser logs each 422
 
 

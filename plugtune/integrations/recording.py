@@ -15,7 +15,9 @@ ends with. Nothing here imports an engine.
 
 A call that fails raises ``PluginCallError`` when the policy drops the sample (the adapter scores
 it ``None`` / masks it), and ``PluginCallError`` too, after ``fail()`` recorded it, when the policy
-fails the job (``run.stopped`` then holds the error). Under ``plugtune run`` (``trainer:`` an
+fails the job (``run.stopped`` then holds the error). ``flush(step)`` applies the job's
+``circuit_breaker`` to the step's calls as a native job does: when most of them failed it fails
+the run and raises the classified error (cause: the dominant one). Under ``plugtune run`` (``trainer:`` an
 engine) the attempt process owns the job's lifecycle: pass ``job_id=`` and ``close()`` leaves
 the job's status to the attempt.
 """
@@ -35,11 +37,12 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from plugtune.errors import PluginCallError
-from plugtune.jobs.caller import JobStop, PolicyCaller
+from plugtune.errors import Cause, PluginCallError, StatusCause
+from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.plugins import Drain, JobFunction, deploy_all, record_deployed
-from plugtune.jobs.spec import FailurePolicy
+from plugtune.jobs.retry_policy import breaker
+from plugtune.jobs.spec import CircuitBreaker, FailurePolicy
 from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.runtime.runtime import BaseRuntime, LocalRuntime
 from plugtune.sdk import Context, Kind
@@ -177,16 +180,41 @@ class EngineRun:
         )
 
     def flush(self, step: int | None = None) -> None:
-        """Write plugin logs and resource metrics so far (and ``step``'s call counts); durable on return."""
+        """Write plugin logs and resource metrics so far (and ``step``'s call counts); durable on
+        return. With ``step``, the circuit breaker may then fail the run (raises its error)."""
+        counts = None
         if step is not None:
             counts = self.caller.take_counts(step)
             failed = float(sum(counts.errors.values()))
-            self.add_metrics(step, {FAILED_CALLS: failed, CALLS: float(counts.calls)})
+            by_cause = {f"{FAILED_CALLS}/{c}": float(n) for c, n in counts.errors.items()}
+            self.add_metrics(step, {FAILED_CALLS: failed, CALLS: float(counts.calls), **by_cause})
             self.store.update_job(self.job_id, steps_done=step)
         logs, points = self._drain.take()
         self._writer.add_logs(logs)
         self._writer.add_metrics(points)
         self._writer.flush()
+        if counts is not None:
+            self._check_breaker(counts)
+
+    def _check_breaker(self, counts: StepCounts) -> None:
+        config = self.job.spec.circuit_breaker if self.job is not None else CircuitBreaker()
+        decision = breaker(counts.calls, dict(counts.errors), config)
+        if not decision.trip:
+            return
+        causes: dict[str, Cause | StatusCause] = {c.value: c for c in (*Cause, *StatusCause)}
+        cause = causes.get(decision.dominant_cause or "", Cause.ERROR_500)
+        example = counts.examples.get(cause.value)
+        error = PluginCallError(
+            cause,
+            decision.message + (f" First one: {example.message}" if example else ""),
+            plugin=example.plugin if example else counts.worst_plugin,
+            call_id=example.call_id if example else "",
+            trajectory_id=example.trajectory_id if example else "",
+            traceback=example.traceback if example else "",
+            code_hash=example.code_hash if example else "",
+        )
+        self.fail(error, reason="circuit breaker")
+        raise error
 
     def fail(self, error: BaseException, *, reason: str = "") -> None:
         """Record ``error`` as the way this run ends (the first one recorded wins)."""

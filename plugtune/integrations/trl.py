@@ -166,7 +166,11 @@ class TRLRun:
                 for i, (e, c) in enumerate(zip(episodes, components, strict=True))
             ]
         )
-        self.run.flush(step)
+        try:
+            self.run.flush(step)
+        except PluginCallError:  # the circuit breaker tripped: the run ends with its error
+            self.close()
+            raise
         return {name: [c.get(name) for c in components] for name in weights}
 
     def _episode_for(

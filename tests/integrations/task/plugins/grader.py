@@ -1,6 +1,8 @@
-"""Graders for the TRL tests: exact match, and one that crashes on rows marked ``crash``."""
+"""Graders for the TRL tests: exact match, and one that crashes on marked rows (or dies once: ``flaky``)."""
 
 from __future__ import annotations
+
+import os
 
 from plugtune import Context, Sample, Trajectory, grader
 
@@ -15,6 +17,8 @@ def exact_match(ctx: Context, sample: Sample, trajectory: Trajectory) -> float |
 
 @grader
 def picky(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    if sample.extra.get("flaky") and ctx.attempt == 1:
+        os._exit(3)  # the instance dies mid-call (EOF); a retry runs on a fresh one
     if sample.extra.get("crash") or sample.extra.get("crash_at_step") == ctx.step:
         raise ValueError(f"picky cannot score row {sample.index} at step {ctx.step}")
     ctx.logger.info("picky scored %d characters", len(trajectory.completion))

@@ -13,6 +13,8 @@ def calculator(question: str) -> str:
 @rollout
 async def with_tool(ctx: Context, policy: Policy, sample: Sample) -> RolloutResult | None:
     question = sample.messages[-1]["content"]
+    if sample.extra.get("rollout_crash"):
+        raise RuntimeError(f"the rollout cannot start row {sample.index}")
     first = await policy.achat(sample.messages, max_tokens=sample.sampling.max_tokens)
     result = calculator(question)
     messages = [

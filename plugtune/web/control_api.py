@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
 from plugtune.errors import DataError, Problem
@@ -109,8 +110,12 @@ async def submit_job(
 async def _read_form(request: Request) -> tuple[str | None, tuple[str, bytes] | None, list[Upload]]:
     try:
         form = await request.form(max_files=MAX_FILES + 2, max_fields=16)
-    except MultiPartException as exc:
-        raise BadParameter(f"the multipart body cannot be read: {exc.message}") from None
+    except (MultiPartException, HTTPException) as exc:  # starlette turns the first into the second
+        reason = exc.message if isinstance(exc, MultiPartException) else exc.detail
+        raise BadParameter(
+            f"the multipart body cannot be read ({reason}): send 'spec' (job.yaml's text, at most 1 MiB as a "
+            f"field, or as a file part), 'project' and up to {MAX_FILES} 'project_files' parts"
+        ) from None
     spec = form.get("spec")
     text: str | None
     if isinstance(spec, UploadFile):

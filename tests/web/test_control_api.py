@@ -249,6 +249,19 @@ def test_an_upload_over_the_limit_is_a_413_naming_it_and_other_routes_keep_1_mib
     assert two_mib.status_code == 413 and "1 MiB" in two_mib.json()["detail"]
 
 
+def test_an_unreadable_multipart_body_is_a_400_saying_what_to_send(api: TestClient) -> None:
+    huge = api.post(
+        "/api/jobs", data={"spec": "x: " + "a" * (2 << 20)}, files={"u": ("u", b"", "text/plain")}
+    )
+    assert huge.status_code == 400
+    assert "cannot be read (Part exceeded maximum size" in huge.json()["detail"]
+    assert "as a file part" in huge.json()["detail"]
+    as_file = api.post(
+        "/api/jobs?dry_run=true", files={"spec": ("job.yaml", b"x: " + b"a" * (2 << 20), "text/yaml")}
+    )
+    assert as_file.status_code == 422  # read as job.yaml, judged by validation
+
+
 def test_wrong_content_types_are_clear(api: TestClient) -> None:
     as_json = api.post("/api/jobs", json={"spec": "name: x"})
     assert as_json.status_code == 400 and "application/x-yaml" in as_json.json()["detail"]

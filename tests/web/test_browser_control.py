@@ -1,7 +1,9 @@
 """The console as a control plane, in a real headless Chromium against a real ``plugtune serve``
 (its scheduler runs the jobs): create a job from the New job page, watch it run to the end without a
 reload, cancel a running one from its page, see a broken job.yaml's problems before submitting, and
-a failure's banner appear live when the event stream is refused (the page polls instead).
+a failure's banner appear live when the event stream is refused (the page polls instead). The pages
+run under the console's own Content-Security-Policy (a violation is a console error, which fails the
+test).
 
 ``PLUGTUNE_SCREENSHOTS=docs/screenshots pytest tests/web/test_browser_control.py`` writes the README's
 screenshots of the New job page and of a running job.
@@ -97,8 +99,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    # bypass_csp only so that wait_for_function can evaluate; the pages' own JS is all in static/.
-    context = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True)
+    # Under the console's own CSP (no inline script, no eval): waits use selectors, not wait_for_function.
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
     opened = context.new_page()
     opened.set_default_timeout(15_000)
     problems: list[str] = []
@@ -132,6 +134,10 @@ def _create_from_page(page: Any, base: str, folder: Path) -> int:
     page.click("#submit-job")
     page.wait_for_url(re.compile(r".*/jobs/\d+$"), timeout=30_000)
     return int(page.url.rsplit("/", 1)[1])
+
+
+def _wait_status(page: Any, status: str, timeout: int) -> None:
+    page.wait_for_selector(f'#job-status:text-is("{status}")', timeout=timeout)
 
 
 def _mark_loaded(page: Any) -> None:
@@ -233,19 +239,13 @@ def test_a_job_created_from_the_page_runs_to_the_end_without_reload(
 ) -> None:
     job = _create_from_page(page, serve, _project(tmp_path / "adder", steps=4))
     _mark_loaded(page)
-    page.wait_for_function(
-        "document.getElementById('job-status').textContent === 'running'", timeout=JOB_TIMEOUT_MS
-    )
-    page.wait_for_function(
-        "Number(document.getElementById('job-progress').value) >= 2", timeout=JOB_TIMEOUT_MS
-    )
+    _wait_status(page, "running", JOB_TIMEOUT_MS)
+    page.wait_for_selector('#steps-done:text-matches("^[234] / 4$")', timeout=JOB_TIMEOUT_MS)
     assert page.locator("#job-eta").is_visible()
     page.wait_for_selector('#curves [data-chart="loss"] svg path.series', state="attached")
     assert "first run" in page.locator("#attempts tbody").inner_text()  # the attempt started after load
     _shot(page, "job-live.png", full_page=True)
-    page.wait_for_function(
-        "document.getElementById('job-status').textContent === 'succeeded'", timeout=JOB_TIMEOUT_MS
-    )
+    _wait_status(page, "succeeded", JOB_TIMEOUT_MS)
     _assert_not_reloaded(page)
     assert page.locator("#steps-done").inner_text() == "4 / 4"
     assert page.locator("#job-progress").evaluate("p => [p.value, p.max]") == [4, 4]
@@ -261,15 +261,11 @@ def test_a_job_created_from_the_page_runs_to_the_end_without_reload(
 def test_a_running_job_is_cancelled_from_its_page(serve: str, page: Any, tmp_path: Path) -> None:
     job = _create_from_page(page, serve, _project(tmp_path / "long", steps=200))
     _mark_loaded(page)
-    page.wait_for_function(
-        "document.getElementById('job-status').textContent === 'running'", timeout=JOB_TIMEOUT_MS
-    )
+    _wait_status(page, "running", JOB_TIMEOUT_MS)
     asked: list[str] = []
     page.once("dialog", lambda d: (asked.append(d.message), d.accept()))
     page.click("#cancel-button")
-    page.wait_for_function(
-        "document.getElementById('job-status').textContent === 'cancelled'", timeout=60_000
-    )
+    _wait_status(page, "cancelled", 60_000)
     _assert_not_reloaded(page)
     assert asked and f"Cancel job {job}?" in asked[0]
     assert page.locator("#cancel-result").inner_text().strip()
@@ -332,7 +328,7 @@ def test_a_job_waiting_for_its_automatic_retry_is_cancelled_from_its_page(tmp_pa
         assert page.locator("#retry-countdown").is_visible() and page.locator("#cancel-button").is_visible()
         page.once("dialog", lambda d: d.accept())
         page.click("#cancel-button")
-        page.wait_for_function("document.getElementById('job-status').textContent === 'cancelled'")
+        _wait_status(page, "cancelled", 15_000)
         page.wait_for_selector("#cancelled-panel")
         _assert_not_reloaded(page)
         assert page.locator("#retry-countdown").count() == 0  # no automatic retry is coming

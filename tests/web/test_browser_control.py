@@ -342,3 +342,33 @@ def test_a_job_waiting_for_its_automatic_retry_is_cancelled_from_its_page(tmp_pa
     job = store.get_job(seeded.platform_job)
     assert job is not None and job.status == "cancelled" and job.next_retry_at is None
     store.close()
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_job_page_reconnects_when_its_event_stream_drops(tmp_path: Path, page: Any) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
+    seeded = seed(store)
+    streams: list[str] = []
+
+    def drop_the_first(route: Any) -> None:
+        streams.append(route.request.url)
+        if len(streams) == 1:
+            route.abort("connectionreset")
+        else:
+            route.continue_()
+
+    page.route("**/api/jobs/*/events", drop_the_first)
+    with _serving(create_app(store)) as base:
+        page.goto(f"{base}/jobs/{seeded.running_job}")
+        _mark_loaded(page)
+        page.wait_for_selector('#live-state:text-is("live")', timeout=30_000)  # the second stream
+        store.update_job(seeded.running_job, steps_done=1)
+        page.wait_for_selector('#steps-done:text-is("1")', timeout=15_000)
+        store.transition(seeded.running_job, "succeeded")
+        _wait_status(page, "succeeded", 15_000)
+        _assert_not_reloaded(page)
+        assert len(streams) == 2, streams
+        page.goto("about:blank")
+    page.problems[:] = [p for p in page.problems if "ERR_CONNECTION_RESET" not in p]
+    store.close()

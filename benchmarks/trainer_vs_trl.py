@@ -407,6 +407,13 @@ def table(runs: dict[int, list[Run]], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def progress(run: Run, threads: int) -> None:
+    """One line per round on stderr as it ends (a run stopped early still says what it measured)."""
+    steps = ", ".join(f"{t:.2f}" for t in run.step_s)
+    line = f"round: {run.name}, {threads} thread(s): s/step {steps}; load {run.load}"
+    print(line, file=sys.stderr, flush=True)
+
+
 def apply_model_shape(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """``--model-shape real``: the real-shape model (written if missing) and its smaller defaults,
     where the command line did not set them (the TRL process gets the same argv, so the same)."""
@@ -485,6 +492,13 @@ def main() -> None:
         "(12 x 768, vocab 32k), built by scripts/make_real_shape_model.py on first use; its defaults "
         "are --rounds 2 --steps 2 --threads 2",
     )
+    parser.add_argument(
+        "--trl-checkpointing",
+        choices=["both", "on", "off"],
+        default="both",
+        help="TRL runs with gradient checkpointing on (its default), off, or both (default); one halves "
+        "the TRL time of a run (a step of the real shape takes minutes on a loaded machine)",
+    )
     parser.add_argument("--profile", action="store_true", help="profile one plugtune step; no TRL")
     parser.add_argument("--serve-trl", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -503,17 +517,18 @@ def main() -> None:
     trl = TRLProcess(sys.argv[1:])
     torch.set_num_threads(thread_counts[0])
     ours = PlugtuneBench(args, rows)
-    runs = {t: [Run("", [], [], []) for _ in range(3)] for t in thread_counts}
+    checkpointing = {"both": [True, False], "on": [True], "off": [False]}[args.trl_checkpointing]
+    runs = {t: [Run("", [], [], []) for _ in range(1 + len(checkpointing))] for t in thread_counts}
     started_load = os.getloadavg()
     try:
         for _ in range(args.rounds):
             for threads in thread_counts:
                 torch.set_num_threads(threads)
-                results = [
-                    ours.round(),
-                    trl.run(threads, checkpointing=True),
-                    trl.run(threads, checkpointing=False),
-                ]
+                results = [ours.round()]
+                progress(results[-1], threads)
+                for on in checkpointing:
+                    results.append(trl.run(threads, checkpointing=on))
+                    progress(results[-1], threads)
                 for total, result in zip(runs[threads], results, strict=True):
                     total.name = result.name
                     total.extend(result)

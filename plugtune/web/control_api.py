@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
-from plugtune.errors import DataError, Problem
+from plugtune.errors import HINTS, DataError, ErrorType, Problem
 from plugtune.jobs.control import check_job, create_job, delete_job, request_cancel
 from plugtune.jobs.submission import (
     MAX_FILES,
@@ -209,12 +209,18 @@ def _problems(invalid: DataError, folder: Path, job_id: int | None) -> JSONRespo
 
 
 def _problem(problem: Problem, folder: Path, hint: str) -> ProblemOut:
+    """The problem with paths inside the submission shown relative to it (the server's folders are
+    no business of the submitter); a problem at a line is a value to fix there, and says so."""
     file = problem.file
     try:
         file = Path(file).resolve().relative_to(folder.resolve()).as_posix()
     except ValueError:
         pass  # outside the submission (a path on the server): shown as it is
-    return ProblemOut(file=file, line=problem.line, field=problem.field, message=problem.message, hint=hint)
+    inside = f"{folder.resolve()}/"
+    message = problem.message.replace(inside, "").replace(f"{folder}/", "")
+    if problem.line is not None and hint:
+        hint = HINTS[ErrorType.INVALID_VALUE]
+    return ProblemOut(file=file, line=problem.line, field=problem.field or None, message=message, hint=hint)
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=CancelOut)

@@ -148,9 +148,19 @@ def test_validation_problems_name_file_line_and_field_and_record_the_job_failed(
     assert bad_row and bad_row[0]["message"] and bad_row[0]["hint"], body
     steps = next(p for p in body["problems"] if p["field"] == "hyperparameters.steps")
     assert steps["line"] == spec.splitlines().index("  steps: -3") + 1
+    assert steps["hint"].startswith("A value in job.yaml or the dataset is invalid")
+    assert "submissions" not in json.dumps(body)  # the server's folders are not shown
     job = db.get_job(body["job_id"])
     assert job is not None and job.status == "failed" and job.error is not None
     assert job.error.type in ("Invalid value", "Invalid data") and str(body["job_id"]) in body["detail"]
+
+
+def test_a_missing_data_file_is_named_inside_the_project(api: TestClient, project: Path) -> None:
+    (project / "data" / "train.jsonl").unlink()
+    body = _post(api, (project / "job.yaml").read_text(), pack(project), dry_run=True).json()
+    missing = [p for p in body["problems"] if p["file"] == "data/train.jsonl"]
+    assert missing and "job.yaml:" in missing[0]["message"], body
+    assert "submissions" not in json.dumps(body) and missing[0]["hint"].startswith("A data file is missing")
 
 
 def test_job_yaml_comes_from_the_archive_when_no_spec_is_sent(api: TestClient, project: Path) -> None:

@@ -15,9 +15,10 @@ process with it.
 Every trainer runs at each torch intra-op thread count of ``--threads`` (default 1 and 2: a model
 this small is not always faster on more threads, and a shared machine's load moves the answer),
 in interleaved rounds. TRL runs with its defaults (gradient checkpointing on) and with
-checkpointing off. plugtune's gateway decodes on one intra-op thread of its own for the demo model and on the
-count measured for the real-shape one (its default, by the model's size), the trainer on the count
-measured. The headline divides plugtune's best tokens/s by the fastest TRL
+checkpointing off (``--trl-checkpointing``). plugtune's gateway decodes on one intra-op thread of
+its own for the demo model and, for the real-shape one, each batch on the count measured or on
+one, whichever its first decode steps find faster (its default, by the model's size); the trainer
+on the count measured. The headline divides plugtune's best tokens/s by the fastest TRL
 run over both TRL configurations and all thread counts.
 
 Prints seconds per step and sampled tokens per second of each (warm-up steps excluded) and the

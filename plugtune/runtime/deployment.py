@@ -271,6 +271,8 @@ class LocalDeployment:
             if instance.limits.remove():
                 break
             await asyncio.sleep(0.02)
+        else:  # a process in it is slow to die (a busy host): housekeeping tries again
+            self.backend.unremoved.append(instance.limits)
         self._release(instance)
         self.launcher.forget(instance.id)
         if instance.tmp_dir is not None:
@@ -546,6 +548,7 @@ class LocalDeployment:
                 last_idle_check = now
                 self._scale_down_idle(now)
                 self._keep_minimum()
+                self.backend.retry_removals()
 
     def _scale_down_idle(self, now: float) -> None:
         if self.spare is not None and now - self.last_scale_up > self.backend.idle_timeout_s:

@@ -209,6 +209,10 @@ class Instance:
         pending = self.pending.pop(call_id, None)
         self._settled(call_id)
         if pending is None or pending.future.done():
+            if KINDS.get(kind) in RECYCLED or self.hit_pids():
+                # A call already answered (its deadline passed) hit a limit afterwards: its stray
+                # processes or full temp space stay here, so this instance serves no other call.
+                self.retire_when_idle("a call past its deadline then hit its pids or disk limit")
             return
         happened = KINDS.get(kind, Happened.RAISED)
         if happened is Happened.RAISED and self.hit_pids():
@@ -270,6 +274,16 @@ class Instance:
         self.limits.kill_all()
         if self.transport is not None:
             self.transport.close()
+
+    def retire_when_idle(self, reason: str) -> None:
+        """Route no more calls here; kill it once the calls it still runs have been answered."""
+        self.draining = True
+        if self.ended:
+            return
+        if self.in_flight == 0:
+            self.kill(reason)
+        else:
+            self.loop.call_later(0.05, self.retire_when_idle, reason)
 
     async def on_connection_lost(self) -> None:
         if self.ended:

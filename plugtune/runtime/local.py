@@ -10,7 +10,7 @@ import psutil
 from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.bridge import PolicyBridge, network_problem
 from plugtune.runtime.deployment import LocalDeployment
-from plugtune.runtime.limits import Limits
+from plugtune.runtime.limits import InstanceLimits, Limits
 from plugtune.runtime.monitor import ProcessTable
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
 from plugtune.runtime.sandbox import Sandbox, requested_tmp_mb
@@ -58,6 +58,7 @@ class LocalBackend:
         self.isolation = self.sandbox.isolation
         self.functions = itertools.count(1)
         self.processes = ProcessTable()  # the process watch's view, where no pids cgroup counts
+        self.unremoved: list[InstanceLimits] = []  # cgroups of ended instances still holding a process
 
     async def deploy(self, request: DeployRequest) -> LocalDeployment:
         config = self.sandboxed(request)
@@ -154,7 +155,17 @@ class LocalBackend:
     def next_instance_id(self) -> str:
         return f"i{next(self.ids)}"
 
+    def retry_removals(self) -> None:
+        """Kill what is left in ended instances' cgroups and remove them (called by housekeeping)."""
+        left = []
+        for limits in self.unremoved:
+            limits.kill_all()
+            if not limits.remove():
+                left.append(limits)
+        self.unremoved = left
+
     async def close(self) -> None:
+        self.retry_removals()
         self.limits.close()
         self.sandbox.close()
 

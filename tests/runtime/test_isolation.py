@@ -190,6 +190,39 @@ async def test_a_call_arriving_just_as_a_limit_is_answered_is_not_sent_to_that_i
     assert after.value == 1.0 and after.instance_id != hit.id
 
 
+@AS_ROOT
+async def test_a_limit_hit_after_the_deadline_retires_the_instance() -> None:
+    """An async call blocked past its deadline (Timeout), then forked until refused: the late answer
+    cancelled the recycle, so the instance went on serving with its pids cgroup full."""
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(entry("isolation.py", "late_fork_bomb"))
+        (bombed,) = fn.deployment.instances  # type: ignore[attr-defined]
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx("bomb"), sample(bomb=True), trajectory(tid="bomb"))
+        assert info.value.cause == Cause.TIMEOUT.value, info.value
+        assert await turns_until(lambda: bombed.draining or bombed.ended, within_s=10)
+        assert await turns_until(lambda: bombed.ended, within_s=10), "the bombed instance still runs"
+        after = await fn.invoke(ctx("after"), sample(), trajectory(tid="after"))
+    assert after.value == 1.0 and after.instance_id != bombed.id
+
+
+async def test_an_instance_cgroup_left_busy_is_removed_once_its_last_process_ends() -> None:
+    """A process that outlives the instance's kill (here: one only the pids hierarchy holds, as a
+    busy host's slow-dying process does) kept the cgroup until the runtime closed."""
+    async with LocalRuntime() as rt:
+        limits = rt.backend.limits  # type: ignore[union-attr]
+        if limits.mechanism != "cgroup-v1" or "pids" not in getattr(limits, "roots", {}):
+            pytest.skip("needs a cgroup v1 pids hierarchy of its own")
+        fn = await rt.deploy(entry("isolation.py", "environment"), runtime={"min_instances": 1})
+        (instance,) = fn.deployment.instances  # type: ignore[attr-defined]
+        held = instance.limits.pids_dir
+        stray = await asyncio.create_subprocess_exec("sleep", "2")
+        (held / "cgroup.procs").write_text(str(stray.pid))
+        await fn.deployment.kill()  # type: ignore[attr-defined]
+        await stray.wait()  # the stray ends 2 s later, long after the instance's cleanup gave up
+        assert await turns_until(lambda: not held.exists(), within_s=10), f"{held} is still there"
+
+
 def _processes_of(uid: int) -> list[psutil.Process]:
     """The uid's live processes, once its killed ones have been reaped (bounded wait)."""
     for _ in range(250):

@@ -7,7 +7,6 @@ import io
 import json
 import tarfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,9 @@ def home(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def db(home: Path) -> Iterator[Store]:
-    opened = Store.open(f"sqlite:///{home / 'plugtune.db'}", retention_days=7)
-    yield opened
-    opened.close()
+def db(store: Store) -> Store:
+    """The web tests' store: SQLite in a temp dir, and PostgreSQL (a fresh schema) when reachable."""
+    return store
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from plugtune.errors import Cause, PluginCallError, StatusCause
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evaluate import build_evaluator, is_eval_step
-from plugtune.jobs.evidence import failed_record, stopped_records
+from plugtune.jobs.evidence import stopped_records
 from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed, record_waiting
 from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.jobs.retry_policy import breaker
@@ -92,24 +92,25 @@ def _classified(exc: BaseException) -> dict[str, Any]:
 
 
 async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
-    # Once the loop runs, SIGTERM cancels this task: the step in progress keeps its trajectories.
+    job = validate_job(spec["job_file"], base_dir=spec.get("base_dir"))
+    if job.spec.trainer != "plugtune":  # an engine's trainer, with the job's plugins in the runtime
+        _train_with_engine(store, settings, job_id, job)  # sync: SIGTERM still raises Cancelled in it
+        return
+    # From here SIGTERM cancels this task instead, at its next await: the step in progress is
+    # stopped in order and keeps its trajectories.
     loop, task = asyncio.get_running_loop(), asyncio.current_task()
     if task is not None:
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
-        await _run_attempt(store, settings, job_id, spec)
+        await _run_plugtune(store, settings, job_id, job)
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-async def _run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
+async def _run_plugtune(store: Store, settings: Settings, job_id: int, job: ValidatedJob) -> None:
     from plugtune.runtime import Quota, runtime_for
 
-    job = validate_job(spec["job_file"], base_dir=spec.get("base_dir"))
-    if job.spec.trainer != "plugtune":  # an engine's trainer, with the job's plugins in the runtime
-        _train_with_engine(store, settings, job_id, job)
-        return
     rows = read_dataset(job.train_path)
     quota = Quota(
         max_functions=settings.max_functions,
@@ -295,9 +296,11 @@ class _Loop:
         writer = self.writer
         try:
             result = await evaluator.run(step, self.trainer.step_count)
-        except JobStop as stop:
-            writer.add_trajectories(failed_record(stop, self.gateway, step))
-            writer.add_metrics(_call_points(step, self.caller.take_counts(step), prefix="eval/"))
+        except BaseException as exc:  # every trajectory of the stopped evaluation is kept
+            stopped = stopped_records(evaluator.take_stopped(), exc)
+            writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in stopped])
+            if isinstance(exc, JobStop):
+                writer.add_metrics(_call_points(step, self.caller.take_counts(step), prefix="eval/"))
             writer.flush()
             raise
         counts = self.caller.take_counts(step)

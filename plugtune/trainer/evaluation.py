@@ -13,7 +13,7 @@ mean, never scored 0; so is a row with fewer than ``k`` scored samples from pass
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -116,14 +116,45 @@ class Evaluator:
         self.sampled = GroupRunner(
             sampled, plugins, caller, job_id, phase="eval", group_prefix=SAMPLED_PREFIX
         )
+        self._finished: list[TrajectoryRecord] = []  # of an evaluation that was stopped
+
+    def take_stopped(self) -> list[TrajectoryRecord]:
+        """Every trajectory of evaluations stopped since the last call, finished or not (as
+        ``GRPOTrainer.take_stopped``)."""
+        stopped = [*self._finished, *self.greedy.stopped, *self.sampled.stopped]
+        self._finished, self.greedy.stopped, self.sampled.stopped = [], [], []
+        return stopped
 
     async def run(self, step: int, policy_version: int) -> EvalResult:
         """Evaluate every row (``rows_at_once`` rows' trajectories in flight at a time)."""
+        greedy: list[TrajectoryRecord] = []
+        sampled: list[list[TrajectoryRecord]] = []
+        finished: list[TrajectoryRecord] = []
+
+        async def kept(run: Awaitable[list[TrajectoryRecord]]) -> list[TrajectoryRecord]:
+            records = await run
+            finished.extend(records)  # kept should a sibling stop the evaluation
+            return records
+
+        try:
+            await self._rows(step, policy_version, greedy, sampled, kept)
+        except BaseException:
+            self._finished += finished
+            raise
+        records = [*greedy, *(r for row in sampled for r in row)]
+        return EvalResult(step=step, metrics=eval_metrics(greedy, sampled, self.settings), records=records)
+
+    async def _rows(
+        self,
+        step: int,
+        policy_version: int,
+        greedy: list[TrajectoryRecord],
+        sampled: list[list[TrajectoryRecord]],
+        kept: Callable[[Awaitable[list[TrajectoryRecord]]], Awaitable[list[TrajectoryRecord]]],
+    ) -> None:
         s = self.settings
         greedy_sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=s.max_new_tokens)
         sampled_sampling = Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens)
-        greedy: list[TrajectoryRecord] = []
-        sampled: list[list[TrajectoryRecord]] = []
         for at in range(0, len(self.rows), self.rows_at_once):
             chunk = list(enumerate(self.rows))[at : at + self.rows_at_once]
             runs = [
@@ -134,11 +165,9 @@ class Evaluator:
                     self.sampled.run(step, _sample(i, row, sampled_sampling), s.samples, policy_version)
                     for i, row in chunk
                 ]
-            groups = await gather_or_cancel(runs)
+            groups = await gather_or_cancel([kept(r) for r in runs])
             greedy += [g[0] for g in groups[: len(chunk)]]
             sampled += groups[len(chunk) :]
-        records = [*greedy, *(r for row in sampled for r in row)]
-        return EvalResult(step=step, metrics=eval_metrics(greedy, sampled, s), records=records)
 
 
 def _sample(index: int, row: dict[str, Any], sampling: Sampling) -> Sample:

@@ -168,3 +168,38 @@ def test_no_plugin_stays_running_after_its_attempt_process_is_killed(
     assert job is not None and job.error is not None and job.error.type == "internal error"
     plugins = store.list_plugins(job_id)
     assert {p.status for p in plugins} == {"completed"} and all(p.ended_at for p in plugins)
+
+
+EVAL_VERDICT = f"""
+import time
+from plugtune import RolloutResult, Status, rollout
+
+@rollout
+def answer(ctx, policy, sample):
+    policy.chat(sample.messages, max_tokens=2)
+    ctx.logger.info("rolled out %s", ctx.trajectory_id)
+    if ctx.phase == "eval" and sample.index == 0 and ctx.rollout_index == 0:
+        return RolloutResult(status=Status.FAILURE, reason="{REASON}")
+    if ctx.phase == "eval":
+        time.sleep(30)
+"""
+
+
+def test_an_evaluation_that_stops_the_job_keeps_every_trajectory_of_it(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    from tests.jobs.test_eval_job import _eval_job
+
+    job_id, _ = create_job(store, _eval_job(tmp_path / "evalstop", rollout=EVAL_VERDICT))
+    assert run_job(store, home, job_id) == "failed"
+    job = store.get_job(job_id)
+    assert job is not None and job.error is not None and job.error.cause == "Status failure"
+    rows = {t.trajectory_id: t for t in store.trajectories(job_id, phase="eval", limit=100)}
+    # rows 0 and 1 were in flight (batch_size rows at a time), each one greedy reply and three
+    # sampled; row 2 never started, so it has neither trajectories nor log lines
+    assert len(rows) == 2 * (1 + 3) and {t.sample_index for t in rows.values()} == {0, 1}
+    assert _log_trajectories(store, job_id) <= set(rows)
+    assert all(t.discard_reason.startswith("its evaluation after step 0 was stopped") for t in rows.values())
+    records = store.trajectory_records(job_id, list(rows))
+    assert any([e.cause for e in r.errors] == ["Status failure"] for r in records)
+    assert all(r.errors and r.stop_reason == "job stopped" for r in records)

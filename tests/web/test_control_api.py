@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -413,3 +415,46 @@ def test_the_jobs_list_filters_by_name_status_and_cause_with_limit_offset_and_to
     assert [j["queue_position"] for j in queued] == [3, 2, 1]  # the oldest runs next
     assert api.get("/api/jobs?status=bogus").status_code == 400
     assert api.get("/api/jobs?limit=0").status_code == 422
+
+
+def test_events_follow_a_live_job_with_keepalives_and_a_bounded_stream(
+    api: TestClient, db: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugtune.web import control_api
+
+    monkeypatch.setattr(control_api, "KEEPALIVE_S", 0.3)
+    ahead, job_id = db.create_job("ahead", {}), db.create_job("live", {})
+    db.update_job(job_id, steps_total=2)
+
+    def drive() -> None:
+        for change in (
+            lambda: db.transition(ahead, "cancelled"),
+            lambda: db.transition(job_id, "running"),
+            lambda: db.update_job(job_id, steps_done=1),
+            lambda: db.update_job(job_id, steps_done=2),
+            lambda: db.transition(job_id, "succeeded"),
+        ):
+            time.sleep(1.2)
+            change()
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    with api.stream("GET", f"/api/jobs/{job_id}/events") as answer:
+        text = "".join(answer.iter_text())
+    driver.join()
+    seen = [(d["status"], d["steps_done"], d["queue_position"]) for n, d in _parse_events(text) if n == "job"]
+    assert seen == [
+        ("queued", 0, 2),
+        ("queued", 0, 1),
+        ("running", 0, None),
+        ("running", 1, None),
+        ("running", 2, None),
+        ("succeeded", 2, None),
+    ], seen
+    assert text.startswith("retry: 2000\n\n") and ": keepalive\n\n" in text
+    assert _parse_events(text)[-1][0] == "end"
+    monkeypatch.setattr(control_api, "MAX_STREAM_S", 0.5)
+    endless = db.create_job("endless", {})
+    with api.stream("GET", f"/api/jobs/{endless}/events") as answer:
+        bounded = "".join(answer.iter_text())
+    assert [n for n, _ in _parse_events(bounded)] == ["job"]  # closed by the bound, without `end`

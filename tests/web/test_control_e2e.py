@@ -18,10 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from plugtune.cli import app
 from plugtune.jobs.submission import pack
+from plugtune.store import Store
+from plugtune.store.schema import metadata
 from tests.jobs.jobkit import make_job
 from tests.web.test_browser import _free_port
 
@@ -95,6 +98,22 @@ def _events(base: str, job_id: int, into: list[tuple[str, dict[str, Any]]]) -> N
                 into.append((name, json.loads(line.removeprefix("data: "))))
 
 
+def _rows_of(home: Path, job_id: int) -> dict[str, int]:
+    """How many rows each of the store's per-job tables holds for ``job_id``."""
+    store = Store.open(f"sqlite:///{home / 'plugtune.db'}", retention_days=7)
+    try:
+        with store.read_connection() as conn:
+            return {
+                t.name: int(
+                    conn.execute(select(func.count()).select_from(t).where(t.c.job_id == job_id)).scalar_one()
+                )
+                for t in metadata.sorted_tables
+                if "job_id" in t.c
+            }
+    finally:
+        store.close()
+
+
 def _wait(what: str, check: Any, deadline: float) -> None:
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -151,7 +170,10 @@ def test_submit_run_watch_cancel_and_delete_over_http(server: tuple[str, Path], 
 
     files = home / "jobs" / str(quick)
     assert files.is_dir()
+    assert _rows_of(home, quick)["trajectories"] > 0 and _rows_of(home, quick)["log_lines"] > 0
     assert httpx.delete(f"{base}/api/jobs/{quick}", timeout=30).status_code == 204
     assert not files.exists() and httpx.get(f"{base}/api/jobs/{quick}", timeout=30).status_code == 404
+    assert set(_rows_of(home, quick).values()) == {0}, _rows_of(home, quick)
+    assert _rows_of(home, waiting)["trajectories"] > 0  # the other jobs keep theirs
     listed = httpx.get(f"{base}/api/jobs", timeout=30).json()
     assert quick not in [j["id"] for j in listed["items"]] and listed["total"] == 2

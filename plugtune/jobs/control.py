@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
 from plugtune.errors import DataError
 from plugtune.jobs.classify import classify
 from plugtune.jobs.scheduler import AttemptRunner, recover_interrupted, run_job
@@ -48,7 +50,7 @@ def create_job(
     """
     path = Path(job_file).resolve()
     text = path.read_text(errors="replace") if path.is_file() else ""
-    name = path.parent.name if path.name == "job.yaml" else path.stem
+    name = _declared_name(text) or (path.parent.name if path.name == "job.yaml" else path.stem)
     where = {"job_file": str(path), **({"base_dir": str(base_dir.resolve())} if base_dir else {})}
     try:
         job = validate_job(path, base_dir=base_dir)
@@ -61,6 +63,17 @@ def create_job(
     job_id = store.create_job(job.spec.name, spec, spec_yaml=text)
     store.update_job(job_id, steps_total=job.spec.hyperparameters.steps)
     return job_id, None
+
+
+def _declared_name(text: str) -> str | None:
+    """job.yaml's ``name:`` when the file parses that far (an invalid job keeps the name it asked for,
+    not its folder's, which for a submission over the API is a random id)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    name = raw.get("name") if isinstance(raw, dict) else None
+    return name.strip()[:200] or None if isinstance(name, str) else None
 
 
 def check_job(job_file: Path, *, base_dir: Path | None = None) -> DataError | None:

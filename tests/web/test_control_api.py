@@ -152,6 +152,7 @@ def test_validation_problems_name_file_line_and_field_and_record_the_job_failed(
     assert "submissions" not in json.dumps(body)  # the server's folders are not shown
     job = db.get_job(body["job_id"])
     assert job is not None and job.status == "failed" and job.error is not None
+    assert job.name == "my-task"  # job.yaml's name, not the submission folder's random id
     assert job.error.type in ("Invalid value", "Invalid data") and str(body["job_id"]) in body["detail"]
 
 

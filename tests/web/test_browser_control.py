@@ -289,6 +289,7 @@ def test_a_failure_banner_appears_live_when_the_event_stream_is_refused(
     banner = page.locator("#failure-banner").inner_text()
     assert "Call plugin error" in banner and "ZeroDivisionError" in banner
     assert page.locator("#failure-owner").inner_text() == "plugin"
+    assert page.locator('#failure-banner a[href$="/plugins?plugin=exact"]').inner_text() == "exact"
     assert page.locator("#job-status").inner_text() == "failed"
     assert page.locator("#failure-banner #retry-button").count() == 1
     page.problems[:] = [p for p in page.problems if "503" not in p]  # the refused stream is logged

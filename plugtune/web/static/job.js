@@ -231,18 +231,23 @@
     showFailure(j, note) {
       if ($("failure-banner") || !j.error) return;
       const e = j.error;
+      const job = encodeURIComponent(this.id);
       const rows = [
         ["Owner", e.owner, "failure-owner"],
         ["Cause", e.cause, null],
-        ["Plugin", e.plugin, null],
+        ["Plugin", e.plugin, null, e.plugin && `/jobs/${job}/plugins?plugin=${encodeURIComponent(e.plugin)}`],
+        ["Trajectory", e.trajectory_id, null, e.trajectory_id && `/jobs/${job}/trajectories?t=${encodeURIComponent(e.trajectory_id)}`],
         ["Message", e.message, "failure-message"],
         ["What to do", e.hint, "failure-hint"],
       ];
       const list = PT.el("dl");
-      for (const [label, value, id] of rows) {
+      for (const [label, value, id, href] of rows) {
         if (!value && !id) continue;
         list.append(PT.el("dt", { text: label }));
-        const dd = id === "failure-message" ? PT.clipped("dd", { id }, value || "") : PT.el("dd", { id, text: value || "" });
+        let dd;
+        if (href) dd = PT.el("dd", {}, [PT.el("a", { href, text: value })]);
+        else if (id === "failure-message") dd = PT.clipped("dd", { id }, value || "");
+        else dd = PT.el("dd", { id, text: value || "" });
         if (id === "failure-hint") dd.className = "hint";
         list.append(dd);
       }

@@ -52,9 +52,17 @@ def serving_url(home: Path) -> str | None:
     left by a killed server names a process that is gone)."""
     record = _read_serve(home / SERVE_FILE)
     pid, url = record.get("pid"), record.get("url")
-    if not isinstance(pid, int) or not isinstance(url, str) or not psutil.pid_exists(pid):
+    if not isinstance(pid, int) or not isinstance(url, str) or not _is_serve(pid):
         return None
     return url
+
+
+def _is_serve(pid: int) -> bool:
+    """Is ``pid`` a live `plugtune serve` (not another process that got the number of a dead one)?"""
+    try:
+        return "serve" in psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
 
 
 def _read_serve(path: Path) -> dict[str, Any]:

@@ -107,7 +107,10 @@ def test_submit_server_401_and_413_are_one_clear_line(
         )
         too_big = runner.invoke(app, ["submit", "--server", base, str(project)])
         assert too_big.exit_code == 2 and len(too_big.output.strip().splitlines()) == 1, too_big.output
-        assert "refused the upload as too large (413)" in too_big.output and "accepts at most 100:" in too_big.output
+        assert (
+            "refused the upload as too large (413)" in too_big.output
+            and "accepts at most 100:" in too_big.output
+        )
         monkeypatch.undo()
         monkeypatch.setenv("PLUGTUNE_API_TOKEN", "t0ken")
         ok = runner.invoke(app, ["submit", "--server", base + "/", str(project)])
@@ -170,3 +173,6 @@ def test_a_serve_json_left_by_a_killed_server_is_not_believed(home: Settings, pr
     (home.home / "serve.json").write_text(json.dumps({"url": "http://127.0.0.1:9/", "pid": dead.pid}))
     result = runner.invoke(app, ["submit", str(project)])
     assert "no `plugtune serve` is running" in result.output and "127.0.0.1:9" not in result.output
+    (home.home / "serve.json").write_text(json.dumps({"url": "http://127.0.0.1:9/", "pid": os.getpid()}))
+    reused = runner.invoke(app, ["submit", str(project)])  # a live pid, but not a server's
+    assert "no `plugtune serve` is running" in reused.output, reused.output

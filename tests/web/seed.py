@@ -203,6 +203,9 @@ def _logs(now: float) -> list[LogLine]:
 TRAJECTORY_IDS = ["s1-g0-r0", "s1-g0-r1", "s1-g0-r2", "s2-g1-r0", "s2-g1-r1", "s2-g1-r2"]
 
 
+DISCARD_REASON = "solve discarded it (Status.DISCARD): the calculator tool was down"
+
+
 def _trajectories() -> list[TrajectoryRecord]:
     out = []
     for tid in TRAJECTORY_IDS:
@@ -261,6 +264,7 @@ def _trajectories() -> list[TrajectoryRecord]:
                 status="failed" if failed else ("discard" if discard else "success"),
                 errors=errors,
                 code_hash={"solve": "h-rollout-1", "exact": "h-grader-1"},
+                discard_reason=DISCARD_REASON if discard else "",
             )
         )
     return out

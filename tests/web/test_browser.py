@@ -24,7 +24,7 @@ import uvicorn
 from plugtune.store import Store
 from plugtune.types import LogLine
 from plugtune.web import create_app
-from tests.web.seed import GRADER_CODE, XSS_IMG, XSS_SCRIPT, Seeded, seed
+from tests.web.seed import DISCARD_REASON, GRADER_CODE, XSS_IMG, XSS_SCRIPT, Seeded, seed
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(os.environ.get("PLUGTUNE_SCREENSHOTS") or tempfile.mkdtemp(prefix="plugtune-shots-"))
@@ -181,6 +181,7 @@ def test_failed_trajectory_logs_fullscreen_keys_and_escaping(
     page.keyboard.press("ArrowDown")
     page.wait_for_function("document.getElementById('detail-id').textContent === 's2-g1-r1'")
     assert page.locator("#trajectory-logs").evaluate("d => d.open") is True  # discarded: expanded
+    assert page.locator("#discard-reason").inner_text() == f"No gradient: {DISCARD_REASON}"
     page.keyboard.press("ArrowDown")
     page.wait_for_function("document.getElementById('detail-id').textContent === 's2-g1-r0'")
     assert page.locator("#trajectory-logs").evaluate("d => d.open") is False  # success: on demand

@@ -96,10 +96,18 @@ def jobs_page(
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request, ids: str | None = None) -> HTMLResponse:
     """2-5 jobs side by side (``?ids=3,7``): curves overlaid, failed calls by cause, step time, the
-    config keys that differ. The curves are drawn from ``GET /api/compare``."""
+    config keys that differ. The page carries its curves; while a job runs they are drawn again
+    from ``GET /api/compare``."""
     wanted = compare.parse_ids(ids)
     view = compare.compare(_store(request), wanted)
-    return _render(request, "compare.html", view=view, ids=wanted, cause_colors=compare.cause_colors(view))
+    return _render(
+        request,
+        "compare.html",
+        view=view,
+        ids=wanted,
+        cause_colors=compare.cause_colors(view),
+        initial=view.model_dump(include={"charts", "jobs"}),  # the first drawing needs no request
+    )
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)

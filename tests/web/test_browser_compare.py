@@ -215,9 +215,12 @@ def test_compare_two_jobs_from_the_list_shows_both_curves_shares_times_and_the_c
     page.check(f'#jobs tr[data-job="{console.b}"] input.pick')
     assert button.is_enabled()
     _shot(page, "jobs-search.png")
+    asked: list[str] = []
+    page.on("request", lambda r: "/api/compare" in r.url and asked.append(r.url))
     button.click()
     page.wait_for_url("**/compare?ids=**")
     page.wait_for_selector('#compare-charts[data-loaded="1"]')
+    assert asked == []  # the page carries its curves; finished jobs are not asked again
     for chart in ("reward", "loss", "kl", "response_length"):
         names = page.locator(f'[data-chart="{chart}"] path.series').evaluate_all(
             "ps => ps.map(p => p.dataset.series)"

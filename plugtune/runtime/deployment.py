@@ -233,9 +233,10 @@ class LocalDeployment:
         out = {"nofile": max(NOFILE, 4 * runtime.max_concurrency), "fsize": runtime.tmp_mb << 20}
         if self.user is not None and not self.backend.limits.has_pids:
             per_instance = pids_max(runtime.max_pids, runtime.max_concurrency)
-            # twice every instance's share (+ the zygote and the spare): room for what one instance
-            # starts between two looks of the watch, so the others can still start threads meanwhile
-            out["nproc"] = 2 * per_instance * (runtime.max_instances + 2)
+            # four times every instance's share (+ the zygote and the spare): room for what one
+            # instance starts while a busy host delays the watch, so the others can still start
+            # threads meanwhile (at twice, 2 of 2,500 storm calls at load 9 could not)
+            out["nproc"] = 4 * per_instance * (runtime.max_instances + 2)
         return out
 
     def _cgroup_wait(self, limits: InstanceLimits) -> str:

@@ -37,7 +37,8 @@ class PolicyGateway:
     and then calls ``set_policy_version``. Generation runs under ``torch.inference_mode`` in whatever
     train/eval mode the model is in (the gateway never switches it: that would race the trainer),
     on ``generation_threads`` torch intra-op threads of its own (None: torch's default; 0, the
-    default: one for a model of at most 64 MiB of weights, this thread's torch count for a larger one).
+    default: one for a model of at most 64 MiB of weights; for a larger one, this thread's torch
+    count to prefill and, per batch, that count or one to decode, whichever measures faster).
 
     With ``sampling`` (the job's temperature, top_p and max_new_tokens) every reply is sampled
     with those settings: a request that omits one gets the job's, one that contradicts it is a

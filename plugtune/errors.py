@@ -322,3 +322,33 @@ class LossNanError(PlugtuneError):
         out = super().to_dict()
         out.update(step=self.step, stats=self.stats, trajectory_ids=self.trajectory_ids)
         return out
+
+
+def reported_status(
+    status: str,
+    plugin: str,
+    reason: str | None,
+    *,
+    call_id: str = "",
+    trajectory_id: str = "",
+    attempt: int = 1,
+) -> ErrorRecord:
+    """The record of a call in which ``plugin`` itself reported ``Status.FAILURE`` or ``Status.RETRY``
+    (``status`` is the status's value): the same cause, message and hint for every trainer."""
+    cause = StatusCause.FAILURE if status == "failure" else StatusCause.RETRY
+    return ErrorRecord(
+        type=ErrorType.CALL_PLUGIN.value,
+        owner=Owner.PLUGIN.value,
+        cause=cause.value,
+        message=f"{plugin} returned Status.{status.upper()}; its reason: {reason or '(none given)'}",
+        hint=HINTS[cause],
+        plugin=plugin,
+        call_id=call_id,
+        trajectory_id=trajectory_id,
+        attempt=attempt,
+    )
+
+
+def discarded_by(plugin: str, reason: str | None) -> str:
+    """A trajectory's ``discard_reason`` when ``plugin`` returned ``Status.DISCARD``."""
+    return f"{plugin} discarded it (Status.DISCARD): {reason or '(no reason given)'}"

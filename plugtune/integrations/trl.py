@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugtune.errors import PluginCallError
+from plugtune.errors import PluginCallError, discarded_by, reported_status
 from plugtune.integrations.recording import EngineRun
 from plugtune.jobs.plugins import JobFunction
 from plugtune.jobs.validation import ValidatedJob, validate_job
@@ -74,6 +74,7 @@ class _Episode:
     messages: list[dict[str, Any]]
     trace: TokenTrace | None = None
     status: str = "success"
+    discard_reason: str = ""
     errors: list[ErrorRecord] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -239,8 +240,15 @@ class TRLRun:
         if outcome.status == Status.SUCCESS.value:
             return outcome.value
         for e in members or [episode]:
-            message = outcome.reason or f"{name} returned status {outcome.status!r}"
-            e.errors.append(ErrorRecord("Call plugin error", "plugin", outcome.status, message, plugin=name))
+            if outcome.status == Status.DISCARD.value:
+                e.status = "discard"
+                e.discard_reason = e.discard_reason or discarded_by(name, outcome.reason)
+            else:
+                e.errors.append(
+                    reported_status(
+                        outcome.status, name, outcome.reason, call_id=outcome.call_id, trajectory_id=_tid(e)
+                    )
+                )
         return None
 
     # --- rollouts --------------------------------------------------------------------------
@@ -302,12 +310,21 @@ class TRLRun:
         episode.metrics.update(outcome.metrics)
         episode.metrics.update(result.get("metrics") or {})
         if outcome.status != Status.SUCCESS.value:
-            episode.status = "discard" if outcome.status == Status.DISCARD.value else "failed"
             name = self.run.rollout.spec.name if self.run.rollout else "rollout"
-            message = outcome.reason or f"{name} returned status {outcome.status!r}"
-            episode.errors.append(
-                ErrorRecord("Call plugin error", "plugin", outcome.status, message, plugin=name)
-            )
+            if outcome.status == Status.DISCARD.value:
+                episode.status = "discard"
+                episode.discard_reason = discarded_by(name, outcome.reason)
+            else:
+                episode.status = "failed"
+                episode.errors.append(
+                    reported_status(
+                        outcome.status,
+                        name,
+                        outcome.reason,
+                        call_id=outcome.call_id,
+                        trajectory_id=_tid(episode),
+                    )
+                )
 
     def _gateway_for(self, trainer: Any) -> Any:
         if self._gateway is None:
@@ -520,6 +537,7 @@ def _record(
         stop_reason=trace.finish_reason if trace else "",
         errors=list(e.errors),
         metrics=dict(e.metrics),
+        discard_reason=e.discard_reason,
     )
 
 

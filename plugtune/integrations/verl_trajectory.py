@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
-from plugtune.errors import ErrorType, Owner, PluginCallError
+from plugtune.errors import PluginCallError, discarded_by, reported_status
 from plugtune.integrations.recording import EngineRun
 from plugtune.integrations.token_gateway import TokenGateway
 from plugtune.jobs.plugins import JobFunction
@@ -99,6 +99,7 @@ class _Trajectory:
     messages: list[dict[str, Any]] = field(default_factory=list)
     attempt: int = 1
     status: str = "success"
+    discard_reason: str = ""
     errors: list[ErrorRecord] = field(default_factory=list)
     components: dict[str, float | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -214,15 +215,14 @@ class TrajectoryRunner:
             return True
         if outcome.status == Status.DISCARD.value:
             t.status = "discard"
+            t.discard_reason = t.discard_reason or discarded_by(plugin, outcome.reason)
             return False
         t.status = "failed"
         t.errors.append(
-            ErrorRecord(
-                type=ErrorType.CALL_PLUGIN.value,
-                owner=Owner.PLUGIN.value,
-                cause=outcome.status,
-                message=outcome.reason or f"{plugin} returned status {outcome.status!r}",
-                plugin=plugin,
+            reported_status(
+                outcome.status,
+                plugin,
+                outcome.reason,
                 call_id=outcome.call_id,
                 trajectory_id=t.trajectory_id,
                 attempt=t.attempt,
@@ -257,6 +257,7 @@ class TrajectoryRunner:
             metrics=dict(t.metrics),
             timing=dict(t.timing),
             phase=t.phase,
+            discard_reason=t.discard_reason,
         )
         with self._flush_lock:  # agent loops and reward calls record from different threads
             self.run.add_trajectories([record])

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from plugtune.errors import HINTS, ErrorType, Owner, PluginCallError, StatusCause
+from plugtune.errors import PluginCallError, discarded_by, reported_status
 from plugtune.sdk import Context, Kind, PluginSpec, Policy, Sample, Status, Trajectory
 from plugtune.trainer.protocols import Caller, PluginFunction, PolicyServer
 from plugtune.trainer.rewards import final_reward
@@ -322,21 +322,14 @@ def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str) -> bool:
         return True
     if outcome.status == Status.DISCARD.value:
         slot.discard = True
-        slot.discard_reason = slot.discard_reason or (
-            f"{plugin} discarded it (Status.DISCARD): {outcome.reason or '(no reason given)'}"
-        )
+        slot.discard_reason = slot.discard_reason or discarded_by(plugin, outcome.reason)
         return False
-    cause = StatusCause.FAILURE if outcome.status == Status.FAILURE.value else StatusCause.RETRY
     _fail(
         slot,
-        ErrorRecord(
-            type=ErrorType.CALL_PLUGIN.value,
-            owner=Owner.PLUGIN.value,
-            cause=cause.value,
-            message=f"{plugin} returned Status.{outcome.status.upper()}; its reason: "
-            + (outcome.reason or "(none given)"),
-            hint=HINTS[cause],
-            plugin=plugin,
+        reported_status(
+            outcome.status,
+            plugin,
+            outcome.reason,
             call_id=outcome.call_id,
             trajectory_id=slot.trajectory_id,
             attempt=max(slot.attempt, 1),

@@ -83,6 +83,33 @@ def test_when_most_calls_of_a_step_fail_the_circuit_breaker_fails_the_run_classi
     assert len(_records(store, run.run.job_id)) == 8  # the step that tripped it is in the store
 
 
+def test_a_grader_reporting_status_failure_or_discarding_is_recorded_as_on_plugtune_s_trainer(
+    store: Store, tmp_path: Path
+) -> None:
+    rows = [{"answer": "59", "report": "failure"}, {"answer": "42", "report": "discard"}]
+    run = pt.open_run(_job(tmp_path, rows, "{max_attempts: 1, on_exhausted: drop_sample}"), store=store)
+    rewards = _rewards(run, [0, 1])
+    run.close()
+
+    assert rewards["picky"] == [None] * 4
+    records = _records(store, run.run.job_id)
+    failed = [r for r in records if r.sample_index == 0]
+    discarded = [r for r in records if r.sample_index == 1]
+    assert len(failed) == 2 and len(discarded) == 2
+    for r in failed:
+        error = r.errors[0]
+        assert r.status == "failed" and (error.type, error.cause, error.plugin) == (
+            "Call plugin error",
+            "Status failure",
+            "picky",
+        )
+        assert error.message == "picky returned Status.FAILURE; its reason: the checker is down"
+        assert "reported this failure itself" in error.hint
+    for r in discarded:
+        assert r.status == "discard" and r.reward is None and not r.errors
+        assert r.discard_reason == "picky discarded it (Status.DISCARD): an ambiguous question"
+
+
 def _trainer(run: pt.TRLRun, tmp_path: Path) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 

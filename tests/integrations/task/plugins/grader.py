@@ -1,10 +1,11 @@
-"""Graders for the TRL tests: exact match, and one that crashes on marked rows (or dies once: ``flaky``)."""
+"""Graders for the TRL tests: exact match, and one that crashes on marked rows (or dies once: ``flaky``;
+reports ``Status.FAILURE`` or discards on rows marked ``report``)."""
 
 from __future__ import annotations
 
 import os
 
-from plugtune import Context, Sample, Trajectory, grader
+from plugtune import Context, Discard, GraderResult, Sample, Status, Trajectory, grader
 
 
 @grader
@@ -16,7 +17,11 @@ def exact_match(ctx: Context, sample: Sample, trajectory: Trajectory) -> float |
 
 
 @grader
-def picky(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+def picky(ctx: Context, sample: Sample, trajectory: Trajectory) -> float | GraderResult:
+    if sample.extra.get("report") == "failure":
+        return GraderResult(status=Status.FAILURE, reason="the checker is down")
+    if sample.extra.get("report") == "discard":
+        raise Discard("an ambiguous question")
     if sample.extra.get("flaky") and ctx.attempt == 1:
         os._exit(3)  # the instance dies mid-call (EOF); a retry runs on a fresh one
     if sample.extra.get("crash") or sample.extra.get("crash_at_step") == ctx.step:

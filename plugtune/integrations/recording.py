@@ -179,9 +179,11 @@ class EngineRun:
             MetricPoint(now, "", name, float(v), step=step) for name, v in metrics.items() if _finite(v)
         )
 
-    def flush(self, step: int | None = None) -> None:
+    def flush(self, step: int | None = None, *, durable: bool = True) -> None:
         """Write plugin logs and resource metrics so far (and ``step``'s call counts); durable on
-        return. With ``step``, the circuit breaker may then fail the run (raises its error)."""
+        return, or with ``durable=False`` handed to the store writer's thread (a TRL step does not
+        wait for the store; a checkpoint and the run's end do). With ``step``, the circuit breaker
+        may then fail the run (raises its error)."""
         counts = None
         if step is not None:
             counts = self.caller.take_counts(step)
@@ -192,7 +194,10 @@ class EngineRun:
         logs, points = self._drain.take()
         self._writer.add_logs(logs)
         self._writer.add_metrics(points)
-        self._writer.flush()
+        if durable:
+            self._writer.flush()
+        else:
+            self._writer.write_soon()
         if counts is not None:
             self._check_breaker(counts)
 

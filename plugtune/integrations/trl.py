@@ -168,7 +168,7 @@ class TRLRun:
             ]
         )
         try:
-            self.run.flush(step)
+            self.run.flush(step, durable=False)  # written by the store's thread meanwhile
         except PluginCallError:  # the circuit breaker tripped: the run ends with its error
             self.close()
             raise

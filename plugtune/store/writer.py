@@ -112,6 +112,10 @@ class StoreWriter:
                 raise
             self._last_error = None
 
+    def write_soon(self) -> None:
+        """Have the background thread write what is pending now, without waiting for it."""
+        self._wake.set()
+
     def close(self) -> None:
         """Stop the background thread and flush what is left (raises if that write fails)."""
         self._closed.set()

@@ -67,6 +67,16 @@ def test_background_flush_by_size_and_by_interval(store: Store, job_id: int) -> 
         assert _wait_for(lambda: store.count_logs(job_id) == 101)
 
 
+def test_write_soon_has_the_background_thread_write_without_the_caller_waiting(
+    store: Store, job_id: int
+) -> None:
+    writer = StoreWriter(store, job_id, max_batch=10_000, interval_s=60)  # neither size nor time
+    writer.add_trajectories([_trajectory(i) for i in range(3)])
+    writer.write_soon()
+    assert _wait_for(lambda: store.count_trajectories(job_id) == 3, timeout_s=10)
+    writer.close()
+
+
 def test_close_flushes_what_is_left(store: Store, job_id: int) -> None:
     writer = StoreWriter(store, job_id, max_batch=10_000, interval_s=60)
     writer.add_trajectories([_trajectory(i) for i in range(10)])

@@ -6,12 +6,8 @@ import collections
 import copy
 import logging
 import secrets
-import socket
 import threading
-import time
 from typing import Any
-
-import uvicorn
 
 from plugtune.errors import PlatformError
 from plugtune.gateway.app import build_app
@@ -19,6 +15,7 @@ from plugtune.gateway.chat import ChatRenderer
 from plugtune.gateway.completions import CompletionService
 from plugtune.gateway.engine import AUTO_THREADS, GenerationEngine
 from plugtune.gateway.sampling import JobSampling
+from plugtune.gateway.serving import ThreadedServer
 from plugtune.gateway.trace import TraceBuilder
 from plugtune.sdk import Policy
 from plugtune.types import TokenTrace
@@ -82,8 +79,7 @@ class PolicyGateway:
         self._ended: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         self._traces: dict[str, TraceBuilder] = {}
         self._registry = threading.Lock()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = ThreadedServer("plugtune-gateway", "the policy gateway")
 
     @property
     def base_url(self) -> str:
@@ -99,53 +95,30 @@ class PolicyGateway:
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Start the engine and the HTTP server; returns once the server accepts connections."""
-        if self._server is not None:
+        if self._http.running:
             return
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
-        # without it a reply's body waits for the client's delayed ACK of its headers (~40 ms).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise PlatformError(
-                f"the policy gateway cannot listen on {self.host}:{self.port}: {exc}"
-            ) from exc
-        self.port = sock.getsockname()[1]
         app = build_app(self._service, self._resolve, lambda: self._version)
-        # No proxy-header middleware (rollouts call it directly) and no Server/Date headers: less
-        # work per request on the gateway's one thread.
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="off",
-            access_log=False,
-            proxy_headers=False,
-            server_header=False,
-            date_header=False,
-        )
-        self._server = uvicorn.Server(config)
         self.engine.start()
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="plugtune-gateway", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise PlatformError(f"the policy gateway did not start within {timeout_s:.0f} s")
-            time.sleep(0.01)
+        try:
+            # No proxy-header middleware (rollouts call it directly) and no Server/Date headers:
+            # less work per request on the gateway's one thread.
+            self.port = self._http.start(
+                app,
+                self.host,
+                self.port,
+                timeout_s=timeout_s,
+                proxy_headers=False,
+                server_header=False,
+                date_header=False,
+            )
+        except PlatformError:
+            self.engine.stop()
+            raise
         logger.info("policy gateway serving %s at %s", self.model_name, self.base_url)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        self._http.stop(timeout_s)
         self.engine.stop(timeout_s)
-        self._server, self._thread = None, None
 
     def __enter__(self) -> PolicyGateway:
         self.start()

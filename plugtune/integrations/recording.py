@@ -37,11 +37,10 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from plugtune.errors import Cause, PluginCallError, StatusCause
+from plugtune.errors import PluginCallError
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.plugins import Drain, JobFunction, deploy_all, record_deployed
-from plugtune.jobs.retry_policy import breaker
 from plugtune.jobs.spec import CircuitBreaker, FailurePolicy
 from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.runtime.runtime import BaseRuntime, LocalRuntime
@@ -52,9 +51,6 @@ from plugtune.types import CallOutcome, MetricPoint, TrajectoryRecord
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: Per step, as a native job writes them (the console's plugin-error curve reads these).
-FAILED_CALLS, CALLS = "plugin/failed_calls", "plugin/calls"
 
 
 class EngineRun:
@@ -187,9 +183,7 @@ class EngineRun:
         counts = None
         if step is not None:
             counts = self.caller.take_counts(step)
-            failed = float(sum(counts.errors.values()))
-            by_cause = {f"{FAILED_CALLS}/{c}": float(n) for c, n in counts.errors.items()}
-            self.add_metrics(step, {FAILED_CALLS: failed, CALLS: float(counts.calls), **by_cause})
+            self._writer.add_metrics(counts.metric_points(step))
             self.store.update_job(self.job_id, steps_done=step)
         logs, points = self._drain.take()
         self._writer.add_logs(logs)
@@ -203,23 +197,10 @@ class EngineRun:
 
     def _check_breaker(self, counts: StepCounts) -> None:
         config = self.job.spec.circuit_breaker if self.job is not None else CircuitBreaker()
-        decision = breaker(counts.calls, dict(counts.errors), config)
-        if not decision.trip:
-            return
-        causes: dict[str, Cause | StatusCause] = {c.value: c for c in (*Cause, *StatusCause)}
-        cause = causes.get(decision.dominant_cause or "", Cause.ERROR_500)
-        example = counts.examples.get(cause.value)
-        error = PluginCallError(
-            cause,
-            decision.message + (f" First one: {example.message}" if example else ""),
-            plugin=example.plugin if example else counts.worst_plugin,
-            call_id=example.call_id if example else "",
-            trajectory_id=example.trajectory_id if example else "",
-            traceback=example.traceback if example else "",
-            code_hash=example.code_hash if example else "",
-        )
-        self.fail(error, reason="circuit breaker")
-        raise error
+        error = counts.breaker_error(config)
+        if error is not None:
+            self.fail(error, reason="circuit breaker")
+            raise error
 
     def fail(self, error: BaseException, *, reason: str = "") -> None:
         """Record ``error`` as the way this run ends (the first one recorded wins)."""

@@ -24,21 +24,17 @@ import concurrent.futures
 import copy
 import logging
 import secrets
-import socket
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import uvicorn
-
-from plugtune.errors import PlatformError
 from plugtune.gateway.app import build_app
 from plugtune.gateway.chat import ChatRenderer
 from plugtune.gateway.completions import CompletionService
 from plugtune.gateway.engine import Generation, GenerationEngine, SamplingParams
 from plugtune.gateway.sampling import JobSampling
+from plugtune.gateway.serving import ThreadedServer
 from plugtune.gateway.trace import TraceBuilder
 from plugtune.sdk import Policy
 from plugtune.types import TokenTrace
@@ -156,8 +152,7 @@ class TokenGateway:
         self._keys: dict[str, str] = {}
         self._traces: dict[str, TraceBuilder] = {}
         self._registry = threading.Lock()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = ThreadedServer("plugtune-token-gateway", "the policy gateway")
 
     @property
     def base_url(self) -> str:
@@ -168,37 +163,14 @@ class TokenGateway:
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Serve HTTP on a background thread; returns once the server accepts connections."""
-        if self._server is not None:
+        if self._http.running:
             return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, 0))
-        except OSError as exc:
-            sock.close()
-            raise PlatformError(f"the policy gateway cannot listen on {self.host}: {exc}") from exc
-        self.port = sock.getsockname()[1]
         app = build_app(self._service, self._resolve, lambda: self._version)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="plugtune-token-gateway", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise PlatformError(f"the policy gateway did not start within {timeout_s:.0f} s")
-            time.sleep(0.01)
+        self.port = self._http.start(app, self.host, 0, timeout_s=timeout_s)
         logger.info("token gateway serving %s at %s", self.model_name, self.base_url)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        self._server, self._thread = None, None
+        self._http.stop(timeout_s)
 
     def open(self, trajectory_id: str) -> Policy:
         """A fresh key (and empty record) for one trajectory; opening an id again starts it over."""

@@ -21,18 +21,17 @@ Decoding from the trainer's own model object, it needs no weight sync.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 import uuid
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from plugtune.errors import PlatformError
 from plugtune.gateway.engine import Generation, GenerationEngine, SamplingParams
+from plugtune.gateway.serving import ThreadedServer
 
 #: Sampling settings the engine does not implement, with the value that means "off".
 UNSUPPORTED = {"top_k": (0, -1, None), "min_p": (0.0, None), "repetition_penalty": (1.0, None)}
@@ -63,8 +62,7 @@ class LocalVLLMServer:
             policy_version=lambda: self.weights_version,
             pad_token_id=int(tokenizer.pad_token_id or 0),
         )
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = ThreadedServer("plugtune-local-vllm", "the local vLLM server")
 
     @property
     def base_url(self) -> str:
@@ -72,36 +70,17 @@ class LocalVLLMServer:
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Serve on a background thread; returns once the server accepts connections."""
-        if self._server is not None:
+        if self._http.running:
             return
         self.engine.start()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((self.host, 0))
-        except OSError as exc:
-            sock.close()
-            raise PlatformError(f"the local vLLM server cannot listen on {self.host}: {exc}") from exc
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), log_level="warning", lifespan="off", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="plugtune-local-vllm", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise PlatformError(f"the local vLLM server did not start within {timeout_s:.0f} s")
-            time.sleep(0.01)
+            self.port = self._http.start(self._app(), self.host, 0, timeout_s=timeout_s)
+        except PlatformError:
+            self.engine.stop()
+            raise
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        self._server, self._thread = None, None
+        self._http.stop(timeout_s)
         self.engine.stop()
 
     def _app(self) -> FastAPI:

@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugtune.errors import Cause, PluginCallError, StatusCause
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evaluate import build_evaluator, is_eval_step
 from plugtune.jobs.evidence import stopped_records
 from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed, record_waiting
 from plugtune.jobs.report import JOB_WARNINGS
-from plugtune.jobs.retry_policy import breaker
 from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.jobs.validation_rows import read_dataset
 from plugtune.settings import Settings
@@ -40,7 +38,6 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 3
 LIVE_TAIL_S = LOG_READ_S  # how often plugin logs reach the store while a step runs
-FAILED_CALLS = "plugin/failed_calls"  # per step; `plugtune run`'s progress bar shows the job's sum
 
 
 class Cancelled(Exception):  # noqa: N818
@@ -268,10 +265,10 @@ class _Loop:
                 result = await trainer.step()
             except JobStop:  # run() writes the step's trajectories
                 step = trainer.step_count + 1
-                writer.add_metrics(_call_points(step, caller.take_counts(step)))
+                writer.add_metrics(caller.take_counts(step).metric_points(step))
                 raise
             counts = caller.take_counts(result.step)
-            writer.add_metrics(_call_points(result.step, counts))
+            writer.add_metrics(counts.metric_points(result.step))
             logs, points = self.drain.take()
             writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
             writer.add_metrics(_training_points(result.step, result.metrics))
@@ -300,7 +297,7 @@ class _Loop:
             stopped = stopped_records(evaluator.take_stopped(), exc)
             writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in stopped])
             if isinstance(exc, JobStop):
-                writer.add_metrics(_call_points(step, self.caller.take_counts(step), prefix="eval/"))
+                writer.add_metrics(self.caller.take_counts(step).metric_points(step, prefix="eval/"))
             writer.flush()
             raise
         counts = self.caller.take_counts(step)
@@ -308,7 +305,7 @@ class _Loop:
         writer.add_metrics(_training_points(step, result.metrics))
         if self.trackers is not None:
             self.trackers.log(step, result.metrics)
-        writer.add_metrics(_call_points(step, counts, prefix="eval/"))
+        writer.add_metrics(counts.metric_points(step, prefix="eval/"))
         logs, points = self.drain.take()
         writer.add_logs(logs)
         writer.add_metrics(points)
@@ -334,38 +331,10 @@ def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
     ]
 
 
-def _call_points(step: int, counts: StepCounts, prefix: str = "") -> list[MetricPoint]:
-    """The step's plugin calls and failed calls (retried ones too; in all and by cause), also of a
-    step that stopped the job."""
-    now, failed = time.time(), float(sum(counts.errors.values()))
-    return [
-        MetricPoint(time=now, plugin="", name=prefix + FAILED_CALLS, value=failed, step=step),
-        MetricPoint(time=now, plugin="", name=prefix + "plugin/calls", value=float(counts.calls), step=step),
-        *(
-            MetricPoint(time=now, plugin="", name=f"{prefix}{FAILED_CALLS}/{cause}", value=n, step=step)
-            for cause, n in sorted((c, float(n)) for c, n in counts.errors.items())
-        ),
-    ]
-
-
 def _check_breaker(counts: StepCounts, config: Any) -> None:
-    decision = breaker(counts.calls, dict(counts.errors), config)
-    if not decision.trip:
-        return
-    causes: dict[str, Cause | StatusCause] = {c.value: c for c in (*Cause, *StatusCause)}
-    cause = causes.get(decision.dominant_cause or "", Cause.ERROR_500)
-    example = counts.examples.get(cause.value)
-    error = PluginCallError(
-        cause,
-        decision.message + (f" First one: {example.message}" if example else ""),
-        plugin=example.plugin if example else counts.worst_plugin,
-        call_id=example.call_id if example else "",
-        trajectory_id=example.trajectory_id if example else "",
-        traceback=example.traceback if example else "",
-        peak_memory_mb=example.peak_memory_mb if example else None,
-        code_hash=example.code_hash if example else "",
-    )
-    raise JobStop(error, "circuit breaker")
+    error = counts.breaker_error(config)
+    if error is not None:
+        raise JobStop(error, "circuit breaker")
 
 
 if __name__ == "__main__":

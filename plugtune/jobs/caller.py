@@ -15,14 +15,17 @@ from collections import Counter
 from typing import Any
 
 from plugtune.errors import Cause, PluginCallError, StatusCause
-from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, decide
-from plugtune.jobs.spec import FailurePolicy
+from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, breaker, decide
+from plugtune.jobs.spec import CircuitBreaker, FailurePolicy
 from plugtune.sdk import Context, Status
 from plugtune.trainer.protocols import PluginFunction
 from plugtune.trainer.tracking import CallSpans
-from plugtune.types import CallOutcome
+from plugtune.types import CallOutcome, MetricPoint
 
 log = logging.getLogger(__name__)
+
+#: Per step (the console's plugin-error curve and `plugtune run`'s progress bar read these).
+FAILED_CALLS, CALLS = "plugin/failed_calls", "plugin/calls"
 
 _STATUS_KINDS = {
     Status.FAILURE.value: (FailureKind.STATUS_FAILURE, StatusCause.FAILURE),
@@ -55,6 +58,39 @@ class StepCounts:
     @property
     def worst_plugin(self) -> str:
         return self.by_plugin.most_common(1)[0][0] if self.by_plugin else ""
+
+    def metric_points(self, step: int, prefix: str = "") -> list[MetricPoint]:
+        """The step's plugin calls and failed calls (retried ones too; in all and by cause), also
+        of a step that stopped the job."""
+        now, failed = time.time(), float(sum(self.errors.values()))
+        return [
+            MetricPoint(time=now, plugin="", name=prefix + FAILED_CALLS, value=failed, step=step),
+            MetricPoint(time=now, plugin="", name=prefix + CALLS, value=float(self.calls), step=step),
+            *(
+                MetricPoint(time=now, plugin="", name=f"{prefix}{FAILED_CALLS}/{cause}", value=n, step=step)
+                for cause, n in sorted((c, float(n)) for c, n in self.errors.items())
+            ),
+        ]
+
+    def breaker_error(self, config: CircuitBreaker) -> PluginCallError | None:
+        """The classified error the job's circuit breaker fails the job with after these calls
+        (cause: the dominant one, with its first example's evidence), or None when it holds."""
+        decision = breaker(self.calls, dict(self.errors), config)
+        if not decision.trip:
+            return None
+        causes: dict[str, Cause | StatusCause] = {c.value: c for c in (*Cause, *StatusCause)}
+        cause = causes.get(decision.dominant_cause or "", Cause.ERROR_500)
+        example = self.examples.get(cause.value)
+        return PluginCallError(
+            cause,
+            decision.message + (f" First one: {example.message}" if example else ""),
+            plugin=example.plugin if example else self.worst_plugin,
+            call_id=example.call_id if example else "",
+            trajectory_id=example.trajectory_id if example else "",
+            traceback=example.traceback if example else "",
+            peak_memory_mb=example.peak_memory_mb if example else None,
+            code_hash=example.code_hash if example else "",
+        )
 
 
 class PolicyCaller:

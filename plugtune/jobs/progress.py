@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from plugtune.jobs.attempt import FAILED_CALLS
+from plugtune.jobs.caller import FAILED_CALLS
 from plugtune.jobs.scheduler import AttemptRunner, run_job
 from plugtune.settings import Settings
 from plugtune.store import Store

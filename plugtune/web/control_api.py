@@ -31,9 +31,9 @@ from plugtune.jobs.submission import (
 )
 from plugtune.settings import Settings
 from plugtune.store import Store
-from plugtune.store.records import Job
 from plugtune.web import service
 from plugtune.web.guard import MULTIPART, YAML_TYPES
+from plugtune.web.job_events import JobWatch
 from plugtune.web.models import (
     CancelOut,
     DryRunOut,
@@ -280,16 +280,24 @@ async def events(request: Request, job_id: JobId) -> StreamingResponse:
     )
 
 
+def _watch(request: Request) -> JobWatch:
+    watch: JobWatch | None = getattr(request.app.state, "job_watch", None)
+    if watch is None:
+        watch = request.app.state.job_watch = JobWatch(_store(request), max_age_s=EVENTS_POLL_S / 2)
+    return watch
+
+
 async def _stream(request: Request, store: Store, job_id: int) -> AsyncIterator[str]:
     started = sent_at = time.monotonic()
     last: JobEventOut | None = None
+    watch = _watch(request)
     yield f"retry: {RECONNECT_MS}\n\n"
     while time.monotonic() - started < MAX_STREAM_S:
-        job = await run_in_threadpool(store.get_job, job_id)
-        if job is None:
+        read = await watch.read(job_id)
+        if read is None:
             yield _event("end", {"id": job_id, "status": "deleted"})
             return
-        state = await run_in_threadpool(job_event, store, job)
+        job, state = read
         if state != last:
             yield _event("job", state.model_dump())
             last, sent_at = state, time.monotonic()
@@ -302,21 +310,6 @@ async def _stream(request: Request, store: Store, job_id: int) -> AsyncIterator[
         if await request.is_disconnected():
             return
         await asyncio.sleep(EVENTS_POLL_S)
-
-
-def job_event(store: Store, job: Job) -> JobEventOut:
-    """A job's live state as the events stream sends it."""
-    position = service.queue_positions(store).get(job.id) if job.status == "queued" else None
-    cause = (job.error.cause or job.error.type) if job.error is not None else None
-    return JobEventOut(
-        id=job.id,
-        status=job.status,
-        steps_done=job.steps_done,
-        steps_total=job.steps_total,
-        error_cause=cause,
-        updated_at=job.updated_at,
-        queue_position=position,
-    )
 
 
 def _event(name: str, data: dict[str, Any]) -> str:

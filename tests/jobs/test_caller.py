@@ -111,3 +111,41 @@ async def test_counts_are_kept_by_the_step_a_call_belongs_to() -> None:
     assert (first.calls, dict(first.errors)) == (1, {})
     second = caller.take_counts(2)
     assert (second.calls, dict(second.errors), second.worst_plugin) == (1, {"Timeout": 1}, "g.py:g")
+
+
+def test_a_step_mostly_failed_trips_the_breaker_with_the_first_errors_evidence() -> None:
+    from plugtune.jobs.caller import FAILED_CALLS, StepCounts
+    from plugtune.jobs.spec import CircuitBreaker
+
+    counts = StepCounts()
+    counts.calls = 10
+    counts.errors.update({"FaaS OOM": 7, "Timeout": 1})
+    counts.by_plugin.update({"grade.py:score": 8})
+    first = PluginCallError(
+        Cause.OOM,
+        "killed at its 256 MiB limit",
+        plugin="grade.py:score",
+        call_id="c1",
+        trajectory_id="t1",
+        peak_memory_mb=255.5,
+        code_hash="abc",
+    )
+    counts.examples["FaaS OOM"] = first
+    error = counts.breaker_error(CircuitBreaker(max_error_share=0.5, min_calls=8))
+    assert error is not None and error.cause == Cause.OOM.value
+    assert "First one: killed at its 256 MiB limit" in error.message
+    assert (error.plugin, error.call_id, error.trajectory_id, error.peak_memory_mb, error.code_hash) == (
+        "grade.py:score",
+        "c1",
+        "t1",
+        255.5,
+        "abc",
+    )
+    assert counts.breaker_error(CircuitBreaker(max_error_share=0.9, min_calls=8)) is None
+    points = {p.name: p.value for p in counts.metric_points(3, prefix="eval/")}
+    assert points == {
+        f"eval/{FAILED_CALLS}": 8.0,
+        "eval/plugin/calls": 10.0,
+        f"eval/{FAILED_CALLS}/FaaS OOM": 7.0,
+        f"eval/{FAILED_CALLS}/Timeout": 1.0,
+    }

@@ -21,7 +21,7 @@ from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.web import create_app, guard
 from tests.jobs.jobkit import make_job
-from tests.web.test_browser import _free_port, _serving
+from tests.web.browsing import free_port, serving
 
 runner = CliRunner()
 
@@ -41,7 +41,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Store, Path]]:
     """A real console (uvicorn on a free 127.0.0.1 port) over its own store and home."""
     home = tmp_path / "server-home"
     store = Store.open(f"sqlite:///{home / 'plugtune.db'}", retention_days=7)
-    with _serving(create_app(store, home=home)) as base:
+    with serving(create_app(store, home=home)) as base:
         yield base, store, home
     store.close()
 
@@ -78,7 +78,7 @@ def test_submit_server_prints_the_problems_like_local_submit(
 
 
 def test_submit_server_says_in_one_line_when_nothing_listens(project: Path) -> None:
-    port = _free_port()
+    port = free_port()
     result = runner.invoke(app, ["submit", "--server", f"http://127.0.0.1:{port}", str(project)])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
@@ -93,7 +93,7 @@ def test_submit_server_401_and_413_are_one_clear_line(
     tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'locked' / 'plugtune.db'}", retention_days=7)
-    with _serving(create_app(store, api_token="t0ken", home=tmp_path / "locked")) as base:
+    with serving(create_app(store, api_token="t0ken", home=tmp_path / "locked")) as base:
         monkeypatch.delenv("PLUGTUNE_API_TOKEN", raising=False)
         missing = runner.invoke(app, ["submit", "--server", base, str(project)])
         assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1
@@ -135,7 +135,7 @@ def test_jobs_list_and_show_give_a_queued_jobs_place(home: Settings, store: Stor
 def test_submit_prints_the_url_of_the_running_serve_or_says_none_runs(
     home: Settings, tmp_path: Path, project: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PLUGTUNE_HOME=str(home.home), PLUGTUNE_DATABASE_URL=home.database_url)
     serve = subprocess.Popen(
         [sys.executable, "-m", "plugtune.cli", "serve", "--port", str(port)],

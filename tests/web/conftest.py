@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -70,3 +71,18 @@ def retried() -> list[str]:
 @pytest.fixture
 def client(store: Store, seeded: Seeded, retried: list[str]) -> TestClient:
     return TestClient(create_app(store, on_retry=retried.append), base_url=BASE_URL)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless Chromium for a module's browser tests (each page has its own context). Per module:
+    Playwright's sync API keeps an event loop on the main thread while it is open."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tests.web.browsing import ARGS, CHROMIUM
+
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield launched
+        launched.close()

@@ -7,59 +7,21 @@ tests/web/test_browser.py`` writes them there (otherwise they go to a temp folde
 from __future__ import annotations
 
 import io
-import os
-import socket
-import tempfile
-import threading
 import time
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from plugtune.store import Store
 from plugtune.types import LogLine
 from plugtune.web import create_app
+from tests.web.browsing import checked_page, needs_chromium, serving, shot
 from tests.web.seed import DISCARD_REASON, GRADER_CODE, XSS_IMG, XSS_SCRIPT, Seeded, seed
 
-CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = Path(os.environ.get("PLUGTUNE_SCREENSHOTS") or tempfile.mkdtemp(prefix="plugtune-shots-"))
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium"
-    ),
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _serving(app: Any) -> Iterator[str]:
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start within 15 s")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 
 @pytest.fixture(scope="module")
@@ -67,42 +29,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Stor
     folder = tmp_path_factory.mktemp("console")
     store = Store.open(f"sqlite:///{folder / 'plugtune.db'}", retention_days=7)
     seeded = seed(store)
-    with _serving(create_app(store)) as base:
+    with serving(create_app(store)) as base:
         yield base, store, seeded
     store.close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield launched
-        launched.close()
-
-
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    # Without the CSP, injected markup that escaped escaping would run: the dialog check below then
-    # tests the escaping itself (the CSP is asserted in test_pages). wait_for_function needs it too.
-    context = browser.new_context(
-        viewport={"width": 1400, "height": 900}, accept_downloads=True, bypass_csp=True
-    )
-    opened = context.new_page()
-    opened.set_default_timeout(10_000)
-    problems: list[str] = []
-    opened.on("dialog", lambda d: (problems.append(f"dialog fired: {d.message}"), d.dismiss()))
-    opened.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    opened.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
-    opened.problems = problems
-    yield opened
-    context.close()
-    assert problems == [], problems
-
-
-def _shot(page: Any, name: str, **options: Any) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / name), **options)
+    # Without the CSP, injected markup that escaped escaping would run: the dialog check then tests
+    # the escaping itself (the CSP is asserted in test_pages). wait_for_function needs it too.
+    with checked_page(browser, accept_downloads=True, bypass_csp=True, dialogs_fail=True) as opened:
+        yield opened
 
 
 def test_failed_job_banner_plugin_tab_range_download_and_logs(
@@ -111,7 +48,7 @@ def test_failed_job_banner_plugin_tab_range_download_and_logs(
     base, _, seeded = served
     job = seeded.failed_job
     page.goto(f"{base}/jobs")
-    _shot(page, "jobs.png")
+    shot(page, "jobs.png")
     page.click(f'tr[data-job="{job}"] a')
     banner = page.locator("#failure-banner")
     banner.wait_for()
@@ -121,7 +58,7 @@ def test_failed_job_banner_plugin_tab_range_download_and_logs(
     page.wait_for_selector("#curves .chart svg path.series")
     page.hover('[data-chart="reward"] svg rect')
     assert page.locator('[data-chart="reward"] .hover-label').text_content().startswith("step ")
-    _shot(page, "job-failed.png", full_page=True)
+    shot(page, "job-failed.png", full_page=True)
 
     page.click("text=Plugins")
     page.wait_for_selector("#plugin-charts .chart svg path.series")
@@ -139,7 +76,7 @@ def test_failed_job_banner_plugin_tab_range_download_and_logs(
     assert "range=3h" in page.url
     assert page.locator('[data-chart="exec_qps"] path.series').get_attribute("d") != one_hour
     assert page.locator(".chart").count() == 8
-    _shot(page, "plugin-tab.png", full_page=True)
+    shot(page, "plugin-tab.png", full_page=True)
 
     with page.expect_download() as download_info:
         page.click("#download-code")
@@ -154,7 +91,7 @@ def test_failed_job_banner_plugin_tab_range_download_and_logs(
     plugins = page.locator("#log-table tbody tr td:nth-child(3)").all_inner_texts()
     assert plugins and set(plugins) == {"exact"}
     assert f"grader crashed {XSS_IMG}" in page.locator("#log-table").inner_text()
-    _shot(page, "logs.png", full_page=True)
+    shot(page, "logs.png", full_page=True)
 
 
 def test_failed_trajectory_logs_fullscreen_keys_and_escaping(
@@ -171,7 +108,7 @@ def test_failed_trajectory_logs_fullscreen_keys_and_escaping(
     assert page.locator("#detail script, #detail img").count() == 0
     assert "→ calculator(" in detail and "ZeroDivisionError" in detail
     page.set_viewport_size({"width": 1400, "height": 1300})  # the sticky detail panel is viewport-high
-    _shot(page, "trajectory-failed.png")
+    shot(page, "trajectory-failed.png")
     page.set_viewport_size({"width": 1400, "height": 900})
     page.select_option("#log-plugin-filter", "solve")
     assert set(page.locator("#trajectory-logs tbody tr td:nth-child(3)").all_inner_texts()) == {"solve"}
@@ -185,7 +122,7 @@ def test_failed_trajectory_logs_fullscreen_keys_and_escaping(
     page.keyboard.press("ArrowDown")
     page.wait_for_function("document.getElementById('detail-id').textContent === 's2-g1-r0'")
     assert page.locator("#trajectory-logs").evaluate("d => d.open") is False  # success: on demand
-    _shot(page, "trajectory-fullscreen.png")
+    shot(page, "trajectory-fullscreen.png")
     page.click("#traj-prev")
     page.wait_for_function("document.getElementById('detail-id').textContent === 's2-g1-r1'")
     page.keyboard.press("ArrowUp")
@@ -196,7 +133,7 @@ def test_failed_trajectory_logs_fullscreen_keys_and_escaping(
 
     page.goto(f"{base}/jobs/{seeded.failed_job}/groups/g1")
     assert XSS_SCRIPT in page.locator("#group-view").inner_text()
-    _shot(page, "group.png", full_page=True)
+    shot(page, "group.png", full_page=True)
 
 
 def test_live_tail_shows_new_lines_while_the_job_runs(served: tuple[str, Store, Seeded], page: Any) -> None:
@@ -211,7 +148,7 @@ def test_live_tail_shows_new_lines_while_the_job_runs(served: tuple[str, Store, 
 def test_token_protected_console_login_retry_and_logout(tmp_path: Path, browser: Any, page: Any) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
     seeded = seed(store)
-    with _serving(create_app(store, api_token="browser-token")) as base:
+    with serving(create_app(store, api_token="browser-token")) as base:
         refused = page.goto(f"{base}/jobs/{seeded.failed_job}")
         assert refused.status == 401 and page.locator("#token-input").count() == 1
         page.problems.clear()  # the browser logs the expected 401s
@@ -253,10 +190,10 @@ def test_a_page_on_another_port_cannot_retry_a_job(tmp_path: Path, page: Any) ->
 
     store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
     seeded = seed(store)
-    with _serving(create_app(store)) as console:
+    with serving(create_app(store)) as console:
         target = f"{console}/jobs/{seeded.failed_job}/retry"
         evil = Starlette(routes=[Route("/", lambda _: HTMLResponse(ATTACKER_PAGE.format(target=target)))])
-        with _serving(evil) as attacker:  # same site (127.0.0.1) to the browser, another origin
+        with serving(evil) as attacker:  # same site (127.0.0.1) to the browser, another origin
             with page.expect_response(target) as answer:
                 page.goto(attacker)
             assert answer.value.status == 403
@@ -295,14 +232,14 @@ def test_phone_width_dark_mode_long_lines_and_bidi(served: tuple[str, Store, See
         assert "photo_⟨U+202E⟩gnp.exe" in cells.nth(0).inner_text()  # never reads as "exe.png"
         tall = page.evaluate("document.documentElement.scrollHeight")
         assert tall < 5000, f"a 100 KB line made the page {tall} px tall"
-        _shot(page, "logs-phone-dark.png", full_page=True)
+        shot(page, "logs-phone-dark.png", full_page=True)
         cells.nth(1).locator("button.show-more").click()
         page.wait_for_function(
-            "document.querySelectorAll('#log-table td.msg-text')[1].textContent.length > 100000"
+            "(document.querySelectorAll('#log-table td.msg-text')[1]?.textContent.length ?? 0) > 100000"
         )
         assert cells.nth(1).inner_text().endswith("y" * 50)
         page.goto(f"{base}/jobs/{seeded.failed_job}")
-        _shot(page, "job-phone-dark.png", full_page=True)
+        shot(page, "job-phone-dark.png", full_page=True)
     finally:
         context.close()
     assert errors == []

@@ -19,15 +19,10 @@ from plugtune.store import Store
 from plugtune.types import MetricPoint
 from plugtune.web import create_app
 from plugtune.web.pages import JOBS_PER_PAGE
+from tests.web.browsing import needs_chromium, open_page, serving, shot
 from tests.web.seed import Seeded, seed
-from tests.web.test_browser import CHROMIUM, _serving, _shot
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium"
-    ),
-]
+pytestmark = [pytest.mark.browser, needs_chromium]
 SWEEP = JOBS_PER_PAGE + 5
 
 
@@ -79,23 +74,14 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         store.create_job(f"sweep-{i:03d}", {"model": "tiny", "hyperparameters": {"lr": i}})
     a = _trained(store, "adder-lr1e-4", 1e-4, 4, slow=2.0, timeouts=2)
     b = _trained(store, "adder-lr3e-4", 3e-4, 8, slow=5.0, timeouts=0)
-    with _serving(create_app(store)) as base:
+    with serving(create_app(store)) as base:
         yield Console(base, store, seeded, a, b)
     store.close()
 
 
 def _page(browser: Any, **options: Any) -> Any:
     # bypass_csp: wait_for_function evaluates strings (the CSP itself is asserted in test_pages)
-    context = browser.new_context(
-        **{"viewport": {"width": 1400, "height": 900}, "bypass_csp": True, **options}
-    )
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    problems: list[str] = []
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
-    page.problems = problems
-    return page
+    return open_page(browser, bypass_csp=True, **options)
 
 
 @pytest.fixture
@@ -104,17 +90,6 @@ def page(browser: Any) -> Iterator[Any]:
     yield opened
     opened.context.close()
     assert opened.problems == [], opened.problems
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    from tests.web.test_browser import ARGS
-
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield launched
-        launched.close()
 
 
 def _ids(page: Any) -> list[int]:
@@ -214,7 +189,7 @@ def test_compare_two_jobs_from_the_list_shows_both_curves_shares_times_and_the_c
     assert button.is_disabled() and "pick one more" in page.locator("#compare-hint").inner_text()
     page.check(f'#jobs tr[data-job="{console.b}"] input.pick')
     assert button.is_enabled()
-    _shot(page, "jobs-search.png")
+    shot(page, "jobs-search.png")
     asked: list[str] = []
     page.on("request", lambda r: "/api/compare" in r.url and asked.append(r.url))
     button.click()
@@ -242,7 +217,7 @@ def test_compare_two_jobs_from_the_list_shows_both_curves_shares_times_and_the_c
     mean = page.locator(f'#compare-step-time tr[data-job="{console.b}"] [data-cell="mean"]').inner_text()
     assert mean == "6 s"  # 5 + (step % 3) over 12 steps averages 6
     page.set_viewport_size({"width": 1400, "height": 1300})
-    _shot(page, "compare.png", full_page=True)
+    shot(page, "compare.png", full_page=True)
 
 
 def test_compare_of_a_running_job_draws_its_new_steps_without_a_reload(console: Console, page: Any) -> None:

@@ -32,13 +32,10 @@ from fastapi.testclient import TestClient
 from plugtune.store import Store
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job
+from tests.web.browsing import checked_page, free_port, needs_chromium, serving, shot
 from tests.web.conftest import BASE_URL
 from tests.web.seed import seed
-from tests.web.test_browser import ARGS, CHROMIUM, _free_port, _serving, _shot
 
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium"
-)
 JOB_TIMEOUT_MS = 240_000  # a few tiny steps; the machine may be busy
 CHECK_TIMEOUT_MS = 120_000  # a dry run (the server's first one imports the trainer)
 FAILING_GRADER = """
@@ -59,7 +56,7 @@ def _api(base: str, path: str) -> Any:
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``plugtune serve`` in its own process (API, console, scheduler) on a free 127.0.0.1 port."""
     folder = tmp_path_factory.mktemp("serve")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PLUGTUNE_HOME": str(folder / "state")}
     env.pop("PLUGTUNE_API_TOKEN", None)
     env.pop("PLUGTUNE_DATABASE_URL", None)
@@ -88,28 +85,11 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield launched
-        launched.close()
-
-
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
     # Under the console's own CSP (no inline script, no eval): waits use selectors, not wait_for_function.
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    opened = context.new_page()
-    opened.set_default_timeout(15_000)
-    problems: list[str] = []
-    opened.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    opened.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
-    opened.problems = problems
-    yield opened
-    context.close()
-    assert problems == [], problems
+    with checked_page(browser, timeout_ms=15_000) as opened:
+        yield opened
 
 
 def _project(root: Path, *, steps: int = 2, grader: str | None = None) -> Path:
@@ -211,7 +191,7 @@ def test_new_job_page_shows_a_broken_job_yamls_problems_before_submit(
     assert steps_row.locator("td").nth(0).inner_text().endswith("job.yaml")
     assert steps_row.locator("td").nth(1).inner_text() == "4"  # the line of `steps: 0`
     assert steps_row.locator("td").nth(4).inner_text().strip(), "no hint"
-    _shot(page, "new-job.png", full_page=True)
+    shot(page, "new-job.png", full_page=True)
     assert _api(serve, "/api/jobs")["total"] == before  # a dry run creates nothing
 
     fixed = BROKEN.replace("steps: 0", "steps: 1").replace("missing.jsonl", "train.jsonl")
@@ -244,7 +224,7 @@ def test_a_job_created_from_the_page_runs_to_the_end_without_reload(
     assert page.locator("#job-eta").is_visible()
     page.wait_for_selector('#curves [data-chart="loss"] svg path.series', state="attached")
     assert "first run" in page.locator("#attempts tbody").inner_text()  # the attempt started after load
-    _shot(page, "job-live.png", full_page=True)
+    shot(page, "job-live.png", full_page=True)
     _wait_status(page, "succeeded", JOB_TIMEOUT_MS)
     _assert_not_reloaded(page)
     assert page.locator("#steps-done").inner_text() == "4 / 4"
@@ -323,7 +303,7 @@ def test_new_job_page_fits_a_phone_in_dark_mode(serve: str, browser: Any, tmp_pa
 def test_a_job_waiting_for_its_automatic_retry_is_cancelled_from_its_page(tmp_path: Path, page: Any) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
     seeded = seed(store)
-    with _serving(create_app(store)) as base:
+    with serving(create_app(store)) as base:
         page.goto(f"{base}/jobs/{seeded.platform_job}")
         _mark_loaded(page)
         assert page.locator("#retry-countdown").is_visible() and page.locator("#cancel-button").is_visible()
@@ -360,7 +340,7 @@ def test_the_job_page_reconnects_when_its_event_stream_drops(tmp_path: Path, pag
             route.continue_()
 
     page.route("**/api/jobs/*/events", drop_the_first)
-    with _serving(create_app(store)) as base:
+    with serving(create_app(store)) as base:
         page.goto(f"{base}/jobs/{seeded.running_job}")
         _mark_loaded(page)
         page.wait_for_selector('#live-state:text-is("live")', timeout=30_000)  # the second stream

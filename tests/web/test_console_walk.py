@@ -8,7 +8,6 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from plugtune.errors import Cause, PluginCallError
-from plugtune.jobs.attempt import _call_points
 from plugtune.jobs.caller import StepCounts
 from plugtune.jobs.control import create_job
 from plugtune.store import Store
@@ -31,7 +30,7 @@ def _failed_at_step_one(store: Store) -> int:
     counts.calls = 6
     counts.errors.update({"500": 3, "Timeout": 1})
     counts.examples["500"] = PluginCallError(Cause.ERROR_500, "boom", plugin="exact")
-    store.add_metrics(job, _call_points(1, counts))
+    store.add_metrics(job, counts.metric_points(1))
     store.transition(job, "failed", "Call plugin error: 500")
     return job
 

@@ -8,6 +8,7 @@ import json
 import tarfile
 import threading
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -426,23 +427,26 @@ def test_events_follow_a_live_job_with_keepalives_and_a_bounded_stream(
     monkeypatch.setattr(control_api, "KEEPALIVE_S", 0.3)
     ahead, job_id = db.create_job("ahead", {}), db.create_job("live", {})
     db.update_job(job_id, steps_total=2)
-
-    def drive() -> None:
-        for change in (
-            lambda: db.transition(ahead, "cancelled"),
-            lambda: db.transition(job_id, "running"),
-            lambda: db.update_job(job_id, steps_done=1),
-            lambda: db.update_job(job_id, steps_done=2),
-            lambda: db.transition(job_id, "succeeded"),
-        ):
-            time.sleep(1.2)
-            change()
-
-    driver = threading.Thread(target=drive)
-    driver.start()
+    # Each change is made once the stream has shown the state before it (and a keepalive has
+    # had time to go out), so a slow start or a late poll cannot merge two states into one.
+    changes = [
+        lambda: db.transition(ahead, "cancelled"),
+        lambda: db.transition(job_id, "running"),
+        lambda: db.update_job(job_id, steps_done=1),
+        lambda: db.update_job(job_id, steps_done=2),
+        lambda: db.transition(job_id, "succeeded"),
+    ]
+    text = ""
+    deadline = time.monotonic() + 60
     with api.stream("GET", f"/api/jobs/{job_id}/events") as answer:
-        text = "".join(answer.iter_text())
-    driver.join()
+        for chunk in answer.iter_text():
+            text += chunk
+            assert time.monotonic() < deadline, text
+            whole = text[: text.rfind("\n\n") + 1]  # events complete so far
+            shown = sum(1 for n, _ in _parse_events(whole) if n == "job")
+            if changes and shown == 6 - len(changes):
+                time.sleep(1.2)  # > KEEPALIVE_S and two polls: a keepalive goes out first
+                changes.pop(0)()
     seen = [(d["status"], d["steps_done"], d["queue_position"]) for n, d in _parse_events(text) if n == "job"]
     assert seen == [
         ("queued", 0, 2),
@@ -459,3 +463,31 @@ def test_events_follow_a_live_job_with_keepalives_and_a_bounded_stream(
     with api.stream("GET", f"/api/jobs/{endless}/events") as answer:
         bounded = "".join(answer.iter_text())
     assert [n for n, _ in _parse_events(bounded)] == ["job"]  # closed by the bound, without `end`
+
+
+def test_streams_that_follow_one_job_share_its_store_reads(db: Store, home: Path) -> None:
+    from tests.web.browsing import serving
+
+    app = create_app(db, home=home)
+    job_id = db.create_job("watched", {})
+    db.transition(job_id, "running")
+    texts: list[str] = []
+
+    def follow(base: str) -> None:
+        with urllib.request.urlopen(f"{base}/api/jobs/{job_id}/events", timeout=30) as answer:
+            texts.append(answer.read().decode())
+
+    with serving(app) as base:
+        followers = [threading.Thread(target=follow, args=(base,)) for _ in range(8)]
+        for follower in followers:
+            follower.start()
+        time.sleep(2.0)
+        db.transition(job_id, "succeeded")
+        for follower in followers:
+            follower.join(30)
+    assert len(texts) == 8
+    for text in texts:
+        assert [d["status"] for n, d in _parse_events(text) if n == "job"][-1] == "succeeded"
+        assert _parse_events(text)[-1][0] == "end"
+    # ~2.5 s at one poll per 0.5 s: one stream alone reads about 6 times; 8 of them still ~6, not ~48
+    assert app.state.job_watch.reads <= 16, app.state.job_watch.reads

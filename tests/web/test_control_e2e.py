@@ -26,7 +26,7 @@ from plugtune.jobs.submission import pack
 from plugtune.store import Store
 from plugtune.store.schema import metadata
 from tests.jobs.jobkit import make_job
-from tests.web.test_browser import _free_port
+from tests.web.browsing import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ DEADLINE_S = 420.0
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     home = tmp_path / "home"
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PLUGTUNE_HOME=str(home), PLUGTUNE_DATABASE_URL=f"sqlite:///{home / 'plugtune.db'}")
     env.pop("PLUGTUNE_API_TOKEN", None)
     serve = subprocess.Popen(

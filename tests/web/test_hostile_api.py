@@ -12,8 +12,8 @@ import pytest
 
 from plugtune.store import Store
 from plugtune.web import create_app
+from tests.web.browsing import serving
 from tests.web.seed import Seeded, seed
-from tests.web.test_browser import _serving
 
 JOB = 1  # the seeded failed job
 TRAVERSALS = [
@@ -128,7 +128,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int,
     store = Store.open(f"sqlite:///{folder / 'plugtune.db'}", retention_days=7)
     seeded = seed(store)
     assert seeded.failed_job == JOB
-    with _serving(create_app(store, home=folder)) as base:
+    with serving(create_app(store, home=folder)) as base:
         host, port = base.removeprefix("http://").split(":")
         yield host, int(port), store, seeded
     store.close()

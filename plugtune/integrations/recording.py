@@ -10,6 +10,7 @@ ends with. Nothing here imports an engine.
     run = EngineRun.open("job.yaml", engine="trl")      # or graders=["grader.py:score"]
     outcome = run.call(run.graders[0], ctx, sample, trajectory)   # blocking, any thread
     future = run.submit(run.rollout, ctx, policy, sample)         # concurrent.futures.Future
+    futures = run.submit_all([(fn, ctx, args), ...])             # many at once
     run.add_trajectories(records); run.add_metrics(step, {"reward/mean": 0.5}); run.flush(step)
     run.close()                       # succeeded; run.close(error) records the failure
 
@@ -28,6 +29,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -73,6 +75,7 @@ class EngineRun:
         self.caller = PolicyCaller(failure_policy)
         self.hashes = {jf.spec.name: jf.fn.code_hash for jf in functions}
         self.stopped: PluginCallError | None = None
+        self._tasks: set[asyncio.Task[CallOutcome]] = set()
         self._failure: tuple[BaseException, str] | None = None
         self._loop, self._runtime = loop, runtime
         self._owns_job, self._attempt = owns_job, attempt
@@ -147,6 +150,34 @@ class EngineRun:
         """Start a call on the run's loop; the future raises as :meth:`call` does."""
         return asyncio.run_coroutine_threadsafe(self._call(fn, ctx, *args), self._loop)
 
+    def submit_all(
+        self, calls: Sequence[tuple[JobFunction, Context, tuple[Any, ...]]]
+    ) -> list[concurrent.futures.Future[CallOutcome]]:
+        """Start many calls on the run's loop at once (one wake-up of the loop, not one per call);
+        each future raises as :meth:`call` does."""
+        futures: list[concurrent.futures.Future[CallOutcome]] = [concurrent.futures.Future() for _ in calls]
+
+        def start() -> None:
+            for future, (fn, ctx, args) in zip(futures, calls, strict=True):
+                if future.set_running_or_notify_cancel():
+                    task = self._loop.create_task(self._call(fn, ctx, *args))
+                    self._tasks.add(task)  # the loop keeps only weak references to tasks
+                    task.add_done_callback(functools.partial(self._settle, future))
+
+        self._loop.call_soon_threadsafe(start)
+        return futures
+
+    def _settle(
+        self, future: concurrent.futures.Future[CallOutcome], task: asyncio.Task[CallOutcome]
+    ) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            future.set_exception(concurrent.futures.CancelledError())
+        elif (exc := task.exception()) is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(task.result())
+
     def call(self, fn: JobFunction, ctx: Context, *args: Any) -> CallOutcome:
         """Call a plugin under the failure policy and wait (from any thread but the run's loop)."""
         return self.submit(fn, ctx, *args).result()
@@ -184,7 +215,7 @@ class EngineRun:
         if step is not None:
             counts = self.caller.take_counts(step)
             self._writer.add_metrics(counts.metric_points(step))
-            self.store.update_job(self.job_id, steps_done=step)
+            self._writer.set_steps_done(step)
         logs, points = self._drain.take()
         self._writer.add_logs(logs)
         self._writer.add_metrics(points)

@@ -195,14 +195,16 @@ class TRLRun:
         return Sample(messages=list(messages), extra=extra, index=i)
 
     def _grade_single(self, step: int, episodes: list[_Episode], components: list[dict[str, Any]]) -> None:
-        calls: list[tuple[int, JobFunction, concurrent.futures.Future[CallOutcome]]] = []
+        calls: list[tuple[int, JobFunction]] = []
+        args: list[tuple[JobFunction, Context, tuple[Any, ...]]] = []
         for i, e in enumerate(episodes):
             if e.status != "success":
                 continue
             trajectory = Trajectory(_tid(e), e.messages, e.sample.tools, e.metrics)
             for jf in self.run.graders:
-                calls.append((i, jf, self.run.submit(jf, _ctx(step, e), e.sample, trajectory)))
-        for i, jf, future in calls:
+                calls.append((i, jf))
+                args.append((jf, _ctx(step, e), (e.sample, trajectory)))
+        for (i, jf), future in zip(calls, self.run.submit_all(args), strict=True):
             components[i][jf.spec.name] = self._value(future, episodes[i], jf.spec.name)
 
     def _grade_groups(self, step: int, episodes: list[_Episode], components: list[dict[str, Any]]) -> None:

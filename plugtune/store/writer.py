@@ -1,4 +1,5 @@
-"""Batched writes from a running job: log lines, metric points and trajectories.
+"""Batched writes from a running job: log lines, metric points, trajectories and its progress
+(``steps_done``, written after the batch it follows).
 
 ``add_*`` only appends to memory and never touches the database, so a producer (the runtime's
 log pump, the trainer) is never slowed by a write. A background thread writes everything
@@ -31,14 +32,17 @@ class _Pending:
         self.logs: list[LogLine] = []
         self.metrics: list[MetricPoint] = []
         self.trajectories: list[TrajectoryRecord] = []
+        self.steps_done: int | None = None  # the job's progress, written after the batch
 
     def __len__(self) -> int:
-        return len(self.logs) + len(self.metrics) + len(self.trajectories)
+        return len(self.logs) + len(self.metrics) + len(self.trajectories) + (self.steps_done is not None)
 
     def put_back(self, newer: _Pending) -> None:
         self.logs.extend(newer.logs)
         self.metrics.extend(newer.metrics)
         self.trajectories.extend(newer.trajectories)
+        if newer.steps_done is not None:
+            self.steps_done = max(self.steps_done or 0, newer.steps_done)
 
 
 class StoreWriter:
@@ -88,6 +92,11 @@ class StoreWriter:
             self._pending.trajectories.extend(records)
         self._after_add()
 
+    def set_steps_done(self, step: int) -> None:
+        """Record the job's progress (``steps_done``) with the next write, after its batch."""
+        with self._lock:
+            self._pending.steps_done = max(self._pending.steps_done or 0, step)
+
     @property
     def pending(self) -> int:
         with self._lock:
@@ -104,6 +113,9 @@ class StoreWriter:
                 self._store.write_batch(
                     self._job_id, logs=batch.logs, metrics=batch.metrics, trajectories=batch.trajectories
                 )
+                batch.logs, batch.metrics, batch.trajectories = [], [], []  # written: a failure below keeps
+                if batch.steps_done is not None:  # only the progress pending
+                    self._store.update_job(self._job_id, steps_done=batch.steps_done)
             except PlatformError as e:
                 with self._lock:
                     batch.put_back(self._pending)

@@ -77,6 +77,18 @@ def test_write_soon_has_the_background_thread_write_without_the_caller_waiting(
     writer.close()
 
 
+def test_the_jobs_progress_is_written_after_its_batch_and_never_goes_back(store: Store, job_id: int) -> None:
+    writer = StoreWriter(store, job_id, max_batch=10_000, interval_s=60)
+    writer.add_trajectories([_trajectory(i) for i in range(3)])
+    writer.set_steps_done(2)
+    writer.set_steps_done(1)  # a late report of an earlier step
+    assert store.get_job(job_id).steps_done == 0  # type: ignore[union-attr]  # nothing written yet
+    writer.write_soon()
+    assert _wait_for(lambda: store.get_job(job_id).steps_done == 2, timeout_s=10)  # type: ignore[union-attr]
+    assert store.count_trajectories(job_id) == 3
+    writer.close()
+
+
 def test_close_flushes_what_is_left(store: Store, job_id: int) -> None:
     writer = StoreWriter(store, job_id, max_batch=10_000, interval_s=60)
     writer.add_trajectories([_trajectory(i) for i in range(10)])

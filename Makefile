@@ -34,7 +34,8 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy plugtune
 
 pytest: $(STAMP) browser
-	$(VENV)/bin/pytest -q -x --durations=15
+	# faulthandler: a crash of the test process (during the run or at its exit) prints every thread's stack
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -q -x --durations=15
 
 test: lint typecheck pytest
 

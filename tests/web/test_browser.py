@@ -209,7 +209,10 @@ def test_phone_width_dark_mode_long_lines_and_bidi(served: tuple[str, Store, See
     huge = "y" * 100_000
     store.add_logs(job, [LogLine(time.time(), "INFO", "solve", f"big {huge}")])
     store.add_logs(job, [LogLine(time.time(), "INFO", "solve", "saved photo_\u202egnp.exe")])
-    context = browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark")
+    # bypass_csp: wait_for_function evaluates a string (the CSP itself is asserted in test_pages)
+    context = browser.new_context(
+        viewport={"width": 390, "height": 844}, color_scheme="dark", bypass_csp=True
+    )
     page = context.new_page()
     page.set_default_timeout(10_000)
     errors: list[str] = []

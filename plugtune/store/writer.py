@@ -113,8 +113,9 @@ class StoreWriter:
                 self._store.write_batch(
                     self._job_id, logs=batch.logs, metrics=batch.metrics, trajectories=batch.trajectories
                 )
-                batch.logs, batch.metrics, batch.trajectories = [], [], []  # written: a failure below keeps
-                if batch.steps_done is not None:  # only the progress pending
+                # Written: should the progress fail below, only the progress stays pending.
+                batch.logs, batch.metrics, batch.trajectories = [], [], []
+                if batch.steps_done is not None:
                     self._store.update_job(self._job_id, steps_done=batch.steps_done)
             except PlatformError as e:
                 with self._lock:

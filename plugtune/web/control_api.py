@@ -271,10 +271,9 @@ async def events(request: Request, job_id: JobId) -> StreamingResponse:
     error_cause, updated_at, queue_position) at once and on every change, `end` when the job is final
     (then the stream closes); a `: keepalive` comment every 15 s; closed after 1 h (EventSource
     reconnects)."""
-    store = _store(request)
-    await run_in_threadpool(service.require_job, store, job_id)
+    await run_in_threadpool(service.require_job, _store(request), job_id)
     return StreamingResponse(
-        _stream(request, store, job_id),
+        _stream(request, job_id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -287,7 +286,7 @@ def _watch(request: Request) -> JobWatch:
     return watch
 
 
-async def _stream(request: Request, store: Store, job_id: int) -> AsyncIterator[str]:
+async def _stream(request: Request, job_id: int) -> AsyncIterator[str]:
     started = sent_at = time.monotonic()
     last: JobEventOut | None = None
     watch = _watch(request)

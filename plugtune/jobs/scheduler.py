@@ -159,8 +159,12 @@ def settle(store: Store, settings: Settings, job_id: int, end: AttemptEnd) -> tu
     error = end.error or attempt_died(None)
     number = len(store.list_attempts(job_id))
     store.set_job_error(job_id, error, attempt=number)
+    # The retry is decided while the job still shows running: a supervisor killed between the two
+    # writes leaves it running, and the next one's recover_interrupted settles it again (spending one
+    # more automatic retry), where the other order left it failed for good with no retry scheduled.
+    delay = schedule_retry(store, settings, job_id, error)
     store.transition(job_id, "failed", f"{error.get('type')}: {error.get('cause')}")
-    return "failed", schedule_retry(store, settings, job_id, error)
+    return "failed", delay
 
 
 def recover_interrupted(store: Store, settings: Settings) -> list[int]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
+
+import pytest
 
 from plugtune.jobs.control import Scheduler
 from plugtune.settings import Settings
@@ -70,3 +73,26 @@ def test_a_job_with_a_live_attempt_process_is_left_to_its_supervisor(store: Stor
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_server_killed_while_it_settles_a_failed_attempt_never_leaves_the_job_failed_without_its_retry(
+    store: Store, home: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugtune.jobs import scheduler as scheduling
+
+    job_id = _running_job(store)
+    store.start_attempt(job_id, _dead_pid(), 0)
+    real = scheduling.schedule_retry
+
+    def killed_here(*args: Any, **kwargs: Any) -> float | None:  # the server dies at this write
+        monkeypatch.setattr(scheduling, "schedule_retry", real)
+        raise SystemExit("kill -9")
+
+    monkeypatch.setattr(scheduling, "schedule_retry", killed_here)
+    with pytest.raises(SystemExit):
+        scheduling.recover_interrupted(store, home)
+    assert store.get_job(job_id).status == "running"  # type: ignore[union-attr]  # not failed yet
+    assert scheduling.recover_interrupted(store, home) == [job_id]  # the next server settles it
+    job = store.get_job(job_id)
+    assert job is not None and job.status == "failed" and job.next_retry_at is not None
+    assert (job.error.type, job.error.cause) == ("internal error", "supervisor stopped")  # type: ignore[union-attr]

@@ -258,6 +258,28 @@ async def test_sync_call_that_arrives_during_a_long_inline_call_starts_at_once()
             assert (await fn.invoke(ctx(), sample(sleep=0.01), trajectory())).metrics["running"] == 1
 
 
+async def test_a_batch_read_at_once_whose_first_call_is_long_runs_the_rest_beside_it() -> None:
+    # Calls sent in one loop turn reach the instance in one write; the reader runs them itself one
+    # after another, and once it has for TICK_S the ticker hands the rest to pool threads: a long
+    # first call must not hold up the batch's others.
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(
+            entry("basic.py", "counts_running"), runtime=Runtime(max_concurrency=4, max_instances=1)
+        )
+        for _ in range(3):
+            await fn.invoke(ctx(), sample(sleep=0.0), trajectory())
+        for _ in range(2):  # and the instance serves the next batch the same way
+            # the first frame goes out alone (nothing in flight); the next three in one write,
+            # which the reader takes up once the short first call has ended
+            first = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.0), trajectory()))
+            long = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=2.0), trajectory()))
+            rest = [asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.3), trajectory())) for _ in "ab"]
+            outs = await asyncio.wait_for(asyncio.gather(first, *rest), 1.8)
+            assert not long.done()  # the two ran beside the long one, not after it
+            assert max(o.metrics["running"] for o in outs[1:]) >= 2
+            assert {o.instance_id for o in outs} == {(await long).instance_id}
+
+
 async def test_a_cancelled_call_frees_its_slot_when_the_instance_answers() -> None:
     """A caller that stops waiting (its task cancelled) must not leave the next caller waiting for
     a slot until its deadline: the slot is free once the abandoned sync call ends."""

@@ -6,11 +6,13 @@ to use ``max_concurrency: 1``, :mod:`.mainthread`).
 
 One thread at a time holds the *reading role* and reads the instance's socket:
 
-* a call that arrives alone (nothing else running or queued) is run by the reader itself, at once:
-  no thread is woken, which is most of the cost of a short call. Meanwhile a *ticker* thread looks
-  every ``TICK_S``; when the inline call has run that long, it takes the reading role over (and the
-  reader becomes the ticker when its call ends), so a call that arrives meanwhile waits at most
-  about ``TICK_S``. An instance with no call for ``IDLE_S`` does not tick;
+* calls that arrive while nothing runs or is queued (one, or a batch read at once: a trainer's
+  step grading its completions) are run by the reader itself, one after another: no thread is
+  woken, which is most of the cost of a short call. Meanwhile a *ticker* thread looks every
+  ``TICK_S``; once the reader has run calls for that long, it takes the reading role over and
+  hands the batch's calls not started yet to the pool (the reader becomes the ticker when its
+  call ends), so a call waits at most about ``TICK_S`` before it starts or is handed on. An
+  instance with no call for ``IDLE_S`` does not tick;
 * other calls go to a queue served by up to ``max_concurrency`` threads, started on demand.
 
 At most ``max_concurrency`` calls run at once, the inline one included.
@@ -22,6 +24,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from plugtune.runtime.protocol import CALL, CANCEL, STATS, STOP, FrameReader
@@ -50,8 +53,9 @@ class SyncServer:
         self.idle = 0  # call threads waiting for a call, not yet promised one
         self.slot = threading.Condition(self.lock)  # a call thread waits here while an inline call
         self.slot_waiting = 0  # ... takes the last slot
-        self.inline = 0  # ident of the reader while it runs a call itself (0: none)
-        self.inline_since = 0.0
+        self.inline = 0  # ident of the reader while it runs calls itself (0: none)
+        self.inline_since = 0.0  # when it started the first of them
+        self.inline_rest: deque[Call] = deque()  # the batch's calls it has not started yet (queued)
         self.last_call = 0.0
         self.tick = threading.Condition(self.lock)
         self.ticker_started = False
@@ -104,9 +108,11 @@ class SyncServer:
         with self.lock:
             now = time.monotonic()
             self.last_call = now
-            if len(calls) == 1 and self.running == 0 and not self.queued:
-                self.running = 1
+            if self.running == 0 and not self.queued:
+                self.running = 1  # one slot: the reader runs the batch one call at a time
                 self.inline, self.inline_since = me, now
+                self.inline_rest.extend(calls[1:])
+                self.queued.update(call[0] for call in calls[1:])  # cancellable until started
                 if self.ticker_idle:
                     self.tick.notify()
                 start_ticker, self.ticker_started = not self.ticker_started, True
@@ -118,31 +124,51 @@ class SyncServer:
                     self.calls.put(call)
                 starts = self._promise_threads(len(calls))
                 inline, start_ticker = None, False
-        for _ in range(starts):
-            threading.Thread(target=self._work, name="plugtune-call", daemon=True).start()
+        self._start_threads(starts)
         if start_ticker:
             threading.Thread(target=self._roles, args=(False,), name="plugtune-reader", daemon=True).start()
         return inline
 
-    def _run_inline(self, call: Call, me: int) -> bool:
-        """Run a call on the reading thread; False when the ticker took the role over meanwhile."""
-        try:
-            self.runner.run_sync(*call)
-        finally:
-            with self.lock:
-                self._release_slot()
-                kept = self.inline == me
-                self.inline = 0
+    def _run_inline(self, call: Call | None, me: int) -> bool:
+        """Run calls on the reading thread, the batch's next one after each; False when the ticker
+        took the role over meanwhile (it handed the rest of the batch to the pool)."""
+        kept = True
+        while call is not None:
+            ran, starts = False, 0
+            try:
+                self.runner.run_sync(*call)  # it reports every failure itself
+                ran = True
+            finally:
+                with self.lock:
+                    kept = self.inline == me
+                    call = self._next_inline() if kept and ran else None
+                    if call is None:
+                        self._release_slot()
+                        self.inline = 0
+                        if kept and not ran:  # never leave the batch's other calls unanswered
+                            starts = self._hand_rest_to_pool()
+                self._start_threads(starts)
         return kept
 
+    def _next_inline(self) -> Call | None:
+        """(Under the lock.) The batch's next call not cancelled meanwhile."""
+        while self.inline_rest:
+            call = self.inline_rest.popleft()
+            if call[0] in self.queued:
+                self.queued.remove(call[0])
+                return call
+        return None
+
     def _wait_to_take_over(self) -> None:
-        """Tick until the reader has run an inline call for ``TICK_S``; then the role is ours."""
+        """Tick until the reader has run inline calls for ``TICK_S``; then the role is ours, and
+        the calls of its batch not started yet go to the pool."""
         with self.lock:
             while True:
                 now = time.monotonic()
                 if self.inline and now - self.inline_since >= TICK_S:
                     self.inline = 0  # the inline call's thread becomes the ticker when it ends
-                    return
+                    starts = self._hand_rest_to_pool()
+                    break
                 self.ticker_idle = not self.inline and now - self.last_call > IDLE_S
                 if self.ticker_idle:
                     self.tick.wait()
@@ -150,8 +176,21 @@ class SyncServer:
                 else:
                     left = TICK_S - (now - self.inline_since) if self.inline else TICK_S
                     self.tick.wait(max(left, 1e-4))
+        self._start_threads(starts)
+
+    def _hand_rest_to_pool(self) -> int:
+        """(Under the lock.) Queue the inline batch's calls not started yet for the call threads;
+        returns how many threads to start."""
+        rest, self.inline_rest = list(self.inline_rest), deque()
+        for call in rest:
+            self.calls.put(call)  # still in queued: a thread takes it (or skips it if cancelled)
+        return self._promise_threads(len(rest))
 
     # ---- call threads -----------------------------------------------------------------------
+
+    def _start_threads(self, n: int) -> None:
+        for _ in range(n):
+            threading.Thread(target=self._work, name="plugtune-call", daemon=True).start()
 
     def _promise_threads(self, n: int) -> int:
         """(Under the lock.) Idle threads promised to ``n`` queued calls; returns how many to start."""

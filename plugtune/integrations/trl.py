@@ -88,6 +88,7 @@ class TRLRun:
         self.group_size = group_size
         self._by_prompt = {_key(r["messages"]): i for i, r in enumerate(rows)}
         self._episodes: dict[str, _Episode] = {}
+        self._samples: dict[int, Sample] = {}  # the job's rows as samples, built once each
         self._graded: tuple[int, dict[str, list[float | None]]] | None = None
         self._gateway: Any = None
         self._vllm: Any = None  # the VLLMEngine behind the gateway (use_vllm=True)
@@ -163,12 +164,12 @@ class TRLRun:
         weights = {jf.spec.name: jf.spec.weight for jf in self._graders()}
         self.run.add_trajectories(
             [
-                _record(step, e, c, weights, ids[i])
+                _record(step, e, c, weights, ids[i], self.run.hashes)
                 for i, (e, c) in enumerate(zip(episodes, components, strict=True))
             ]
         )
         try:
-            self.run.flush(step, durable=False)  # written by the store's thread meanwhile
+            self.run.flush(step, durable=False)  # the store's thread writes it within a second
         except PluginCallError:  # the circuit breaker tripped: the run ends with its error
             self.close()
             raise
@@ -190,7 +191,10 @@ class TRLRun:
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
         index = kwargs[ROW][i] if ROW in kwargs else self._by_prompt.get(_key(messages))
         if index is not None and index < len(self.rows):
-            return _sample_of(self.rows[index], int(index), self.run)
+            index = int(index)
+            if index not in self._samples:
+                self._samples[index] = _sample_of(self.rows[index], index, self.run)
+            return self._samples[index]
         extra = {k: v[i] for k, v in kwargs.items() if k not in _TRL_KEYS and isinstance(v, list)}
         return Sample(messages=list(messages), extra=extra, index=i)
 
@@ -203,7 +207,7 @@ class TRLRun:
             trajectory = Trajectory(_tid(e), e.messages, e.sample.tools, e.metrics)
             for jf in self.run.graders:
                 calls.append((i, jf))
-                args.append((jf, _ctx(step, e), (e.sample, trajectory)))
+                args.append((jf, _ctx(step, e, str(self.run.job_id), jf.spec.name), (e.sample, trajectory)))
         for (i, jf), future in zip(calls, self.run.submit_all(args), strict=True):
             components[i][jf.spec.name] = self._value(future, episodes[i], jf.spec.name)
 
@@ -485,8 +489,15 @@ def _tid(e: _Episode) -> str:
     return f"{e.group_id}-r{e.rollout_index}"
 
 
-def _ctx(step: int, e: _Episode) -> Context:
-    return Context(step=step, sample_id=e.sample.index, rollout_index=e.rollout_index, trajectory_id=_tid(e))
+def _ctx(step: int, e: _Episode, job_id: str = "", plugin: str = "") -> Context:
+    return Context(
+        job_id=job_id,
+        step=step,
+        sample_id=e.sample.index,
+        rollout_index=e.rollout_index,
+        trajectory_id=_tid(e),
+        plugin=plugin,
+    )
 
 
 def _assistant(text: Any) -> dict[str, Any]:
@@ -515,7 +526,12 @@ def _take(gateway: Any, trajectory_id: str) -> TokenTrace | None:
 
 
 def _record(
-    step: int, e: _Episode, components: dict[str, float | None], weights: dict[str, float], ids: list[int]
+    step: int,
+    e: _Episode,
+    components: dict[str, float | None],
+    weights: dict[str, float],
+    ids: list[int],
+    code_hash: dict[str, str],
 ) -> TrajectoryRecord:
     trace = e.trace
     status = e.status if e.status != "success" or not e.errors else "failed"
@@ -540,6 +556,7 @@ def _record(
         errors=list(e.errors),
         metrics=dict(e.metrics),
         discard_reason=e.discard_reason,
+        code_hash=code_hash,
     )
 
 

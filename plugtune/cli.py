@@ -415,13 +415,13 @@ def jobs_retry(job_id: int = typer.Argument(..., help="Job id.")) -> None:
     """Retry a failed or cancelled job now; it resumes from its last checkpoint.
 
     `plugtune serve` runs the retried job (it reads the same store)."""
-    from plugtune.jobs.control import JobNotFoundError, retry_job
+    from plugtune.jobs.control import JobNotFoundError, NotRetryableError, retry_job
     from plugtune.store import IllegalTransitionError
 
     with _opened_store() as (_, store):
         try:
             retry_job(store, job_id)
-        except (JobNotFoundError, IllegalTransitionError) as exc:
+        except (JobNotFoundError, IllegalTransitionError, NotRetryableError) as exc:
             typer.echo(f"plugtune: {exc}", err=True)
             raise typer.Exit(2) from None
         typer.echo(f"job {job_id} queued for retry; it resumes from its last checkpoint")

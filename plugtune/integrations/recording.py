@@ -33,6 +33,7 @@ import functools
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Coroutine, Sequence
@@ -53,6 +54,8 @@ from plugtune.types import CallOutcome, MetricPoint, TrajectoryRecord
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+CANCEL_CHECK_S = 1.0  # how often cancel_requested() reads the job's status
 
 
 class EngineRun:
@@ -82,6 +85,7 @@ class EngineRun:
         self._drain = Drain(functions)
         self._writer = StoreWriter(store, job_id)
         self._closed = False
+        self._cancelled, self._cancel_checked = False, 0.0
         atexit.register(self.close)  # a run whose engine never said it ended still ends in the store
 
     @property
@@ -231,6 +235,16 @@ class EngineRun:
         if counts is not None:
             self._check_breaker(counts)
 
+    def cancel_requested(self) -> bool:
+        """Whether the job was cancelled in the console (``plugtune jobs cancel``): looked up in the
+        store at most once every ``CANCEL_CHECK_S``; the engine then stops its run."""
+        now = time.monotonic()
+        if not self._cancelled and now - self._cancel_checked >= CANCEL_CHECK_S:
+            self._cancel_checked = now
+            job = self.store.get_job(self.job_id)
+            self._cancelled = job is not None and job.status == "cancelled"
+        return self._cancelled
+
     def _check_breaker(self, counts: StepCounts) -> None:
         config = self.job.spec.circuit_breaker if self.job is not None else CircuitBreaker()
         error = counts.breaker_error(config)
@@ -280,18 +294,28 @@ def _finite(value: Any) -> bool:
 def _create_job(
     store: Store, job: ValidatedJob | None, graders: Sequence[str], engine: str, name: str
 ) -> int:
+    # the engine's process runs the job (its attempt's pid), on this host: ``plugtune serve``
+    # started meanwhile leaves it alone while it lives (scheduler.recover_interrupted)
+    owner = {"engine": engine, "engine_host": socket.gethostname()}
     if job is not None:
         text = job.job_file.read_text(errors="replace")
-        spec = {"job_file": str(job.job_file), **job.spec.model_dump(mode="json"), "engine": engine}
+        spec = {"job_file": str(job.job_file), **job.spec.model_dump(mode="json"), **owner}
         job_id = store.create_job(name or job.spec.name, spec, spec_yaml=text)
         store.update_job(job_id, steps_total=job.spec.hyperparameters.steps)
     else:
-        job_id = store.create_job(name or f"{engine}-run", {"engine": engine, "graders": list(graders)})
+        job_id = store.create_job(name or f"{engine}-run", {**owner, "graders": list(graders)})
     store.transition(job_id, "running", f"{engine} run started")
     return job_id
 
 
 def _end_job(store: Store, job_id: int, attempt: int, error: BaseException | None, reason: str = "") -> None:
+    job = store.get_job(job_id)
+    status = job.status if job is not None else "running"
+    if status != "running":  # cancelled in the console, or settled as lost meanwhile: keep that
+        log.warning("job %d is %s: the engine's run ended without changing it", job_id, status)
+        if store.list_attempts(job_id)[-1].status == "running":
+            store.end_attempt(job_id, attempt, "cancelled" if status == "cancelled" else "failed")
+        return
     if error is None:
         store.end_attempt(job_id, attempt, "succeeded")
         store.transition(job_id, "succeeded", "the engine's run ended")

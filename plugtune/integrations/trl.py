@@ -389,6 +389,12 @@ def _callback_class() -> type:
             metrics = {_METRICS.get(k, f"trl/{k}"): v for k, v in (logs or {}).items()}
             self.owner.run.add_metrics(state.global_step, metrics)
 
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if self.owner.run.cancel_requested():  # cancelled in the console: stop after this step
+                job_id = self.owner.run.job_id
+                log.warning("job %d was cancelled: TRL stops after step %d", job_id, state.global_step)
+                control.should_training_stop = True
+
         def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             self.owner.close()
 

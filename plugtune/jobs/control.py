@@ -31,6 +31,10 @@ class NotCancellableError(ValueError):
     """Raised when a job has nothing left to cancel: it ended and no automatic retry is pending."""
 
 
+class NotRetryableError(ValueError):
+    """Raised when retrying a job an engine ran (TRL, verl): its launcher, not plugtune, starts it."""
+
+
 class NotDeletableError(ValueError):
     """Raised when deleting a job that has not ended (queued, running, or awaiting a retry)."""
 
@@ -121,6 +125,12 @@ def require(store: Store, job_id: int) -> None:
 def retry_job(store: Store, job_id: int) -> None:
     """Put a failed or cancelled job back in the queue now; it resumes from its last checkpoint."""
     require(store, job_id)
+    job = store.get_job(job_id)
+    if job is not None and "engine" in job.spec:
+        raise NotRetryableError(
+            f"job {job_id} was run by {job.spec['engine']} from its own launcher, which plugtune "
+            "cannot start again: run that script (or command) again; it records a new job"
+        )
     store.update_job(job_id, next_retry_at=None)
     store.transition(job_id, "queued", "manual retry")
 
@@ -140,6 +150,12 @@ def request_cancel(store: Store, job_id: int) -> None:
     cancellation when it has stopped); a queued or retry-pending job is cancelled at once."""
     require(store, job_id)
     job = store.get_job(job_id)
+    if job is not None and job.status == "running" and "engine" in job.spec:
+        # an engine's process (a user's TRL script, a verl worker) is not ours to signal: the run
+        # sees the cancellation (TRL stops after its current step) and ends its attempt
+        reason = f"cancelled by the user; the {job.spec['engine']} run stops at its next step"
+        store.transition(job_id, "cancelled", reason)
+        return
     if job is not None and job.status == "running":
         running = [a for a in store.list_attempts(job_id) if a.status == "running" and a.pid]
         for attempt in running:

@@ -14,6 +14,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,7 @@ from plugtune.jobs.retry_policy import FailureKind, RetryJobAfter, Stop, decide
 from plugtune.jobs.spec import RetryPolicy
 from plugtune.jobs.support_bundle import write_bundle
 from plugtune.settings import Settings
-from plugtune.store import IllegalTransitionError, Store
+from plugtune.store import IllegalTransitionError, Job, Store
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +175,18 @@ def recover_interrupted(store: Store, settings: Settings) -> list[int]:
     A job with a live attempt process (in this store) is left alone: its supervisor lives, since
     attempts die with theirs. Otherwise its attempt is recorded as ended with the supervisor (an
     ``internal error``), and the job goes on as if its supervisor had seen that: a finished attempt
-    succeeds the job, a failed one is retried automatically from the last checkpoint."""
+    succeeds the job, a failed one is retried automatically from the last checkpoint.
+
+    A job an engine runs (TRL, verl: ``EngineRun``) has no supervisor here: it is left alone while
+    its engine process lives, or when that process is on another host (a shared PostgreSQL store);
+    one whose process on this host is gone failed with it, and is not retried (the engine's own
+    launcher started it)."""
     settled = []
     for job in store.list_jobs("running", limit=1000):
+        if "engine" in job.spec:
+            if _settle_engine_run(store, job):
+                settled.append(job.id)
+            continue
         if _attempt_alive(settings, job.id):
             continue
         attempts = store.list_attempts(job.id)
@@ -190,6 +200,48 @@ def recover_interrupted(store: Store, settings: Settings) -> list[int]:
         log.warning("job %d was left running by a stopped supervisor: now %s%s", job.id, status, when)
         settled.append(job.id)
     return settled
+
+
+def _settle_engine_run(store: Store, job: Job) -> bool:
+    """Fail an engine's running job whose process on this host is gone; False: left alone."""
+    attempts = store.list_attempts(job.id)
+    last = attempts[-1] if attempts else None
+    if job.spec.get("engine_host", socket.gethostname()) != socket.gethostname():
+        return False  # its process is on another machine: nothing here can tell whether it lives
+    if last is not None and last.status == "running" and _process_since(last.pid, last.started_at):
+        return False
+    engine, pid = str(job.spec["engine"]), last.pid if last is not None else None
+    error = {
+        "type": ErrorType.UNKNOWN.value,
+        "owner": OWNERS[ErrorType.UNKNOWN].value,
+        "cause": "engine process stopped",
+        "message": (
+            f"the {engine} process that ran this job (pid {pid}) stopped without ending its run "
+            "(killed, crashed, or the machine restarted); the training ended with it"
+        ),
+        "hint": (
+            f"Look at the {engine} launcher's own output for why the process stopped (out of "
+            "memory, a signal); plugtune did not see it end. Start the run again with the engine."
+        ),
+        "evidence": {"pid": pid, "engine": engine},
+    }
+    number = last.number if last is not None else 0
+    if last is not None and last.status == "running":
+        store.end_attempt(job.id, number, "failed", error)
+    store.set_job_error(job.id, error, attempt=number)
+    store.transition(job.id, "failed", f"{error['type']}: {error['cause']}")
+    log.warning("job %d (%s run) lost its process %s: now failed", job.id, engine, pid)
+    return True
+
+
+def _process_since(pid: int | None, started_at: float) -> bool:
+    """A process ``pid`` lives that started by ``started_at`` (not a later one given its pid)."""
+    if pid is None:
+        return False
+    try:
+        return bool(psutil.Process(pid).create_time() <= started_at + 1.0)
+    except psutil.Error:
+        return False
 
 
 def supervisor_gone(number: int, pid: int | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from plugtune.jobs import control
-from plugtune.jobs.control import JobNotFoundError, retry_job
+from plugtune.jobs.control import JobNotFoundError, NotRetryableError, retry_job
 from plugtune.store import Store
 from plugtune.store.records import Attempt, IllegalTransitionError, Job, NotFoundError, Plugin
 from plugtune.web import queries
@@ -198,7 +198,7 @@ def retry(store: Store, job_id: int, on_retry: Callable[[str], None] | None) -> 
         raise Conflict(f"job {job_id} is {job.status}; only a failed or cancelled job can be retried")
     try:
         retry_job(store, job_id)
-    except (IllegalTransitionError, NotFoundError, JobNotFoundError) as e:
+    except (IllegalTransitionError, NotFoundError, JobNotFoundError, NotRetryableError) as e:
         raise Conflict(str(e)) from e
     if on_retry is not None:
         on_retry(str(job_id))

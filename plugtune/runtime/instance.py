@@ -16,7 +16,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import psutil
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import DeployFailed, Failed, Happened, Returned
 from plugtune.runtime.limits import InstanceLimits
+from plugtune.runtime.loglimit import MARKER_CHARS, MAX_LINE_CHARS, LogBudget, clip_line
 from plugtune.types import LogLine
 
 log = logging.getLogger(__name__)
@@ -99,17 +100,26 @@ class Instance:
         self.end_task: asyncio.Task[None] | None = None
         self.tmp_dir: Path | None = None  # its private temp folder (removed after it ends)
         self.max_pids = 0
+        self.log_budget = LogBudget()
 
     # ---- wiring -----------------------------------------------------------------------------
 
     async def attach(self, sock: socket.socket, output_fd: int) -> None:
-        reader = p.FrameReader()
+        reader = p.FrameReader(p.MAX_FRAME)
         instance = self
 
         class Conn(asyncio.Protocol):
             def data_received(self, data: bytes) -> None:
-                for message in reader.feed(data):
-                    instance.on_message(message)
+                if instance.kill_reason:
+                    return
+                try:
+                    for message in reader.feed(data):
+                        instance.on_message(message)
+                except Exception as exc:  # noqa: BLE001 - whatever the instance sent, it is the instance's fault
+                    instance.on_bad_frame(str(exc) or type(exc).__name__)
+                    return
+                if reader.broken:
+                    instance.on_bad_frame(reader.broken)
 
             def connection_lost(self, exc: Exception | None) -> None:
                 instance.draining = True  # no call is routed to it while its end is being read
@@ -177,6 +187,7 @@ class Instance:
         pending = self.pending.pop(call_id, None)
         if pending is None:
             return None
+        self._log_dropped(call_id, pending)
         self.send([p.CANCEL, call_id])
         return pending
 
@@ -187,13 +198,12 @@ class Instance:
         if op == p.OK:
             _, call_id, value, metrics = message
             pending = self.pending.pop(call_id, None)
-            self._settled(call_id)
+            self._settled(call_id, pending)
             if pending is not None and not pending.future.done():
                 latency = (time.perf_counter() - pending.started) * 1000
                 pending.future.set_result(Returned(value, metrics, pending.logs, self.id, latency))
         elif op == p.LOG:
-            _, when, level, text, source, call_id, trajectory_id = message
-            self._log(LogLine(when, level, self.plugin, text, source, call_id, trajectory_id, self.id))
+            self._log(self._log_line(message))
         elif op == p.ERR:
             self._on_error(*message[1:])
         elif op == p.READY:
@@ -205,9 +215,22 @@ class Instance:
         elif op == p.STATS:
             self.outbound_bytes = int(message[1])
 
+    def _log_line(self, message: list[Any]) -> LogLine:
+        _, when, level, text, source, call_id, trajectory_id = message
+        when, level, source = float(when), str(level)[:16], str(source)[:16]
+        return LogLine(when, level, self.plugin, str(text), source, str(call_id), str(trajectory_id), self.id)
+
+    def on_bad_frame(self, why: str) -> None:
+        """The instance sent bytes that are not a frame of the protocol (or one over the size limit):
+        it is broken (or hostile); its calls fail with the reason and it is killed."""
+        self.kill(
+            f"it sent a frame the supervisor refuses ({why}; an instance's frames are at most "
+            f"{p.MAX_FRAME >> 20} MiB: return smaller results and log less)"
+        )
+
     def _on_error(self, call_id: str, kind: str, text: str, tb: str, metrics: dict[str, float]) -> None:
         pending = self.pending.pop(call_id, None)
-        self._settled(call_id)
+        self._settled(call_id, pending)
         if pending is None or pending.future.done():
             if KINDS.get(kind) in RECYCLED or self.hit_pids():
                 # A call already answered (its deadline passed) hit a limit afterwards: its stray
@@ -226,8 +249,9 @@ class Instance:
         peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
         pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency))
 
-    def _settled(self, call_id: str) -> None:
+    def _settled(self, call_id: str, pending: Pending | None) -> None:
         self.last_used = time.monotonic()
+        self._log_dropped(call_id, pending)
         timer = self.cancel_timers.pop(call_id, None)
         if timer is not None:
             timer.cancel()
@@ -236,6 +260,27 @@ class Instance:
             self.on_freed()
 
     def _log(self, line: LogLine) -> None:
+        """Keep a line (cut to its length limit) while its call's log budget lasts."""
+        owner = line.call_id if line.call_id in self.pending else ""
+        if not owner:
+            self._log_dropped("", None, roll=True)
+        if len(line.message) > MAX_LINE_CHARS + MARKER_CHARS:
+            line = replace(line, message=clip_line(line.message))
+        if self.log_budget.admit(owner, len(line.message)):
+            self._keep(line)
+
+    def _log_dropped(self, call_id: str, pending: Pending | None, roll: bool = False) -> None:
+        """One line saying how many of a call's (or the window's) lines the log budget dropped."""
+        marker = self.log_budget.roll_window() if roll else self.log_budget.settle(call_id)
+        if marker is not None:
+            trajectory_id = pending.trajectory_id if pending is not None else ""
+            now = time.time()
+            line = LogLine(now, "WARNING", self.plugin, marker, "runtime", call_id, trajectory_id, self.id)
+            if pending is not None:
+                pending.logs.append(line)
+            self.on_log(line)
+
+    def _keep(self, line: LogLine) -> None:
         if not self.ready.done():
             self.startup_logs.append(line)
         pending = self.pending.get(line.call_id) if line.call_id else None
@@ -311,6 +356,7 @@ class Instance:
         elif not oom and self.hit_pids():
             happened, message = Happened.PIDS_LIMIT, f"{message} ({self.pids_text()})"
         for pending in list(self.pending.values()):
+            self._log_dropped(pending.call_id, pending)
             if not pending.future.done():
                 latency = (time.perf_counter() - pending.started) * 1000
                 pending.future.set_result(Failed(happened, message, pending.logs, tb, self.id, peak, latency))

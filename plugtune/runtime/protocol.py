@@ -24,7 +24,12 @@ from plugtune.sdk import GraderResult, Kind, Policy, RolloutResult, Sample, Samp
 from plugtune.sdk.context import Context
 
 HEADER = struct.Struct(">I")
-MAX_FRAME = 512 << 20
+#: The largest frame an instance may send (its reply, a log line): twice the policy gateway's 16 MiB
+#: request limit, through which a rollout's messages came. A larger one means the instance is broken
+#: or hostile: the supervisor refuses it as soon as its length arrives, before buffering it.
+MAX_FRAME = 32 << 20
+#: The largest frame the supervisor may send an instance (a group grader's call carries a group).
+MAX_CALL_FRAME = 512 << 20
 
 CALL, CANCEL, STATS, STOP = "call", "cancel", "stats", "stop"
 READY, FATAL, LOG, OK, ERR = "ready", "fatal", "log", "ok", "err"
@@ -46,12 +51,21 @@ def pack(message: list[Any]) -> bytes:
 
 
 class FrameReader:
-    """Turns a byte stream into messages; keeps a partial frame between feeds."""
+    """Turns a byte stream into messages; keeps a partial frame between feeds.
 
-    def __init__(self) -> None:
+    A frame longer than ``limit`` is refused when its length is read, before it is buffered:
+    ``broken`` says why, the messages before it are returned, and this feed (when it returned none)
+    and every later one raise :class:`ProtocolError` (the stream cannot be resynchronized).
+    """
+
+    def __init__(self, limit: int = MAX_CALL_FRAME) -> None:
         self._buf = bytearray()
+        self.limit = limit
+        self.broken = ""
 
     def feed(self, data: bytes) -> list[Any]:
+        if self.broken:
+            raise ProtocolError(self.broken)
         buf = self._buf
         buf += data
         out: list[Any] = []
@@ -60,8 +74,9 @@ class FrameReader:
         try:
             while size - pos >= 4:
                 length = int.from_bytes(view[pos : pos + 4], "big")
-                if length > MAX_FRAME:
-                    raise ProtocolError(f"frame of {length} bytes is larger than {MAX_FRAME}")
+                if length > self.limit:
+                    self.broken = f"a frame of {length:,} bytes is larger than the limit of {self.limit:,}"
+                    break
                 end = pos + 4 + length
                 if end > size:
                     break
@@ -69,7 +84,11 @@ class FrameReader:
                 pos = end
         finally:
             view.release()
-        if pos:
+        if self.broken:
+            self._buf = bytearray()
+            if not out:
+                raise ProtocolError(self.broken)
+        elif pos:
             del buf[:pos]
         return out
 

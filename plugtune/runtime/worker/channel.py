@@ -1,7 +1,8 @@
 """Writing frames from any thread, and turning logging / print output into LOG frames.
 
 Writes are synchronous (the bytes are in the kernel before the writer goes on), so a line a
-plugin logged is never lost when the process dies right after.
+plugin logged is never lost when the process dies right after. A line longer than the supervisor
+keeps is cut here already (a courtesy: the supervisor cuts and counts again, it trusts no worker).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from plugtune.runtime.loglimit import clip_line
 from plugtune.runtime.protocol import LOG, pack
 
 # The C method: the outbound counter patches ``socket.socket``'s for the plugin's own sockets; this
@@ -75,7 +77,7 @@ class Channel:
 
     def log(self, level: str, message: str, source: str) -> None:
         call_id, trajectory_id = CURRENT_CALL.get()
-        self.send([LOG, time.time(), level, message, source, call_id, trajectory_id])
+        self.send([LOG, time.time(), level, clip_line(message), source, call_id, trajectory_id])
 
 
 class ChannelHandler(logging.Handler):
@@ -88,7 +90,7 @@ class ChannelHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = self.format(record)
+            text = clip_line(self.format(record))
             call_id, trajectory_id = CURRENT_CALL.get()
             self.channel.send([LOG, record.created, record.levelname, text, "logger", call_id, trajectory_id])
         except Exception:  # a log line must never break the call

@@ -102,7 +102,10 @@ class _FreshTrajectoryRollout:
 @dataclass
 class GroupRunner:
     """Runs prompt groups through the plugins; ``phase`` tags their contexts and records, and
-    ``group_prefix`` starts their group ids (``s3-p0``: step 3, prompt 0; trajectories ``-r<i>``)."""
+    ``group_prefix`` starts their group ids: ``s3-b1-p0`` is step 3, place 1 of its batch, dataset
+    row 0 (``s3-p0`` without a place); its trajectories add ``-r<i>``. A training step's groups
+    pass their place, so a row drawn twice in one step (a dataset smaller than the batch) still
+    gets ids of its own."""
 
     server: PolicyServer
     plugins: Plugins
@@ -113,10 +116,12 @@ class GroupRunner:
     stopped: list[TrajectoryRecord] = field(default_factory=list)  # of groups that did not end
 
     async def run(
-        self, step: int, sample: Sample, group_size: int, policy_version: int
+        self, step: int, sample: Sample, group_size: int, policy_version: int, place: int | None = None
     ) -> list[TrajectoryRecord]:
-        """Roll out ``group_size`` trajectories of ``sample`` concurrently and grade them."""
-        group_id = f"{self.group_prefix}{step}-p{sample.index}"
+        """Roll out ``group_size`` trajectories of ``sample`` concurrently and grade them;
+        ``place`` is the group's place in its step's batch."""
+        batch = "" if place is None else f"-b{place}"
+        group_id = f"{self.group_prefix}{step}{batch}-p{sample.index}"
         slots = [_Slot(rollout_index=i, trajectory_id=f"{group_id}-r{i}") for i in range(group_size)]
         # Open every trajectory before any rollout runs: the policy server then knows how many
         # requests are coming and can start generating as soon as all of them are in.

@@ -189,12 +189,12 @@ class GRPOTrainer:
         samples = [self._sample(i, row) for i, row in self.cursor.batch(self.rows, self.config.batch_size)]
         finished: list[TrajectoryRecord] = []
 
-        async def run_group(sample: Sample) -> list[TrajectoryRecord]:
-            records = await self.runner.run(step, sample, self.config.group_size, step - 1)
+        async def run_group(place: int, sample: Sample) -> list[TrajectoryRecord]:
+            records = await self.runner.run(step, sample, self.config.group_size, step - 1, place)
             finished.extend(records)  # kept should a sibling group stop the step
             return records
 
-        task = asyncio.ensure_future(gather_or_cancel([run_group(s) for s in samples]))
+        task = asyncio.ensure_future(gather_or_cancel([run_group(b, s) for b, s in enumerate(samples)]))
         return _Rollouts(step, task, time.perf_counter(), cursor_before, finished)
 
     async def _train(

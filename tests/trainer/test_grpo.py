@@ -127,7 +127,7 @@ async def test_caller_strategy_retries_a_rollout_in_a_fresh_trajectory(tiny_mode
     trainer.runner.caller = retry_once
     result = await trainer.step()
     rec = result.records[0]
-    assert rec.attempt == 2 and rec.trajectory_id == "s1-p0-r0"
+    assert rec.attempt == 2 and rec.trajectory_id == "s1-b0-p0-r0"
     # only the second attempt's tokens are kept: one policy turn of at most max_new_tokens
     assert 0 < sum(rec.response_mask) <= 12
 
@@ -168,7 +168,7 @@ async def test_inf_reward_raises_loss_nan_and_applies_nothing(tiny_model_path: P
     assert err.type == "Loss nan" and err.step == 1
     assert err.stats["reward/max"] == float("inf")
     assert "advantage/mean" in err.stats
-    assert len(err.trajectory_ids) == 4 and all(t.startswith("s1-p") for t in err.trajectory_ids)
+    assert len(err.trajectory_ids) == 4 and all(t.startswith("s1-b0-p") for t in err.trajectory_ids)
     assert "step 1" in err.message and "not applied" in err.message
     after = params(trainer)
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -206,8 +206,11 @@ async def test_micro_batches_give_the_same_step_as_one_batch(
     assert [r.response_ids for r in many.records] == [r.response_ids for r in one.records]
     for name in ("loss", "kl", "entropy", "grad_norm", "logprob_gap"):
         assert many.metrics[name] == pytest.approx(one.metrics[name], rel=1e-4, abs=1e-6), name
+    # Adam divides each gradient by its own scale (plus eps 1e-8), so a weight whose gradient is
+    # near eps moves by the float rounding of the summation order: 1e-4 is a hundredth of the
+    # learning rate's step (the loss and grad_norm above compare the gradients themselves)
     for k, v in params(whole).items():
-        torch.testing.assert_close(params(split)[k], v, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(params(split)[k], v, rtol=1e-4, atol=1e-4)
 
 
 def test_plugins_check_kinds_and_unique_grader_names() -> None:
@@ -238,7 +241,7 @@ async def test_a_caller_that_stops_the_job_keeps_the_evidence_in_the_stopped_rec
     before = params(trainer)
     with pytest.raises(Stop):
         await trainer.step()
-    assert seen and seen[0].startswith("s1-p0-r")
+    assert seen and seen[0].startswith("s1-b0-p0-r")
     stopped = {r.trajectory_id: r for r in trainer.take_stopped()}
     record = stopped[seen[0]]  # what the rollout got from the policy before it crashed
     assert record.status == "failed" and record.stop_reason == STOPPED

@@ -33,8 +33,8 @@ async def test_every_untrained_trajectory_says_why(tiny_model_path: Path) -> Non
     discarded = await make(tiny_model_path, p.discard_first, [p.digits]).step()
     by_id = {r.trajectory_id: r for r in discarded.records}
     first = (
-        by_id["s1-p0-r0"]
-        if "s1-p0-r0" in by_id
+        by_id["s1-b0-p0-r0"]
+        if "s1-b0-p0-r0" in by_id
         else next(r for r in discarded.records if r.rollout_index == 0)
     )
     assert first.status == "discard"

@@ -169,6 +169,9 @@ def test_plugins(
     every error with its cause and hint; with --faas, load-test them in the function runtime (QPS,
     latency, errors by cause, memory, instances, event-loop blocking, trainer demand).
 
+    Without --faas the plugins run in this process, UNSANDBOXED, with your user and files (it is your
+    own code; as root a warning says so); --faas runs them in the runtime's sandbox.
+
     Exits 0 when every call succeeded, 1 when one failed, 2 when the job itself is invalid."""
     from plugtune.pretest.command import TestOptions, test_command
     from plugtune.pretest.faas import Injection
@@ -522,10 +525,24 @@ def trajectories(
 def replay(
     job_id: int = typer.Argument(..., help="Job id."),
     trajectory_id: str = typer.Argument(..., help="Trajectory id (`plugtune trajectories JOB` lists them)."),
+    in_process: bool = typer.Option(
+        False,
+        "--in-process",
+        help="Run the plugins in this process (a debugger works) instead of the function runtime's "
+        "sandbox: UNSANDBOXED, with this process's user and files.",
+    ),
+    unsandboxed_as_root: bool = typer.Option(
+        False,
+        "--unsandboxed-as-root",
+        help="With --in-process as root: run the job's recorded code anyway (refused without it).",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Re-run one trajectory's rollout and graders here, in this process (a debugger works), from the
-    exact code that ran in the job, with the policy's recorded answers played back (no model needed).
+    """Re-run one trajectory's rollout and graders from the exact code that ran in the job, with the
+    policy's recorded answers played back (no model needed). That code is the job submitter's: it
+    runs in the function runtime's sandbox (its own user, limits), as `plugtune test --faas` does;
+    --in-process runs it in this process (a debugger works) with no sandbox, refused as root unless
+    --unsandboxed-as-root is given too.
 
     The verdict: "reproduced" (the same failure: type, cause, plugin and, for a raise, the exception
     class; or the same status and reward), "failed differently" (both failed, not alike; both
@@ -537,9 +554,18 @@ def replay(
     from plugtune.pretest.replay import replay as replay_trajectory
     from plugtune.pretest.report import dumps, render_replay
 
+    if in_process:
+        typer.secho(
+            "plugtune replay: --in-process: the job's recorded plugin code runs in this process, "
+            "UNSANDBOXED (this process's user and files)",
+            fg="yellow",
+            err=True,
+        )
     with _opened_store() as (_, store):
         try:
-            doc = replay_trajectory(store, job_id, trajectory_id)
+            doc = replay_trajectory(
+                store, job_id, trajectory_id, in_process=in_process, unsandboxed_as_root=unsandboxed_as_root
+            )
         except (ReplayError, DataError) as exc:
             typer.echo(f"plugtune replay: {exc}", err=True)
             raise typer.Exit(2) from None
@@ -605,6 +631,20 @@ def serve(
         max=64,
         help="Jobs run at once; the others wait in the queue, oldest first.",
     ),
+    secret: list[str] = typer.Option(
+        [],
+        "--secret",
+        metavar="NAME",
+        help="A variable of this server's environment that jobs submitted over the API may import as "
+        "`secrets:` (repeatable; also PLUGTUNE_SUBMIT_SECRETS). Any other secret is refused (422).",
+    ),
+    shared_dir: list[str] = typer.Option(
+        [],
+        "--shared-dir",
+        metavar="DIR",
+        help="A folder of this server whose files jobs submitted over the API may name as data or "
+        "plugins (repeatable; also PLUGTUNE_SHARED_DIRS). Otherwise they read only the files they sent.",
+    ),
 ) -> None:
     """Start the control plane: JSON API (/docs), web console, scheduler for submitted jobs.
 
@@ -628,6 +668,7 @@ def serve(
             on_cancel=scheduler.cancel,
             allowed_hosts=hosts,
             home=settings.home,
+            submission_policy=_submission_policy(settings, secret, shared_dir),
         )
         scheduler.start()
         url = _console_url(host, sock.getsockname()[1])
@@ -638,6 +679,33 @@ def serve(
         finally:
             forget_serve(settings.home)
             scheduler.stop()
+
+
+def _submission_policy(settings: Settings, secrets: list[str], shared: list[str]) -> Any:
+    """The secrets and folders `serve` lets submitted jobs use; exit 1 naming a bad one."""
+    from pathlib import Path
+
+    from plugtune.jobs.spec import check_env_name
+    from plugtune.jobs.submission import SubmissionPolicy
+
+    names = frozenset([*settings.submit_secrets, *secrets])
+    for name in sorted(names):
+        try:
+            check_env_name(name)
+        except ValueError as exc:
+            typer.echo(f"plugtune serve: --secret {name!r}: {exc}", err=True)
+            raise typer.Exit(1) from None
+    dirs = tuple(Path(d).resolve() for d in [*settings.shared_dirs, *shared])
+    for folder in dirs:
+        home = settings.home
+        if not folder.is_dir() or folder.is_relative_to(home) or home.is_relative_to(folder):
+            typer.echo(
+                f"plugtune serve: --shared-dir {folder} must be an existing folder apart from "
+                f"PLUGTUNE_HOME ({settings.home})",
+                err=True,
+            )
+            raise typer.Exit(1)
+    return SubmissionPolicy(shared_dirs=dirs, secrets=names)
 
 
 def _console_url(host: str, port: int) -> str:

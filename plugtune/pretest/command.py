@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,10 @@ from plugtune.pretest.summary import demand
 from plugtune.pretest.trial import TrialResult, group_size_of
 
 WIDE = 150  # a report piped to a file is not cut at 80 columns
+UNSANDBOXED_AS_ROOT = (
+    "plugtune test: warning: the plugins run in this process as root, UNSANDBOXED "
+    "(`plugtune test --faas` runs them in the function runtime's sandbox)"
+)
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,8 @@ def test_command(options: TestOptions, *, faas: bool, as_json: bool) -> int:
     if not out.is_terminal:
         out.width = WIDE
     err = Console(stderr=True, highlight=False)
+    if not faas and os.geteuid() == 0:
+        err.print(Text(UNSANDBOXED_AS_ROOT, style="yellow"))
     try:
         if faas:
             progress = None if as_json else (lambda total: LiveProgress(total, err))

@@ -1,9 +1,12 @@
 """``plugtune replay JOB TRAJECTORY``: re-run one recorded trajectory on this machine, without the model.
 
-The rollout and graders run in this process (so a debugger works) from the exact code that ran
-in the job (the store's files for each plugin's code hash), with the recorded trajectory's id and
-rollout index in their ``ctx``, and the policy's recorded assistant turns are played back, in
-order, by a local OpenAI-compatible server. The report's verdict:
+The rollout and graders run from the exact code that ran in the job (the store's files for each
+plugin's code hash), with the recorded trajectory's id and rollout index in their ``ctx``, and the
+policy's recorded assistant turns are played back, in order, by a local OpenAI-compatible server.
+That code is whoever submitted the job's, so by default it runs in the function runtime's sandbox
+(its own uid, limits, scrubbed environment: ``rt.isolation``), as ``plugtune test --faas`` does;
+``in_process=True`` runs it in this process instead (a debugger works), with no sandbox, which is
+refused as root unless ``unsandboxed_as_root=True``. The report's verdict:
 ``reproduced`` (the same failure — type, cause, plugin and, for a raise, the exception class — or
 the same status and reward), ``failed differently`` (both failed, not alike), ``did not reproduce``
 (the job's trajectory failed, the replay did not) or ``ended differently`` (it succeeded in the job).
@@ -15,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import re
 import tempfile
 import threading
@@ -28,7 +32,7 @@ from plugtune.pretest.local import ExitsAsEof, exits_raise
 from plugtune.pretest.relay import PolicyRelay, RelayError, completion
 from plugtune.pretest.report import logs_of, trajectory_document
 from plugtune.pretest.trial import TrialResult, run_trial
-from plugtune.runtime import InProcessRuntime
+from plugtune.runtime import InProcessRuntime, LocalRuntime
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.sdk import Context, Runtime, Sample, Sampling
 from plugtune.store import Plugin, Store
@@ -38,8 +42,30 @@ RAISED = re.compile(r"[A-Za-z_][\w.]*(?=:)")  # "ValueError: ..." -> ValueError
 ROLE_ORDER = {"rollout": 0, "grader": 1, "group_grader": 2}
 
 
+IN_PROCESS = "none: in this process (unsandboxed: the plugins have this process's user and files)"
+
+
 class ReplayError(LookupError):
     """The job, the trajectory or the code to replay is not in the store; the message says which."""
+
+
+class UnsandboxedAsRootError(ReplayError):
+    """An in-process replay asked for as root without ``--unsandboxed-as-root``; says why and what to do."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(
+            f"refusing to run job {job_id}'s recorded plugin code in this process as root: that code is "
+            "whoever submitted the job's, and --in-process runs it with no sandbox, with every privilege "
+            "of root on this machine. Replay without --in-process to run it in the function runtime's "
+            "sandbox (its own user, limits, scrubbed environment); to debug it in this process, run "
+            "plugtune replay as an ordinary user, or add --unsandboxed-as-root if you trust that code"
+        )
+
+
+def check_in_process(job_id: int, *, unsandboxed_as_root: bool) -> None:
+    """Raise :class:`UnsandboxedAsRootError` for an in-process replay as root without the flag."""
+    if os.geteuid() == 0 and not unsandboxed_as_root:
+        raise UnsandboxedAsRootError(job_id)
 
 
 class Playback:
@@ -178,8 +204,19 @@ def grader_weights(spec: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
-    """Replay one trajectory; returns the report document (``reproduced`` says whether it matched)."""
+def replay(
+    store: Store,
+    job_id: int,
+    trajectory_id: str,
+    *,
+    in_process: bool = False,
+    unsandboxed_as_root: bool = False,
+) -> dict[str, Any]:
+    """Replay one trajectory; returns the report document (``reproduced`` says whether it matched,
+    ``sandbox`` what held the plugins). ``in_process``: in this process, unsandboxed (as root only
+    with ``unsandboxed_as_root``; otherwise :class:`UnsandboxedAsRootError`)."""
+    if in_process:
+        check_in_process(job_id, unsandboxed_as_root=unsandboxed_as_root)
     job = store.get_job(job_id)
     if job is None:
         raise ReplayError(f"there is no job {job_id} in {store.url}; `plugtune jobs list` shows them")
@@ -193,7 +230,10 @@ def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
         raise ReplayError(f"job {job_id} has no recorded rollout plugin to replay")
     sample = sample_of(job.spec, record)
     playback = Playback(record.messages, "policy")
-    result, entries = asyncio.run(_run(store, plugins, grader_weights(job.spec), record, sample, playback))
+    weights = grader_weights(job.spec)
+    result, entries, sandbox = asyncio.run(
+        _run(store, plugins, weights, record, sample, playback, in_process)
+    )
     trial_id = result.trajectories[0].trajectory_id
     replayed = as_recorded(result.trajectories[0], record)
     found = verdict(record, replayed)
@@ -204,6 +244,7 @@ def replay(store: Store, job_id: int, trajectory_id: str) -> dict[str, Any]:
         "replayed": outcome_of(replayed),
         "reproduced": found == "reproduced",
         "verdict": found,
+        "sandbox": sandbox,
         "policy_turns": {"recorded": len(playback.turns), "played": playback.served},
         "divergences": playback.divergences,
         "trajectory": trajectory_document(replayed, logs_of(replayed, result)),
@@ -236,15 +277,25 @@ async def _run(
     record: TrajectoryRecord,
     sample: Sample,
     playback: Playback,
-) -> tuple[TrialResult, dict[str, str]]:
+    in_process: bool,
+) -> tuple[TrialResult, dict[str, str], str]:
+    """Deploy the stored code (in this process, or in a sandboxed local runtime) and run the trial;
+    returns the result, replay entry -> job entry, and what held the plugins (``rt.isolation``)."""
     entries: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="plugtune-replay-") as tmp:
-        async with InProcessRuntime() as rt:
-            deployed = await deploy_recorded(rt, store, plugins, Path(tmp), weights, entries)
+        if in_process:
+            async with InProcessRuntime() as rt:
+                deployed = await deploy_recorded(rt, store, plugins, Path(tmp), weights, entries)
+                functions = [AsRecorded(jf, record) for jf in deployed]
+                with PolicyRelay(playback) as relay, exits_raise():
+                    result = await run_trial(functions, relay, [(record.step, sample)], concurrency=1)
+            return result, entries, IN_PROCESS
+        async with LocalRuntime(spare_instances=False) as sandboxed:
+            deployed = await deploy_recorded(sandboxed, store, plugins, Path(tmp), weights, entries)
             functions = [AsRecorded(jf, record) for jf in deployed]
-            with PolicyRelay(playback) as relay, exits_raise():
+            with PolicyRelay(playback) as relay:
                 result = await run_trial(functions, relay, [(record.step, sample)], concurrency=1)
-    return result, entries
+            return result, entries, str(sandboxed.isolation)
 
 
 def outcome_of(record: TrajectoryRecord) -> dict[str, Any]:

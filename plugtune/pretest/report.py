@@ -166,6 +166,7 @@ def render_trajectory(console: Console, t: dict[str, Any]) -> None:
 
 def render_local(console: Console, doc: dict[str, Any]) -> None:
     console.print(Text(f"plugtune test: {doc['job']['name']} — policy {doc['policy']}", style="bold"))
+    console.print(Text("plugins ran in this process, unsandboxed (--faas: in the sandbox)", style="dim"))
     console.print()
     for t in doc["trajectories"]:
         render_trajectory(console, t)
@@ -274,6 +275,9 @@ def render_replay(console: Console, doc: dict[str, Any]) -> None:
             style="bold",
         )
     )
+    sandbox = str(doc.get("sandbox") or "")
+    if sandbox:
+        console.print(Text(f"sandbox: {sandbox}", style="yellow" if sandbox.startswith("none") else "dim"))
     console.print()
     render_trajectory(console, doc["trajectory"])
     for name in ("recorded", "replayed"):

@@ -1,0 +1,148 @@
+"""Hostile code run on the user's machine, and the home's files (issue 23, items 12, 13 and 14's
+run-versus-serve race).
+
+12: ``plugtune replay`` runs a job's recorded code (the submitter's) in the function runtime's
+sandbox by default; an in-process replay as root is refused without ``--unsandboxed-as-root``;
+``plugtune test`` in-process says it is unsandboxed.
+13: a fresh home, after a real job, has no path another user can read, except what the runtime
+opens on purpose (the state dir's traversal bits, snapshots granted to their own group).
+14: ``plugtune run`` on a store that a ``plugtune serve`` serves is refused (a kernel lock the
+server holds for its lifetime, so a crashed server blocks nothing); serve.json goes with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plugtune.cli import app
+from plugtune.pretest.replay import UnsandboxedAsRootError, replay
+from plugtune.runtime.snapshot import collect, content_hash
+from plugtune.sdk import Runtime
+from plugtune.store import Store
+from plugtune.types import TrajectoryRecord
+
+IS_ROOT = os.geteuid() == 0
+
+ROLLOUT = """
+import os
+from plugtune import rollout
+
+@rollout
+def whoami(ctx, policy, sample):
+    ctx.logger.info("uid=%d", os.getuid())
+    return None
+"""
+
+GRADER = """
+from plugtune import grader
+
+@grader
+def one(ctx, sample, trajectory):
+    return 1.0
+"""
+
+QUESTION = {"role": "user", "content": "What is 1+2?"}
+
+
+@pytest.fixture()
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    url = f"sqlite:///{tmp_path / 'home' / 'plugtune.db'}"
+    monkeypatch.setenv("PLUGTUNE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", url)
+    s = Store.open(url)
+    yield s
+    s.close()
+
+
+def recorded_job(store: Store, project: Path) -> int:
+    """A job as an attempt records it (spec, plugins' code by hash, one successful trajectory)."""
+    (project / "plugins").mkdir(parents=True)
+    (project / "data").mkdir()
+    (project / "plugins" / "rollout.py").write_text(textwrap.dedent(ROLLOUT))
+    (project / "plugins" / "grader.py").write_text(textwrap.dedent(GRADER))
+    (project / "data" / "train.jsonl").write_text(json.dumps({"messages": [QUESTION]}) + "\n")
+    (project / "job.yaml").write_text("name: hostile\n")
+    files = collect(project / "plugins")
+    code_hash = content_hash(files)
+    store.put_code(code_hash, files)
+    spec = {"job_file": str(project / "job.yaml"), "data": {"train": "data/train.jsonl"}}
+    job_id = store.create_job("hostile", spec)
+    for name, role, file in (("whoami", "rollout", "rollout.py"), ("one", "grader", "grader.py")):
+        entry = f"{project / 'plugins' / file}:{name}"
+        store.upsert_plugin(job_id, name, role, entry, code_hash=code_hash, runtime=Runtime().to_dict())
+    record = TrajectoryRecord(
+        trajectory_id="s0-p0-r0",
+        group_id="s0-p0",
+        step=0,
+        sample_index=0,
+        rollout_index=0,
+        attempt=1,
+        policy_version=0,
+        prompt_ids=[],
+        response_ids=[],
+        response_mask=[],
+        response_logprobs=[],
+        messages=[QUESTION],
+        status="success",
+        reward=1.0,
+        reward_components={"one": 1.0},
+    )
+    store.upsert_trajectories(job_id, [record])
+    return job_id
+
+
+def _uids(doc: dict[str, object]) -> list[int]:
+    trajectory = doc["trajectory"]
+    assert isinstance(trajectory, dict)
+    return [int(line["message"][4:]) for line in trajectory["logs"] if line["message"].startswith("uid=")]
+
+
+def test_replay_runs_the_recorded_code_in_the_sandbox(store: Store, tmp_path: Path) -> None:
+    """By default the recorded rollout runs in a sandboxed instance: as root, under a uid of its own."""
+    job_id = recorded_job(store, tmp_path / "project")
+    doc = replay(store, job_id, "s0-p0-r0")
+    assert doc["reproduced"], doc
+    assert not str(doc["sandbox"]).startswith("none"), doc["sandbox"]
+    uids = _uids(doc)
+    assert uids, doc["trajectory"]
+    if IS_ROOT:
+        assert "uid per function" in str(doc["sandbox"])
+        assert all(uid != 0 for uid in uids), uids
+    said = CliRunner().invoke(app, ["replay", str(job_id), "s0-p0-r0"])
+    assert said.exit_code == 0, said.output
+    assert "sandbox: " in said.output and "UNSANDBOXED" not in said.output
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the refusal is for root; an ordinary user may replay in-process")
+def test_in_process_replay_as_root_is_refused_without_the_flag(store: Store, tmp_path: Path) -> None:
+    job_id = recorded_job(store, tmp_path / "project")
+    with pytest.raises(UnsandboxedAsRootError, match="--unsandboxed-as-root"):
+        replay(store, job_id, "s0-p0-r0", in_process=True)
+    said = CliRunner().invoke(app, ["replay", str(job_id), "s0-p0-r0", "--in-process"])
+    assert said.exit_code == 2, said.output
+    text = " ".join(said.output.split())
+    assert "refusing to run job" in text and "as root" in text and "Replay without --in-process" in text
+    forced = CliRunner().invoke(
+        app, ["replay", str(job_id), "s0-p0-r0", "--in-process", "--unsandboxed-as-root", "--json"]
+    )
+    assert forced.exit_code == 0, forced.output
+    assert "UNSANDBOXED" in forced.stderr
+    doc = json.loads(forced.stdout)
+    assert str(doc["sandbox"]).startswith("none") and _uids(doc) == [0]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the warning is for root")
+def test_plugtune_test_in_process_as_root_warns(tmp_path: Path) -> None:
+    from tests.jobs.jobkit import make_job
+
+    job = make_job(tmp_path / "own", hyper={"max_new_tokens": 2})
+    said = CliRunner().invoke(app, ["test", str(job), "--samples", "1"])
+    assert said.exit_code in (0, 1), said.output
+    assert "as root, UNSANDBOXED" in " ".join(said.stderr.split())

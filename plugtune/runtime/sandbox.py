@@ -3,7 +3,8 @@
 The supervisor side of the isolation contract (the worker side is :mod:`.worker.sandbox`):
 
 * environment: only :data:`PASSED_ENV` from the runtime's own environment, plus the function's
-  ``env`` (``deploy(env=...)``, job.yaml ``env:`` and ``secrets:``); ``PLUGTUNE_*`` never passes;
+  ``env`` (``deploy(env=...)``, job.yaml ``env:`` and ``secrets:``), set by the worker only after
+  its uid drop (never in a privileged exec, never in argv); ``PLUGTUNE_*`` never passes;
 * user: when the runtime runs as root, each deployed function gets its own numeric uid (leased
   from :data:`PLUGIN_UIDS`, no /etc/passwd entry) and its snapshot's gid; not root, or root whose
   Python other users cannot read and no mount namespace to fix it: the runtime's own user (the
@@ -15,7 +16,8 @@ The supervisor side of the isolation contract (the worker side is :mod:`.worker.
   ``RLIMIT_FSIZE`` and in total by the supervisor's size watch; removed when the instance ends,
   however it ended;
 * files seen: where a probe shows this host can make one, each function's workers enter a private
-  mount namespace (:mod:`.worker.mounts`): their own /tmp and /dev/shm, Python's folders bound
+  mount namespace (:mod:`.worker.mounts`): their own /tmp, /var/tmp and /dev/shm, an empty /run, a
+  /proc that lists only their own uid's processes (where the kernel allows), Python's folders bound
   read-only into a tmpfs over any folder other users cannot traverse (so the uid drop works with
   a Python under a 0700 /root). The temp root is a shared mount so instances' tmpfs reach it there.
 """
@@ -74,11 +76,12 @@ class User:
     gid: int
 
 
-def scrubbed_env(env: dict[str, str], package_root: str) -> dict[str, str]:
-    """The whole environment of a worker process: the allow-list, the function's env, what Python needs."""
+def scrubbed_env(package_root: str) -> dict[str, str]:
+    """The whole exec environment of a worker process: the allow-list and what Python needs. Never a
+    function's ``env``: a worker starts privileged, so the job's variables (``LD_PRELOAD``...) wait
+    until it is the function's uid (``plugtune.runtime.worker.zygote.apply_env``)."""
     source = os.environ
     out = {k: v for k, v in source.items() if k in PASSED_ENV or k.startswith("LC_")}
-    out.update({k: v for k, v in env.items() if not k.startswith("PLUGTUNE_")})
     out["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, source.get("PYTHONPATH", "")) if x)
     out["PYTHONUNBUFFERED"] = "1"
     out.setdefault("PATH", os.defpath)
@@ -101,6 +104,7 @@ class Sandbox:
             except MountError as exc:
                 view_problem = str(exc)
         self.has_view = view_problem is None
+        self.proc_problem = proc_view_problem() if self.has_view else view_problem
         closed = closed_python_paths() if root and not self.has_view else []
         if closed:  # a plugin's uid could not import the rest of the stdlib
             log.warning(
@@ -114,11 +118,12 @@ class Sandbox:
         self.isolation = _describe(self, has_pids_cgroup, root, closed, view_problem)
 
     def mount_plan(self, tmp_mb: int) -> dict[str, Any] | None:
-        """What a worker's mount namespace keeps of the host's /tmp, and the size of its own /tmp and
-        /dev/shm (None: it has no namespace)."""
+        """What a worker's mount namespace keeps of the host's /tmp, the size of its own /tmp,
+        /var/tmp and /dev/shm, whether its /proc hides other uids' processes (None: it has no
+        namespace)."""
         if not self.has_view:
             return None
-        return {"keep": [str(self.tmp_root)], "tmp_mb": tmp_mb}
+        return {"keep": [str(self.tmp_root)], "tmp_mb": tmp_mb, "hide_pids": self.proc_problem is None}
 
     def prepare(self, code_root: Path, name: str, tmp_mb: int) -> dict[str, Any]:
         """A function's worker config: its own user (when root), its snapshot granted to that user's
@@ -220,7 +225,12 @@ def _describe(
         alone = "process watch per instance (no backstop: no uid of its own)"
         pids = "cgroup pids.max" if has_pids_cgroup else alone
     hidden = sorted({c for c in map(closed_ancestor, interpreter_paths()) if c})
-    view = "private mount namespace (/tmp and /dev/shm its own"
+    view = "private mount namespace (/tmp, /var/tmp and /dev/shm its own; /run empty; IPC its own; "
+    view += (
+        "/proc: its own uid's processes only"
+        if sandbox.proc_problem is None
+        else (f"/proc: the host's, every process listed ({sandbox.proc_problem})")
+    )
     view += f"; {', '.join(hidden)} hidden but Python)" if hidden else ")"
     return Isolation(
         user=user,
@@ -228,7 +238,9 @@ def _describe(
         if sandbox.can_mount
         else "folder per instance (RLIMIT_FSIZE, size watch)",
         pids=pids,
-        view=view if sandbox.has_view else f"the host's (/tmp and /dev/shm shared: {view_problem})",
+        view=view
+        if sandbox.has_view
+        else f"the host's (/tmp, /var/tmp, /dev/shm, /run and /proc shared: {view_problem})",
     )
 
 
@@ -249,10 +261,21 @@ def _why_no_mounts(root: bool) -> str:
 def mount_view_problem() -> str | None:
     """Why a worker cannot get its own mount namespace here (None: it can). Tried once per process
     in a short-lived worker-like process, as the host does not change while the runtime runs."""
+    return _probe_view()
+
+
+@functools.cache
+def proc_view_problem() -> str | None:
+    """Why a worker's view cannot have a ``/proc`` that hides other users' processes (None: it can;
+    kernels before 5.8 share one procfs's options per pid namespace, so it is not tried there)."""
+    return mount_view_problem() or _probe_view("hide-pids")
+
+
+def _probe_view(*args: str) -> str | None:
     try:
         done = subprocess.run(
-            [sys.executable, mounts.__file__, "probe"],
-            env=scrubbed_env({}, str(Path(__file__).resolve().parents[2])),
+            [sys.executable, mounts.__file__, "probe", *args],
+            env=scrubbed_env(str(Path(__file__).resolve().parents[2])),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=60,

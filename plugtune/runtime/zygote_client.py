@@ -1,8 +1,14 @@
 """The supervisor's handle on a function's zygote, and the fresh-spawn fallback.
 
-``start()`` launches ``python -m plugtune.runtime.worker zygote`` which imports the plugin and
+``start()`` launches ``python -m plugtune.runtime.worker zygote FD`` which imports the plugin and
 answers with its spec (or the import error). ``fork()`` hands the zygote an instance's socket and
 output pipe and gets the child's pid back in a few milliseconds.
+
+A worker starts as root (it enters its sandbox, then drops to the function's uid), so nothing of
+the job reaches its exec: its environment is the allow-list alone (:func:`worker_env`), and its
+config (with the job's ``env``/``secrets``) arrives through an inherited file descriptor
+(:func:`config_file`), never in argv, which ``/proc/PID/cmdline`` shows every user. The job's
+variables are set by the worker after the uid drop.
 """
 
 from __future__ import annotations
@@ -10,8 +16,10 @@ from __future__ import annotations
 import array
 import asyncio
 import json
+import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +33,50 @@ PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def worker_env(config: dict[str, Any]) -> dict[str, str]:
-    """A worker's whole environment: scrubbed (see :mod:`..sandbox`), HOME/TMPDIR its own folder."""
-    out = scrubbed_env(config.get("env") or {}, PACKAGE_ROOT)
+    """A worker's whole exec environment: the allow-list (see :mod:`..sandbox`), HOME/TMPDIR its own
+    folder; never the config's ``env`` (the worker applies that once it is the function's uid)."""
+    out = scrubbed_env(PACKAGE_ROOT)
     if config.get("tmp_dir"):
         out["HOME"] = out["TMPDIR"] = str(config["tmp_dir"])
     return out
+
+
+def config_file(config: dict[str, Any]) -> int:
+    """A file descriptor (at offset 0) holding ``config`` as JSON, reachable only through the fd:
+    a memfd, else an unlinked temp file. The caller passes it to the worker and closes it."""
+    data = json.dumps(config).encode()
+    try:
+        fd = os.memfd_create("plugtune-worker-config", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd = os.dup(tempfile.TemporaryFile().fileno())  # noqa: SIM115 - the fd outlives the file object
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+async def start_worker(
+    mode: str, config: dict[str, Any], keep_fds: tuple[int, ...], out: int
+) -> asyncio.subprocess.Process:
+    """``python -m plugtune.runtime.worker MODE FD``: FD carries ``config``; ``keep_fds`` are passed on."""
+    fd = config_file(config)
+    try:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "plugtune.runtime.worker",
+            mode,
+            str(fd),
+            pass_fds=(fd, *keep_fds),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT if out == asyncio.subprocess.PIPE else out,
+            env=worker_env(config),
+            start_new_session=True,
+        )
+    finally:
+        os.close(fd)
 
 
 class Zygote:
@@ -50,20 +97,10 @@ class Zygote:
     async def start(self, timeout_s: float) -> dict[str, Any]:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         config = {**self.config, "control_fd": child.fileno()}
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "plugtune.runtime.worker",
-            "zygote",
-            json.dumps(config),
-            pass_fds=(child.fileno(),),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=worker_env(self.config),
-            start_new_session=True,
-        )
-        child.close()
+        try:
+            self.proc = await start_worker("zygote", config, (child.fileno(),), asyncio.subprocess.PIPE)
+        finally:
+            child.close()
         self.sock = parent
         self.alive = True
         reader = p.FrameReader()
@@ -177,16 +214,4 @@ class Zygote:
 
 async def spawn(config: dict[str, Any], sock_fd: int, out_fd: int) -> asyncio.subprocess.Process:
     """Start an instance as a fresh interpreter (the fallback when the zygote is gone)."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "plugtune.runtime.worker",
-        "spawn",
-        json.dumps({**config, "sock_fd": sock_fd}),
-        pass_fds=(sock_fd,),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=out_fd,
-        stderr=out_fd,
-        env=worker_env(config),
-        start_new_session=True,
-    )
+    return await start_worker("spawn", {**config, "sock_fd": sock_fd}, (sock_fd,), out_fd)

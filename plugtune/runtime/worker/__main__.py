@@ -1,4 +1,5 @@
-"""``python -m plugtune.runtime.worker zygote|spawn CONFIG_JSON`` (started by the local backend)."""
+"""``python -m plugtune.runtime.worker zygote|spawn FD`` (started by the local backend; FD holds the
+config's JSON: argv, which every user can read in /proc, carries no part of it)."""
 
 import sys
 

@@ -25,6 +25,20 @@ from plugtune.runtime.worker.serve import enter_limits, reseed, serve
 from plugtune.runtime.worker.watch import install_net_counter
 
 LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"
+LOADER_PREFIXES = ("LD_", "PYTHON", "MALLOC_")
+LOADER_NAMES = frozenset(
+    {
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LOCPATH",
+        "NLSPATH",
+        "RES_OPTIONS",
+        "RESOLV_HOST_CONF",
+        "TZDIR",
+    }
+)
 
 
 def enter_sandbox(config: dict[str, Any], channel: Channel) -> None:
@@ -49,12 +63,42 @@ def load_or_report(config: dict[str, Any], channel: Channel) -> Plugin:
     except OSError as exc:
         channel.send([FATAL, f"the plugin's code folder {config['code_root']} is not readable: {exc}", ""])
         os._exit(2)
-    os.environ.update(config.get("env") or {})
+    apply_env(config, channel)
     try:
         return load(config["code_root"], config["relpath"], config["function"])
     except LoadError as exc:
         channel.send([FATAL, exc.message, exc.traceback])
         os._exit(2)
+
+
+def apply_env(config: dict[str, Any], channel: Channel) -> None:
+    """Set the function's ``env`` (job.yaml ``env:``/``secrets:``, ``deploy(env=...)``): the only way
+    it reaches a worker, once the worker is the function's uid. HOME/TMPDIR stay the sandbox's."""
+    env = config.get("env") or {}
+    if env and config.get("user") and os.geteuid() == 0:
+        channel.send([FATAL, "internal error: the function's env would be set before the uid drop", ""])
+        os._exit(2)
+    refused = sorted(name for name in env if is_loader_variable(name))
+    if refused:
+        channel.send(
+            [
+                FATAL,
+                f"env: {', '.join(refused)} refused: loader and interpreter variables (LD_*, PYTHON*, "
+                "MALLOC_*, GCONV_PATH, GLIBC_TUNABLES, ...) change how the platform's own processes "
+                "run; remove them from job.yaml env:/secrets: (or deploy(env=...)) and set what the "
+                "plugin needs in its own code",
+                "",
+            ]
+        )
+        os._exit(2)
+    os.environ.update(
+        {k: str(v) for k, v in env.items() if k not in ("HOME", "TMPDIR") and not k.startswith("PLUGTUNE_")}
+    )
+
+
+def is_loader_variable(name: str) -> bool:
+    """A variable the dynamic loader, libc or Python reads at start (glibc's unsecure-envvars list)."""
+    return name.startswith(LOADER_PREFIXES) or name in LOADER_NAMES
 
 
 def spec_message(plugin: Plugin) -> list[Any]:
@@ -184,13 +228,20 @@ def spawn_main(config: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    import json
-
-    mode, raw = argv[1], argv[2]
-    config = json.loads(raw)
+    """``zygote|spawn FD``: the config is read from the inherited descriptor FD (never argv)."""
+    mode, config = argv[1], read_config(int(argv[2]))
     if mode == "zygote":
         zygote_main(config)
     elif mode == "spawn":
         spawn_main(config)
     else:
         sys.exit(f"unknown worker mode {mode!r}")
+
+
+def read_config(fd: int) -> dict[str, Any]:
+    """The worker's config, read from the descriptor the supervisor passed, which is then closed."""
+    import json
+
+    with os.fdopen(fd, "rb") as f:
+        data: dict[str, Any] = json.loads(f.read())
+    return data

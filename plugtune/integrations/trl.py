@@ -152,7 +152,10 @@ class TRLRun:
         self, prompts: list[Any], completions: list[Any], ids: list[list[int]], kwargs: dict[str, Any]
     ) -> dict[str, list[float | None]]:
         step = _step(kwargs)
-        episodes = [self._episode_for(step, i, prompts, completions, kwargs) for i in range(len(prompts))]
+        slots = prompt_groups([_prompt_key(p, kwargs, i) for i, p in enumerate(prompts)], self.group_size)
+        episodes = [
+            self._episode_for(step, i, slots[i], prompts, completions, kwargs) for i in range(len(prompts))
+        ]
         components: list[dict[str, float | None]] = [{} for _ in episodes]
         try:
             self._grade_single(step, episodes, components)
@@ -176,13 +179,19 @@ class TRLRun:
         return {name: [c.get(name) for c in components] for name in weights}
 
     def _episode_for(
-        self, step: int, i: int, prompts: list[Any], completions: list[Any], kwargs: dict[str, Any]
+        self,
+        step: int,
+        i: int,
+        slot: tuple[int, int],
+        prompts: list[Any],
+        completions: list[Any],
+        kwargs: dict[str, Any],
     ) -> _Episode:
         if TRAJECTORY in kwargs:
             found = self._episodes.pop(kwargs[TRAJECTORY][i], None)
             if found is not None:
                 return found
-        group, k = divmod(i, self.group_size)
+        group, k = slot
         sample = self._sample(prompts[i], kwargs, i)
         reply = completions[i] if isinstance(completions[i], list) else [_assistant(completions[i])]
         return _Episode(sample, f"s{step}-p{group}", k, [*sample.messages, *reply])
@@ -212,11 +221,12 @@ class TRLRun:
             components[i][jf.spec.name] = self._value(future, episodes[i], jf.spec.name)
 
     def _grade_groups(self, step: int, episodes: list[_Episode], components: list[dict[str, Any]]) -> None:
+        groups: dict[str, list[int]] = {}
+        for i, e in enumerate(episodes):
+            groups.setdefault(e.group_id, []).append(i)
         for jf in self.run.group_graders:
-            for start in range(0, len(episodes), self.group_size):
-                members = [
-                    i for i in range(start, start + self.group_size) if episodes[i].status == "success"
-                ]
+            for indexes in groups.values():
+                members = [i for i in indexes if episodes[i].status == "success"]
                 if not members:
                     continue
                 first = episodes[members[0]]
@@ -260,6 +270,13 @@ class TRLRun:
     # --- rollouts --------------------------------------------------------------------------
 
     def _rollouts(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        generations = getattr(getattr(trainer, "args", None), "num_generations", None)
+        if isinstance(generations, int) and generations != self.group_size:
+            raise ValueError(
+                f"TRL's num_generations is {generations} but the job's group_size is {self.group_size}: "
+                "a group would mix prompts. Set GRPOConfig(num_generations=...) to the job's "
+                "hyperparameters.group_size (or open_run(..., group_size=...) to TRL's)"
+            )
         if self.callback() not in trainer.callback_handler.callbacks:
             trainer.add_callback(self.callback())  # TRL's metrics and the run's end reach the store
         gateway = self._gateway_for(trainer)
@@ -268,8 +285,9 @@ class TRLRun:
         rollout = self.run.rollout
         assert rollout is not None
         started = []
+        slots = prompt_groups([_key(p) for p in prompts], self.group_size)
         for i, prompt in enumerate(prompts):
-            group, k = divmod(i, self.group_size)
+            group, k = slots[i]
             sample = self._sample(prompt, {}, i)
             episode = _Episode(sample, f"s{step}-p{group}", k, list(sample.messages))
             fresh = _FreshPolicy(rollout, gateway, _tid(episode))
@@ -482,8 +500,26 @@ def _entry(grader: str | Path | Callable[..., Any]) -> str:
 # --- small pieces ----------------------------------------------------------------------------
 
 
+def prompt_groups(keys: list[str], group_size: int) -> list[tuple[int, int]]:
+    """Each completion's (group, index in group): a group is a run of completions of one prompt,
+    at most ``group_size`` long, so a group never mixes prompts whatever TRL's ``num_generations``."""
+    slots: list[tuple[int, int]] = []
+    group, k = -1, group_size
+    for i, key in enumerate(keys):
+        if k >= group_size or key != keys[i - 1]:
+            group, k = group + 1, 0
+        slots.append((group, k))
+        k += 1
+    return slots
+
+
 def _key(messages: Any) -> str:
     return json.dumps(messages, sort_keys=True, default=str)
+
+
+def _prompt_key(prompt: Any, kwargs: dict[str, Any], i: int) -> str:
+    row = kwargs[ROW][i] if ROW in kwargs else None
+    return f"{row}\0{_key(prompt)}"
 
 
 def _step(kwargs: dict[str, Any]) -> int:

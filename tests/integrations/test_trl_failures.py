@@ -177,3 +177,43 @@ def test_a_crashing_rollout_under_fail_job_stops_the_run_with_the_classified_err
     assert job_row is not None and job_row.status == "failed" and job_row.error is not None
     assert (job_row.error.type, job_row.error.owner) == ("Call plugin error", "plugin")
     assert "the rollout cannot start row 1" in job_row.error.message
+
+
+GROUP_GRADER = '''
+from plugtune import group_grader
+
+
+@group_grader
+def one_question(ctx, sample, trajectories):
+    asked = {t.messages[0]["content"] for t in trajectories} | {sample.messages[0]["content"]}
+    return [1.0 if len(asked) == 1 else 0.0 for _ in trajectories]
+'''
+
+
+def test_a_group_never_mixes_prompts_when_num_generations_differs_from_group_size(
+    store: Store, tmp_path: Path
+) -> None:
+    job = _job(tmp_path, [{"answer": "59"}, {"answer": "42"}], "{max_attempts: 1}")
+    (job.parent / "plugins" / "group.py").write_text(GROUP_GRADER)
+    group = "  group_graders:\n    - {entry: plugins/group.py:one_question, weight: 1.0}\n"
+    text = job.read_text().replace("  graders:\n", group + "  graders:\n")
+    job.write_text(text)
+    run = pt.open_run(job, store=store, group_size=4)  # TRL's num_generations is 2 in _rewards
+    rewards = _rewards(run, [0, 1])
+    run.close()
+    assert rewards["one_question"] == [1.0, 1.0, 1.0, 1.0]
+    groups = {t.group_id for t in store.trajectories(run.run.job_id, limit=100)}
+    assert len(groups) == 2
+
+
+def test_rollout_func_refuses_a_num_generations_other_than_the_group_size(
+    store: Store, tmp_path: Path
+) -> None:
+    job = _job(tmp_path, [{"answer": "59"}, {"answer": "42"}], "{max_attempts: 1}")
+    run = pt.open_run(job, store=store)
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(num_generations=3))
+    try:
+        with pytest.raises(ValueError, match="num_generations is 3 but the job's group_size is 2"):
+            run.rollout_func()([run.rows[0]["messages"]] * 3, trainer)
+    finally:
+        run.close()

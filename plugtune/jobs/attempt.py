@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plugtune.errors import PlatformError
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evaluate import build_evaluator, is_eval_step
@@ -40,8 +41,23 @@ EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 3
 LIVE_TAIL_S = LOG_READ_S  # how often plugin logs reach the store while a step runs
 
 
-class Cancelled(Exception):  # noqa: N818
-    """SIGTERM from the scheduler (the user cancelled the job)."""
+class Sigterm(Exception):  # noqa: N818
+    """SIGTERM reached the attempt: a cancel when the store holds the job's cancel request (the
+    control plane records it before it signals), otherwise a stop from outside (``Terminated``)."""
+
+
+class Terminated(PlatformError):
+    """Raised for a SIGTERM that no cancel request explains: something outside plugtune stopped the
+    attempt (an operator's kill, a container or host shutting down), so it is retried like any
+    platform failure."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(
+            f"the attempt process (pid {pid}) got SIGTERM, but no one cancelled the job (a cancel is "
+            "recorded in the store before the attempt is signalled): something outside plugtune "
+            "stopped it, such as a kill by hand, a container stop or a host shutting down",
+            cause="attempt terminated",
+        )
 
 
 def job_dir(settings: Settings, job_id: int) -> Path:
@@ -66,10 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         asyncio.run(run_attempt(store, settings, job_id, job.spec))
-    except (Cancelled, asyncio.CancelledError):
-        store.end_attempt(job_id, number, "cancelled")
-        return EXIT_CANCELLED
     except BaseException as exc:  # every failure is classified once, here
+        if isinstance(exc, (Sigterm, asyncio.CancelledError)):
+            if store.cancel_request(job_id) is not None:
+                store.end_attempt(job_id, number, "cancelled")
+                return EXIT_CANCELLED
+            exc = Terminated(os.getpid())
         store.end_attempt(job_id, number, "failed", _classified(exc))
         return EXIT_FAILED
     finally:
@@ -79,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Cancelled()
+    raise Sigterm()
 
 
 def _classified(exc: BaseException) -> dict[str, Any]:
@@ -91,7 +109,7 @@ def _classified(exc: BaseException) -> dict[str, Any]:
 async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
     job = validate_job(spec["job_file"], base_dir=spec.get("base_dir"))
     if job.spec.trainer != "plugtune":  # an engine's trainer, with the job's plugins in the runtime
-        _train_with_engine(store, settings, job_id, job)  # sync: SIGTERM still raises Cancelled in it
+        _train_with_engine(store, settings, job_id, job)  # sync: SIGTERM still raises Sigterm in it
         return
     # From here SIGTERM cancels this task instead, at its next await: the step in progress is
     # stopped in order and keeps its trajectories.
@@ -251,7 +269,7 @@ class _Loop:
             await self._steps()
         except BaseException as exc:
             await self.trainer.cancel_pending()  # the next step's rollouts, if started ahead
-            stopped = stopped_records(self.trainer.take_stopped(), exc)
+            stopped = stopped_records(self.trainer.take_stopped(), self._why_stopped(exc))
             self.writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in stopped])
             self.writer.flush()
             raise
@@ -294,7 +312,7 @@ class _Loop:
         try:
             result = await evaluator.run(step, self.trainer.step_count)
         except BaseException as exc:  # every trajectory of the stopped evaluation is kept
-            stopped = stopped_records(evaluator.take_stopped(), exc)
+            stopped = stopped_records(evaluator.take_stopped(), self._why_stopped(exc))
             writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in stopped])
             if isinstance(exc, JobStop):
                 writer.add_metrics(self.caller.take_counts(step).metric_points(step, prefix="eval/"))
@@ -311,6 +329,13 @@ class _Loop:
         writer.add_metrics(points)
         writer.flush()
         _check_breaker(counts, self.spec.circuit_breaker)
+
+    def _why_stopped(self, exc: BaseException) -> BaseException:
+        """SIGTERM (the task cancelled) is the user's cancel only when the store holds the request;
+        the stopped trajectories of any other SIGTERM name the platform error the attempt ends with."""
+        if isinstance(exc, asyncio.CancelledError) and self.store.cancel_request(self.job_id) is None:
+            return Terminated(os.getpid())
+        return exc
 
     def _new_warnings(self, warnings: list[Any]) -> list[LogLine]:
         """The step's warnings of a kind not yet shown this attempt (the metrics show the rest)."""

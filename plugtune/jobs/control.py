@@ -13,9 +13,10 @@ from pathlib import Path
 import yaml
 
 from plugtune.errors import DataError
+from plugtune.jobs import job_yaml
 from plugtune.jobs.classify import classify
-from plugtune.jobs.scheduler import AttemptRunner, recover_interrupted, run_job
-from plugtune.jobs.submission import is_submission, submission_root
+from plugtune.jobs.scheduler import CANCELLED_BY_USER, AttemptRunner, recover_interrupted, run_job
+from plugtune.jobs.submission import Confinement, is_submission, submission_root
 from plugtune.jobs.validation import validate_job
 from plugtune.settings import Settings
 from plugtune.store import Store
@@ -44,20 +45,21 @@ MAX_QUEUE = 1000  # queued jobs given a position; later ones show none
 
 
 def create_job(
-    store: Store, job_file: str | Path, *, base_dir: Path | None = None
+    store: Store, job_file: str | Path, *, base_dir: Path | None = None, confine: Confinement | None = None
 ) -> tuple[int, DataError | None]:
     """Record a job from ``job.yaml`` and validate it before any compute.
 
     A job that fails validation is still recorded (failed, with its classified error) so that
     ``jobs show`` and the console explain it; the error is returned too. ``base_dir``: where the
-    relative paths of job.yaml start (default: its folder), kept for the job's attempts.
+    relative paths of job.yaml start (default: its folder), kept for the job's attempts. ``confine``:
+    where a job submitted over the API may read (see ``validate_job``).
     """
     path = Path(job_file).resolve()
     text = path.read_text(errors="replace") if path.is_file() else ""
     name = _declared_name(text) or (path.parent.name if path.name == "job.yaml" else path.stem)
     where = {"job_file": str(path), **({"base_dir": str(base_dir.resolve())} if base_dir else {})}
     try:
-        job = validate_job(path, base_dir=base_dir)
+        job = validate_job(path, base_dir=base_dir, confine=confine)
     except DataError as exc:
         job_id = store.create_job(name, where, spec_yaml=text)
         store.set_job_error(job_id, classify(exc), attempt=None)
@@ -73,17 +75,19 @@ def _declared_name(text: str) -> str | None:
     """job.yaml's ``name:`` when the file parses that far (an invalid job keeps the name it asked for,
     not its folder's, which for a submission over the API is a random id)."""
     try:
-        raw = yaml.safe_load(text)
+        raw = job_yaml.load(text)
     except yaml.YAMLError:
         return None
     name = raw.get("name") if isinstance(raw, dict) else None
     return name.strip()[:200] or None if isinstance(name, str) else None
 
 
-def check_job(job_file: Path, *, base_dir: Path | None = None) -> DataError | None:
+def check_job(
+    job_file: Path, *, base_dir: Path | None = None, confine: Confinement | None = None
+) -> DataError | None:
     """Validate a job.yaml as ``create_job`` does, recording nothing (a dry run)."""
     try:
-        validate_job(job_file, base_dir=base_dir)
+        validate_job(job_file, base_dir=base_dir, confine=confine)
     except DataError as exc:
         return exc
     return None
@@ -146,7 +150,8 @@ def cancel_job(store: Store, job_id: int, runners: dict[int, AttemptRunner] | No
 
 
 def request_cancel(store: Store, job_id: int) -> None:
-    """Cancel a job from any process: a running attempt gets SIGTERM (its scheduler records the
+    """Cancel a job from any process: the request is recorded in the store, then a running attempt
+    gets SIGTERM (it ends cancelled because the request is there; its scheduler records the job's
     cancellation when it has stopped); a queued or retry-pending job is cancelled at once."""
     require(store, job_id)
     job = store.get_job(job_id)
@@ -158,6 +163,8 @@ def request_cancel(store: Store, job_id: int) -> None:
         return
     if job is not None and job.status == "running":
         running = [a for a in store.list_attempts(job_id) if a.status == "running" and a.pid]
+        if running:  # first: an attempt reads it to tell this SIGTERM from a kill from outside
+            store.request_cancel(job_id, CANCELLED_BY_USER)
         for attempt in running:
             try:
                 os.kill(int(attempt.pid or 0), signal.SIGTERM)
@@ -177,7 +184,7 @@ def _cancel_now(store: Store, job_id: int) -> None:
         )
     store.update_job(job_id, next_retry_at=None)
     reason = "cancelled while waiting for an automatic retry" if job and job.status == "failed" else ""
-    store.transition(job_id, "cancelled", reason or "cancelled by the user")
+    store.transition(job_id, "cancelled", reason or CANCELLED_BY_USER)
 
 
 class Scheduler:
@@ -209,7 +216,7 @@ class Scheduler:
         with self._lock:
             runners, threads = list(self.runners.values()), list(self._threads.values())
         for runner in runners:
-            runner.cancel()
+            runner.cancel("cancelled: the server stopped")
         self._thread.join(timeout=30)
         for thread in threads:
             thread.join(timeout=30)

@@ -28,7 +28,6 @@ from typing import Any
 import psutil
 
 from plugtune.errors import HINTS, OWNERS, ErrorType
-from plugtune.jobs.attempt import EXIT_CANCELLED
 from plugtune.jobs.classify import attempt_died
 from plugtune.jobs.retry_policy import FailureKind, RetryJobAfter, Stop, decide
 from plugtune.jobs.spec import RetryPolicy
@@ -40,6 +39,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 PR_SET_PDEATHSIG = 1
+CANCELLED_BY_USER = "cancelled by the user"
 
 #: ``progress(job_id)`` is called about every POLL_S while an attempt runs.
 Progress = Callable[[int], None]
@@ -67,7 +67,9 @@ class AttemptRunner:
         self.store = store
         self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
+        self.job_id: int | None = None
         self.cancel_requested = threading.Event()
+        self.cancel_reason = CANCELLED_BY_USER
 
     def run(self, job_id: int, progress: Progress | None = None) -> AttemptEnd:
         env = dict(
@@ -76,6 +78,7 @@ class AttemptRunner:
             PLUGTUNE_HOME=str(self.settings.home),
         )
         before = len(self.store.list_attempts(job_id))
+        self.job_id = job_id
         with tempfile.TemporaryFile() as stderr:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "plugtune.jobs.attempt", str(job_id)],
@@ -86,7 +89,7 @@ class AttemptRunner:
                 preexec_fn=_die_with_parent(),
             )
             if self.cancel_requested.is_set():  # cancelled while the attempt was being started
-                self.proc.send_signal(signal.SIGTERM)
+                self._stop(self.proc)
             while self.proc.poll() is None:
                 if progress is not None:
                     progress(job_id)
@@ -94,7 +97,7 @@ class AttemptRunner:
             rc = self.proc.returncode
             stderr.seek(0)
             tail = stderr.read()[-8000:].decode(errors="replace")
-        self.proc = None
+        self.proc, self.job_id = None, None
         return self._ended(job_id, before, rc, tail)
 
     def _ended(self, job_id: int, before: int, rc: int, stderr_tail: str) -> AttemptEnd:
@@ -102,7 +105,7 @@ class AttemptRunner:
         mine = attempts[-1] if len(attempts) > before else None
         if mine is not None and mine.status in ("succeeded", "failed", "cancelled"):
             return AttemptEnd(mine.status, mine.error)
-        if rc == EXIT_CANCELLED or self.cancel_requested.is_set():
+        if self.cancel_requested.is_set() or self.store.cancel_request(job_id) is not None:
             status, error = "cancelled", None
         else:
             status, error = "failed", attempt_died(rc, stderr_tail)
@@ -110,10 +113,24 @@ class AttemptRunner:
             self.store.end_attempt(job_id, mine.number, status, error)
         return AttemptEnd(status, error)
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = CANCELLED_BY_USER) -> None:
+        """Stop the running attempt as cancelled. Safe in a signal handler: the store write and the
+        SIGTERM happen on a thread of their own (the handler may interrupt a store write)."""
+        self.cancel_reason = reason
         self.cancel_requested.set()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            threading.Thread(target=self._stop, args=(proc,), name="plugtune-cancel", daemon=True).start()
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """Record the cancel request, then SIGTERM the attempt: it reads the request to end cancelled."""
+        if self.job_id is not None:
+            try:
+                self.store.request_cancel(self.job_id, self.cancel_reason)
+            except Exception:  # the attempt then ends failed and retried, never left running
+                log.exception("job %d: could not record the cancel request", self.job_id)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
 
 
 def run_job(
@@ -133,6 +150,7 @@ def run_job(
     runner = runner or AttemptRunner(store, settings)
     while True:
         store.clear_job_error(job_id)
+        store.clear_cancel_request(job_id)  # one made for an earlier run is not for this one
         store.transition(job_id, "running", "attempt starting")
         end = runner.run(job_id, progress)
         status, delay = settle(store, settings, job_id, end)
@@ -155,7 +173,7 @@ def settle(store: Store, settings: Settings, job_id: int, end: AttemptEnd) -> tu
         store.transition(job_id, "succeeded", "all steps done")
         return "succeeded", None
     if end.status == "cancelled":
-        store.transition(job_id, "cancelled", "cancelled by the user")
+        store.transition(job_id, "cancelled", store.cancel_request(job_id) or CANCELLED_BY_USER)
         return "cancelled", None
     error = end.error or attempt_died(None)
     number = len(store.list_attempts(job_id))

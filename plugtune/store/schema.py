@@ -125,7 +125,7 @@ plugins = Table(
     Column("name", String(200), nullable=False),
     Column("role", String(16), nullable=False),  # rollout | grader | group_grader
     Column("entry", Text, nullable=False),
-    Column("status", String(16), nullable=False),  # waiting | running | completed | failed
+    Column("status", String(16), nullable=False),  # waiting | running | completed | failed | not started
     Column("failure_reason", Text, nullable=False, default=""),
     Column("code_hash", String(128), nullable=False, default=""),
     Column("runtime", Text, nullable=False, default="{}"),  # JSON
@@ -257,3 +257,14 @@ checkpoints = Table(
     Column("created_at", Time, nullable=False),
 )
 Index("ix_checkpoints_job_step", checkpoints.c.job_id, checkpoints.c.step)
+
+# A user's (or the control plane's) ask to cancel a running job, written before its attempt gets
+# SIGTERM: the attempt and its supervisor tell a cancel from any other SIGTERM by it. One row a job,
+# cleared when the job's next run starts. A new table: created on open, no schema version change.
+cancel_requests = Table(
+    "cancel_requests",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("requested_at", Time, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+)

@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 
 from plugtune.settings import Settings
 from plugtune.store.attempts import AttemptsTable
+from plugtune.store.cancels import CancelsTable
 from plugtune.store.database import Database, normalize_url
 from plugtune.store.jobs import JobsTable
 from plugtune.store.logs import LogsTable, insert_logs
@@ -32,7 +33,16 @@ log = logging.getLogger(__name__)
 DAY_S = 86_400.0
 
 
-class Store(JobsTable, AttemptsTable, PluginsTable, LogsTable, MetricsTable, TrajectoriesTable, ResumeTable):
+class Store(
+    JobsTable,
+    AttemptsTable,
+    CancelsTable,
+    PluginsTable,
+    LogsTable,
+    MetricsTable,
+    TrajectoriesTable,
+    ResumeTable,
+):
     """Jobs, attempts, plugins and code, logs, metrics, trajectories and checkpoints.
 
     Open with :meth:`open`; reads return frozen records (``plugtune.store.records``); database

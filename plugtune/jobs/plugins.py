@@ -8,12 +8,14 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from plugtune.errors import InvalidValueError, PluginCallError, Problem
 from plugtune.jobs.validation import PluginRef, ValidatedJob, field_line
 from plugtune.runtime import Function
 from plugtune.runtime.runtime import BaseRuntime
+from plugtune.runtime.snapshot import SnapshotError, collect, content_hash
 from plugtune.sdk import Context, Kind, PluginSpec
 from plugtune.store import Store
 from plugtune.trainer.groups import Plugins
@@ -88,12 +90,17 @@ async def deploy_all(rt: BaseRuntime, job: ValidatedJob) -> list[JobFunction]:
     ``env`` and ``secrets``.
 
     Raises ``InvalidValueError`` when a function's decorator does not match its place in job.yaml,
-    or a secret is missing."""
+    or a secret is missing; ``PluginCallError`` (Create faas fault) naming the plugin by its job.yaml
+    name when one cannot be deployed."""
     deployed = []
     env = plugin_env(job)
     for ref in (job.rollout, *job.graders, *job.group_graders):
-        overrides = ref.runtime.given() if ref.runtime is not None else None
-        fn = await rt.deploy(entry_of(ref), runtime=overrides, env=env)  # job.yaml overrides the decorator
+        overrides = ref.runtime.given() if ref.runtime is not None else None  # over the decorator's
+        try:
+            fn = await rt.deploy(entry_of(ref), runtime=overrides, env=env)
+        except PluginCallError as exc:  # Create faas fault: named as the store and console name it
+            exc.plugin = ref.name
+            raise
         check_kind(job, ref, fn)
         deployed.append(JobFunction(fn, ref.weight, ref.name))
     return deployed
@@ -122,10 +129,26 @@ def as_plugins(functions: list[JobFunction]) -> Plugins:
 
 
 def record_waiting(store: Store, job_id: int, job: ValidatedJob) -> None:
-    """Declare the job's plugins before they deploy: the console shows them waiting meanwhile."""
+    """Declare the job's plugins before they deploy, each with the code it deploys (so a plugin that
+    fails to deploy still shows its code): the console shows them waiting meanwhile."""
     for ref in (job.rollout, *job.graders, *job.group_graders):
-        store.upsert_plugin(job_id, ref.name, ROLES[ref.kind], ref.entry)
+        code_hash = _store_code(store, ref)
+        store.upsert_plugin(job_id, ref.name, ROLES[ref.kind], ref.entry, code_hash=code_hash)
         store.set_plugin_status(job_id, ref.name, "waiting")
+
+
+def _store_code(store: Store, ref: PluginRef) -> str:
+    """Store the code the runtime is about to snapshot (the same files, the same hash); "" when it
+    cannot be read here, which the deploy then reports as a Create faas fault."""
+    try:
+        files = collect(Path(entry_of(ref).rpartition(":")[0]).resolve().parent)
+    except (SnapshotError, OSError, RuntimeError):
+        return ""
+    if not files:
+        return ""
+    code_hash = content_hash(files)
+    store.put_code(code_hash, files)
+    return code_hash
 
 
 def record_deployed(store: Store, job_id: int, functions: list[JobFunction]) -> None:

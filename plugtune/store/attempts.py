@@ -104,8 +104,9 @@ class AttemptsTable(StoreBase):
 def _settle_plugins(
     conn: Connection, job_id: int, now: float, retention_s: float, error: dict[str, Any] | None
 ) -> None:
-    """No plugin stays "running" after its attempt ended (an attempt that died could not say so):
-    running ones end as completed; the one the attempt's error names (by name or entry) as failed."""
+    """No plugin stays "running" or "waiting" after its attempt ended (an attempt that died could not
+    say so): the one the attempt's error names (by name or entry) ends as failed, running ones as
+    completed, and the ones never deployed (another failed first) as not started."""
     c = plugins.c
     ended = {"ended_at": now, "retention_expires_at": now + retention_s}
     named = _error_plugin(error)
@@ -117,6 +118,9 @@ def _settle_plugins(
         )
     conn.execute(
         update(plugins).where(c.job_id == job_id, c.status == "running").values(status="completed", **ended)
+    )
+    conn.execute(
+        update(plugins).where(c.job_id == job_id, c.status == "waiting").values(status="not started", **ended)
     )
 
 

@@ -13,7 +13,7 @@ from plugtune.store.records import NotFoundError, Plugin, PluginRole, PluginStat
 from plugtune.store.schema import code_files, log_lines, metric_points, metric_series, plugins
 
 PURGE_CHUNK = 5000  # rows deleted per transaction, so a purge never holds the write lock for long
-_ENDED = (PluginStatus.COMPLETED.value, PluginStatus.FAILED.value)
+_ENDED = (PluginStatus.COMPLETED.value, PluginStatus.FAILED.value, PluginStatus.NOT_STARTED.value)
 
 
 class PluginsTable(StoreBase):
@@ -49,10 +49,10 @@ class PluginsTable(StoreBase):
     def set_plugin_status(
         self, job_id: int, name: str, status: str, *, failure_reason: str = "", at: float | None = None
     ) -> None:
-        """Move a plugin to waiting / running / completed / failed.
+        """Move a plugin to waiting / running / completed / failed / not started.
 
-        ``running`` stamps started_at (first time) and clears a previous end; ``completed`` and
-        ``failed`` stamp ended_at and start the monitoring retention clock.
+        ``running`` stamps started_at (first time) and clears a previous end; ``completed``,
+        ``failed`` and ``not started`` stamp ended_at and start the monitoring retention clock.
         """
         new = PluginStatus(status)
         now = self._clock() if at is None else at

@@ -43,6 +43,7 @@ class PluginStatus(str, enum.Enum):
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
+    NOT_STARTED = "not started"  # its attempt ended before it was deployed (another one failed first)
 
 
 class PluginRole(str, enum.Enum):

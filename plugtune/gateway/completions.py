@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from plugtune.gateway.chat import ChatRenderer
+from plugtune.gateway.chat import ChatRenderer, text_of
 from plugtune.gateway.engine import Generation, GenerationEngine
 from plugtune.gateway.protocol import ApiError, ChatCompletionRequest, chat_completion
 from plugtune.gateway.sampling import JobSampling, sampling_params
@@ -40,7 +41,7 @@ class CompletionService:
         sampling = builder.sampling or self.sampling
         sampling_params(request, sampling, self.max_context)  # refused before the record changes
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        self._refuse_overlong(messages)
+        self._refuse_overlong(messages, request.tools)
         prompt_ids = self._prepare(builder, messages, request.tools, version)
         params = sampling_params(request, sampling, self.max_context - len(prompt_ids))
         generation = await asyncio.wrap_future(self.engine.submit(prompt_ids, params))
@@ -91,20 +92,24 @@ class CompletionService:
         with builder.lock:
             return builder.apply(plan, messages, tools, version)
 
-    def _refuse_overlong(self, messages: list[dict[str, Any]]) -> None:
-        """Messages too long for the context whatever they tokenize to: refused before tokenizing
-        (10 MB of text takes the tokenizer most of a minute, on the gateway's one thread)."""
-        chars = sum(len(m.get("content") or "") for m in messages if isinstance(m.get("content"), str))
+    def _refuse_overlong(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+        """Messages and tools too long for the context whatever they tokenize to: refused before
+        rendering and tokenizing (10 MB of text or a 9 MB tools list takes the template and the
+        tokenizer most of a minute and gigabytes, on the gateway's one thread)."""
+        chars = sum(_message_chars(m) for m in messages)
+        tools_chars = len(json.dumps(tools, ensure_ascii=False, default=str)) if tools else 0
         # A token covers at most the longest vocabulary entry's characters (a few more through
         # Unicode normalization: hence the margin), so fewer tokens than this cannot hold them.
-        fewest_tokens = chars // (4 * self._longest_token_chars)
-        if fewest_tokens >= self.max_context:
+        most_chars = self.max_context * 4 * self._longest_token_chars
+        if chars + tools_chars >= most_chars:
+            param = "tools" if tools_chars > chars else "messages"
             raise ApiError(
                 400,
                 f"This model's maximum context length is {self.max_context} tokens. However, your "
-                f"messages hold {chars} characters, at least {fewest_tokens} tokens. Please reduce "
-                "the length of the messages.",
-                param="messages",
+                f"messages hold {chars} characters and your tools {tools_chars}, more than "
+                f"{self.max_context} tokens can hold ({most_chars} characters at most for this "
+                "tokenizer). Please reduce the length of the messages or tools.",
+                param=param,
                 code="context_length_exceeded",
             )
 
@@ -130,3 +135,15 @@ class CompletionService:
     def _token_logprob(self, token_id: int, logprob: float) -> dict[str, Any]:
         token = self.renderer.decode([token_id])
         return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def _message_chars(message: dict[str, Any]) -> int:
+    """Characters of a message the chat template renders: its text, names and tool calls."""
+    chars = len(text_of(message.get("content"))) + len(str(message.get("name") or ""))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments", "")
+        chars += len(str(function.get("name", ""))) + (
+            len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments, default=str))
+        )
+    return chars

@@ -7,7 +7,9 @@ naming the header and how to allow the name (``plugtune serve --allowed-host``).
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 from collections.abc import Iterable
 from urllib.parse import unquote_to_bytes, urlencode
 
@@ -19,6 +21,11 @@ from plugtune.jobs.submission import MAX_UPLOAD_BYTES
 from plugtune.web.templating import templates
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: A Host header as RFC 9110 allows it: a name (or IPv4 address) or a bracketed IPv6 address, then
+#: an optional port; nothing before, between or after (no userinfo, spaces or trailing text).
+HOST_HEADER = re.compile(
+    r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?\.?))(?::(?P<port>[0-9]{1,5}))?"
+)
 MAX_BODY_BYTES = 1 << 20  # the console's forms and the API's writes are tiny
 MAX_QUERY_BYTES = 8192
 MAX_QUERY_PARAMS = 64
@@ -111,10 +118,19 @@ class EdgeGuard:
         await self.app(scope, receive if body is None else replay(body, receive), send_with_headers)
 
     def _check_host(self, scope: Scope) -> None:
-        host = Request(scope).headers.get("host", "")
-        if _hostname(host) in self.allowed:
+        values = [v for k, v in scope["headers"] if k.lower() == b"host"]
+        if len(values) > 1:
+            raise Refused(400, f"the request has {len(values)} Host headers; send exactly one")
+        host = values[0].decode("latin-1") if values else ""
+        name = host_name(host)
+        if name is not None and name in self.allowed:
             return
-        name = _hostname(host) or "NAME"
+        if name is None:
+            raise Refused(
+                400,
+                f"the Host header {host!r} is not a host name or [IPv6] address with an optional :port "
+                "(nothing else: no spaces, user or text after it)",
+            )
         raise Refused(
             400,
             f"the Host header {host!r} is not a name this console answers to ({', '.join(self.allowed)}); "
@@ -240,11 +256,30 @@ def _utf8(what: str, raw: bytes) -> str:
         ) from None
 
 
+def host_name(header: str) -> str | None:
+    """The name a Host header value carries (lower case, without its port or a trailing dot; an
+    IPv6 address in its short form), or None when the value is not exactly ``name[:port]`` or
+    ``[v6][:port]``."""
+    found = HOST_HEADER.fullmatch(header.lower())
+    if found is None or int(found["port"] or 0) > 65535:
+        return None
+    if found["v6"] is not None:
+        try:
+            return ipaddress.IPv6Address(found["v6"]).compressed
+        except ValueError:
+            return None
+    return str(found["name"]).rstrip(".")
+
+
 def _hostname(host: str) -> str:
-    """``host[:port]`` or ``[v6]:port`` as a lower-case name without the port or a trailing dot."""
+    """An allowed name as the operator gave it (``name``, ``name:port``, ``v6`` or ``[v6]:port``),
+    in the form ``host_name`` compares."""
     host = host.strip().lower()
     if host.startswith("["):
-        return host[1:].partition("]")[0]
-    if host.count(":") == 1:
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
         host = host.partition(":")[0]
-    return host.rstrip(".")
+    try:
+        return ipaddress.IPv6Address(host).compressed
+    except ValueError:
+        return host.rstrip(".")

@@ -9,16 +9,30 @@ schema documents the errors its routes answer and the values its enum parameters
 from __future__ import annotations
 
 import gc
+import http.client
+import json
+import re
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
+from fastapi.testclient import TestClient
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from plugtune.demo import MODEL_DIR
 from plugtune.errors import Cause, PluginCallError
+from plugtune.gateway import JobSampling, PolicyGateway
+from plugtune.gateway.serving import ThreadedServer
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.loglimit import MAX_CALL_CHARS, MAX_CALL_LINES, MAX_LINE_CHARS
 from plugtune.runtime.protocol import MAX_FRAME
-from plugtune.sdk import Runtime
+from plugtune.sdk import Policy, Runtime
+from plugtune.store import Store
+from plugtune.web import create_app
 from tests.runtime.helpers import ctx, sample, trajectory
 
 MiB = 1 << 20
@@ -138,3 +152,120 @@ async def test_an_oversize_raw_frame_kills_the_instance_with_the_limit_named(hos
         assert _rss_mib() - before < 30
         warm = await rt.deploy(f"{hostile}:warm")
         assert (await warm.invoke(ctx(), sample(), trajectory())).value == 1.0  # the supervisor serves on
+
+
+# ---- the policy gateway: a request's size and context are checked before tokenizing ---------------
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[PolicyGateway]:
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
+    with PolicyGateway(
+        model, AutoTokenizer.from_pretrained(MODEL_DIR), sampling=JobSampling(1.0, 1.0, 8)
+    ) as gw:
+        yield gw
+
+
+def _post_chat(policy: Policy, body: bytes) -> tuple[int, dict[str, Any]]:
+    url = urlsplit(policy.base_url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=20)  # bounds a hang
+    try:
+        headers = {"content-type": "application/json", "authorization": f"Bearer {policy.api_key}"}
+        connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_9_mb_tools_list_is_refused_before_the_template_or_tokenizer_runs(gateway: PolicyGateway) -> None:
+    tool = {"type": "function", "function": {"name": "f", "description": "d" * 1000, "parameters": {}}}
+    body = json.dumps(
+        {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "tools": [tool] * 9000}
+    ).encode()
+    assert len(body) > 9_000_000
+    renderer = gateway._service.renderer
+    assert renderer._reuse_renders  # so every render and encoding is counted in its caches
+    policy = gateway.open("tools-bomb")
+    renders, encodings = len(renderer._rendered), len(renderer._encoded)
+    status, answer = _post_chat(policy, body)
+    assert status == 400, answer
+    error = answer["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "tools")
+    assert "characters at most for this tokenizer" in error["message"]
+    assert (len(renderer._rendered), len(renderer._encoded)) == (renders, encodings)  # never reached
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "x" * 200_000}}]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": calls}]
+    status, answer = _post_chat(policy, json.dumps({"model": "policy", "messages": messages}).encode())
+    assert status == 400 and answer["error"]["param"] == "messages", answer
+    assert (len(renderer._rendered), len(renderer._encoded)) == (renders, encodings)
+    status, answer = _post_chat(policy, json.dumps({"model": "policy", "messages": messages[:1]}).encode())
+    assert status == 200, answer  # the same key is served right after
+    gateway.take("tools-bomb")
+
+
+# ---- the console's Host check parses strictly ------------------------------------------------------
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[tuple[Store, int]]:
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
+    server = ThreadedServer("test-console", "the console")
+    port = server.start(create_app(store), "127.0.0.1", 0)
+    try:
+        yield store, port
+    finally:
+        server.stop()
+        store.close()
+
+
+def _raw_get(port: int, host_lines: list[bytes]) -> tuple[int, bytes]:
+    """GET /api/jobs with exactly these Host header lines, over a real socket to uvicorn."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /api/jobs HTTP/1.1\r\n" + b"".join(h + b"\r\n" for h in host_lines) + b"\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + _length(data):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data.partition(b"\r\n\r\n")[2]
+
+
+def _length(data: bytes) -> int:
+    head = data.partition(b"\r\n\r\n")[0].lower()
+    found = re.search(rb"content-length: *(\d+)", head)
+    return int(found.group(1)) if found else 0
+
+
+@pytest.mark.timeout(60)
+def test_the_host_check_accepts_exactly_an_allowed_name_and_port(console: tuple[Store, int]) -> None:
+    _, port = console
+    for good in (f"127.0.0.1:{port}", "localhost", f"LOCALHOST.:{port}", f"[::1]:{port}", "[0:0::1]"):
+        assert _raw_get(port, [f"Host: {good}".encode()])[0] == 200, good
+    hostile = {
+        "userinfo trick": [f"Host: 127.0.0.1:{port}@evil.example".encode()],
+        "text after [v6]": [b"Host: [::1]evil"],
+        "text after the port": [f"Host: 127.0.0.1:{port} evil.example".encode()],
+        "a port out of range": [b"Host: 127.0.0.1:99999"],
+        "two Host headers": [f"Host: 127.0.0.1:{port}".encode(), b"Host: evil.example"],
+        "two Host headers, both fine": [f"Host: 127.0.0.1:{port}".encode(), b"Host: localhost"],
+    }
+    for case, lines in hostile.items():
+        status, body = _raw_get(port, lines)
+        assert status == 400, (case, status, body)
+        assert b"Host" in body, (case, body)
+
+
+def test_a_host_with_a_leading_space_is_refused(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
+    try:
+        client = TestClient(create_app(store), base_url="http://127.0.0.1:8321")
+        for value in (" 127.0.0.1", "127.0.0.1 ", "\t[::1]"):
+            answer = client.get("/api/jobs", headers={"host": value})
+            assert answer.status_code == 400 and "Host header" in answer.json()["detail"], value
+        assert client.get("/api/jobs").status_code == 200
+    finally:
+        store.close()

@@ -452,11 +452,17 @@ def logs(
     trajectory: str = typer.Option("", help="Only this trajectory's lines."),
     level: str = typer.Option("", help="Only this level (DEBUG, INFO, WARNING, ERROR)."),
     text: str = typer.Option("", help="Only lines containing this text."),
-    limit: int = typer.Option(100, min=1, max=100_000, help="How many lines (the newest)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until Ctrl-C."),
+    limit: int = typer.Option(
+        100, min=1, max=1_000_000, help="How many lines (the newest); the older ones are counted on stderr."
+    ),
+    every: bool = typer.Option(False, "--all", help="Every line from the oldest (instead of --limit)."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Then print every new line, once and in order, until Ctrl-C."
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Print plugin log lines (oldest of the selection first)."""
+    """Print plugin log lines, oldest first: the newest --limit of them (or --all), then with
+    --follow each new line as it is stored. Lines left out are counted, never dropped silently."""
     with _opened_store() as (_, store):
         _job_or_exit(store, job_id)
         filters: dict[str, Any] = {
@@ -465,17 +471,22 @@ def logs(
             "level": level.upper() or None,
             "text": text or None,
         }
-        rows = list(reversed(store.logs(job_id, limit=limit, **filters)))
+        if every:
+            rows = list(store.logs_after(job_id, 0, **filters))
+        else:
+            rows = store.newest_logs(job_id, limit, **filters)
+        older = store.count_logs(job_id, before_id=rows[0].id, **filters) if rows and not every else 0
         if as_json:
-            _echo_json({"logs": [r.to_dict() for r in rows]})
+            _echo_json({"logs": [r.to_dict() for r in rows], "older_not_shown": older})
             return
+        if older:
+            typer.echo(f"({older} older lines not shown: raise --limit, or --all prints them)", err=True)
         last = _print_logs(rows, 0)
         while follow:
             try:
                 time.sleep(1.0)
-                last = _print_logs(
-                    list(reversed(store.logs(job_id, after_id=last, limit=1000, **filters))), last
-                )
+                for r in store.logs_after(job_id, last, **filters):
+                    last = _print_logs([r], last)
             except KeyboardInterrupt:
                 break
 

@@ -1,13 +1,13 @@
-"""Log lines of a job's plugins: batched inserts, newest-first keyset pages, filters, counts."""
+"""Log lines of a job's plugins: batched inserts, keyset pages (newest or oldest first), filters, counts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Select, insert, select
 
-from plugtune.store.base import StoreBase, count_rows, page_size
+from plugtune.store.base import MAX_PAGE, StoreBase, count_rows, page_size
 from plugtune.store.database import contains_text
 from plugtune.store.records import LogRow
 from plugtune.store.schema import log_lines
@@ -50,21 +50,48 @@ class LogsTable(StoreBase):
         before_id: int | None = None,
         after_id: int | None = None,
         limit: int = 100,
+        oldest_first: bool = False,
     ) -> list[LogRow]:
-        """One page of log lines, newest first.
+        """One page of at most ``limit`` (capped at ``MAX_PAGE``) log lines, newest first.
 
         Next (older) page: ``before_id=page[-1].id``. Live tail: ``after_id=<newest id seen>``
-        returns only newer lines (the newest ``limit`` of them). ``text`` matches a substring of
-        the message, case-insensitively.
+        returns only newer lines (the newest ``limit`` of them: a reader that must see every line
+        pages with ``oldest_first=True, after_id=page[-1].id`` instead, oldest first). ``text``
+        matches a substring of the message, case-insensitively.
         """
         query = _filtered(select(log_lines), job_id, plugin, level, trajectory_id, text)
         if before_id is not None:
             query = query.where(log_lines.c.id < before_id)
         if after_id is not None:
             query = query.where(log_lines.c.id > after_id)
-        query = query.order_by(log_lines.c.id.desc()).limit(page_size(limit))
+        order = log_lines.c.id.asc() if oldest_first else log_lines.c.id.desc()
+        query = query.order_by(order).limit(page_size(limit))
         with self._db.read("reading log lines") as conn:
             return [_log_row(r) for r in conn.execute(query)]
+
+    def newest_logs(self, job_id: int, count: int, **filters: Any) -> list[LogRow]:
+        """The newest ``count`` matching lines (any number: read page by page), oldest first.
+        ``filters``: ``plugin``, ``level``, ``trajectory_id``, ``text`` as for :meth:`logs`."""
+        rows: list[LogRow] = []
+        before: int | None = None
+        while len(rows) < count:
+            wanted = min(MAX_PAGE, count - len(rows))
+            page = self.logs(job_id, before_id=before, limit=wanted, **filters)
+            rows += page
+            if len(page) < wanted:
+                break
+            before = page[-1].id
+        return rows[::-1]
+
+    def logs_after(self, job_id: int, after_id: int, **filters: Any) -> Iterator[LogRow]:
+        """Every matching line with an id above ``after_id``, oldest first, read page by page (a
+        follower passes the last id it printed, and misses none of a burst however large)."""
+        while True:
+            page = self.logs(job_id, after_id=after_id, limit=MAX_PAGE, oldest_first=True, **filters)
+            yield from page
+            if len(page) < MAX_PAGE:
+                return
+            after_id = page[-1].id
 
     def count_logs(
         self,
@@ -75,10 +102,17 @@ class LogsTable(StoreBase):
         trajectory_id: str | None = None,
         text: str | None = None,
         cap: int | None = None,
+        after_id: int | None = None,
+        before_id: int | None = None,
     ) -> int:
-        """How many lines match; with ``cap``, counting stops there (``min(count, cap)``, O(cap)),
-        for "10,000+" labels that stay cheap on a million-line job."""
+        """How many lines match (with ids between ``after_id`` and ``before_id``, both excluded, when
+        given); with ``cap``, counting stops there (``min(count, cap)``, O(cap)), for "10,000+"
+        labels that stay cheap on a million-line job."""
         ids = _filtered(select(log_lines.c.id), job_id, plugin, level, trajectory_id, text)
+        if after_id is not None:
+            ids = ids.where(log_lines.c.id > after_id)
+        if before_id is not None:
+            ids = ids.where(log_lines.c.id < before_id)
         with self._db.read("counting log lines") as conn:
             return count_rows(conn, ids, cap)
 

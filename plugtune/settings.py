@@ -20,6 +20,10 @@ class Settings:
     ``plugins.runtime_backend`` is ``ray``; unset: each such job starts a local Ray head.
     PLUGTUNE_ALLOWED_HOSTS: comma-separated names the console answers to besides localhost,
     127.0.0.1, ::1 and the address it is bound to (its Host header; any other is a 400).
+    PLUGTUNE_SUBMIT_SECRETS: comma-separated names of variables a job submitted over the API may
+    import as ``secrets`` (``plugtune serve --secret``); none by default.
+    PLUGTUNE_SHARED_DIRS: folders (separated by ``:``) whose files a job submitted over the API may
+    name as data or plugins besides the files it sent (``plugtune serve --shared-dir``); none by default.
     """
 
     home: Path
@@ -31,6 +35,8 @@ class Settings:
     total_memory_mb: int
     ray_address: str | None = None
     allowed_hosts: tuple[str, ...] = ()
+    submit_secrets: tuple[str, ...] = ()
+    shared_dirs: tuple[Path, ...] = ()
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -47,6 +53,12 @@ class Settings:
             ray_address=env.get("PLUGTUNE_RAY_ADDRESS") or None,
             allowed_hosts=tuple(
                 h.strip() for h in env.get("PLUGTUNE_ALLOWED_HOSTS", "").split(",") if h.strip()
+            ),
+            submit_secrets=tuple(
+                n.strip() for n in env.get("PLUGTUNE_SUBMIT_SECRETS", "").split(",") if n.strip()
+            ),
+            shared_dirs=tuple(
+                Path(d).resolve() for d in env.get("PLUGTUNE_SHARED_DIRS", "").split(os.pathsep) if d.strip()
             ),
         )
 

@@ -37,17 +37,51 @@ _STRICT = ConfigDict(extra="forbid", strict=True, validate_default=True)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _env_name(name: str) -> str:
+#: Variables that make a dynamic loader, glibc, an interpreter or a shell load code or files, or that
+#: the runtime sets itself: a job may not set them (``env``) or import them (``secrets``). The
+#: exact names, then prefixes; the glibc names are its list of variables unsafe for set-uid programs.
+LOADER_VARIABLES = frozenset(
+    {
+        "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+        "NIS_PATH", "NLSPATH", "RES_OPTIONS", "TZDIR", "TMPDIR", "HOME", "PATH",
+        "BASH_ENV", "SHELLOPTS", "BASHOPTS", "PS4", "NODE_OPTIONS", "NODE_PATH",
+        "RUBYOPT", "RUBYLIB", "PERLLIB", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS",
+        "CLASSPATH",
+    }
+)  # fmt: skip
+LOADER_PREFIXES = ("LD_", "PYTHON", "MALLOC_", "RESOLV_", "PERL5", "OPENSSL_", "BASH_FUNC_")
+#: PYTHON* variables that load nothing (hash seed, buffering, encodings) and stay allowed.
+HARMLESS_PYTHON = frozenset(
+    {"PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "PYTHONUTF8"}
+)
+
+
+def is_loader_variable(name: str) -> bool:
+    """Does ``name`` steer what a loader, libc, an interpreter or a shell loads (or does the runtime
+    set it)? Such a variable is never taken from a job."""
+    if name in HARMLESS_PYTHON:
+        return False
+    return name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES)
+
+
+def check_env_name(name: str) -> str:
+    """``name`` when a job may set or import it; ValueError saying why not."""
     if not _ENV_NAME.fullmatch(name):
         raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _)")
     if name.startswith("PLUGTUNE_"):
         raise ValueError(
             f"variables named PLUGTUNE_* are the platform's and never reach plugins: rename {name}"
         )
+    if is_loader_variable(name):
+        raise ValueError(
+            f"the variable {name} is refused: it changes what the dynamic loader, libc, Python or a "
+            "shell loads (or the runtime sets it), so a job may not set it; remove it, and set what "
+            "the plugin needs in its code (os.environ, sys.path) or ship the file in the plugin's folder"
+        )
     return name
 
 
-EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvName = Annotated[str, AfterValidator(check_env_name)]
 
 
 class RuntimeOverrides(BaseModel):

@@ -2,13 +2,20 @@
 
 The server writes each submission into its own folder, ``$PLUGTUNE_HOME/submissions/<uuid>/``, and
 accepts nothing that could land outside it: no absolute paths or ``..``, no links, no devices, and
-bounded sizes (checked as the bytes are written, not as an archive's headers claim). Every refusal
-is a :class:`SubmissionError` whose problems name the file and say what to do.
+bounded sizes (checked as the bytes are written, not as an archive's headers claim). A tar archive's
+headers are walked and bounded before ``tarfile`` reads them (each pax or GNU long-name header, their
+number and total, the data they announce), so a small upload cannot make the server decompress or
+hold gigabytes of headers. Every refusal is a :class:`SubmissionError` whose problems name the file
+and say what to do.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
+import lzma
+import re
 import shutil
 import stat
 import tarfile
@@ -26,8 +33,36 @@ MAX_UPLOAD_BYTES = 32 << 20  # a whole POST /api/jobs body: the archive (or file
 MAX_UNPACKED_BYTES = 256 << 20  # what an archive may unpack to
 MAX_FILES = 2000
 MAX_PATH_CHARS = 512
+MAX_HEADER_BYTES = 64 << 10  # one tar pax / GNU long-name header's data
+MAX_HEADERS = 3 * MAX_FILES + 16  # tar headers of all kinds (a member may have a pax and a long-name one)
+MAX_HEADERS_TOTAL = 4 << 20  # all pax / GNU long-name headers' data together
 SKIPPED = frozenset({".plugtune", ".venv", "__pycache__", ".git"})  # never packed
 CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class SubmissionPolicy:
+    """What the server's operator lets a job submitted over the API use besides the files it sent:
+    folders of the server it may read (``plugtune serve --shared-dir DIR``: large datasets or
+    plugins kept on the server) and variables of the server's environment it may import as
+    ``secrets`` (``plugtune serve --secret NAME``). By default: nothing."""
+
+    shared_dirs: tuple[Path, ...] = ()
+    secrets: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Where one submitted job may read: its submission folder ``root`` and the policy's shared
+    folders; which secrets it may import. Validation applies it to every data and plugin path."""
+
+    root: Path
+    policy: SubmissionPolicy = SubmissionPolicy()
+
+    def allows(self, path: Path) -> bool:
+        """Is ``path`` (resolved: links followed) inside the submission or a shared folder?"""
+        real = path.resolve()
+        return any(real.is_relative_to(d.resolve()) for d in (self.root, *self.policy.shared_dirs))
 
 
 class SubmissionError(ValueError):
@@ -84,6 +119,7 @@ def unpack(data: bytes, folder: Path, *, name: str = "project") -> None:
             ) from None
         return
     try:
+        check_tar_headers(data, name)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
             _write_all(folder, _tar_members(archive, name), name, "project")
     except (tarfile.TarError, EOFError, zlib.error) as exc:
@@ -97,6 +133,119 @@ def unpack(data: bytes, folder: Path, *, name: str = "project") -> None:
                 )
             ]
         ) from None
+
+
+TAR_BLOCK = 512
+_META_TYPES = (b"x", b"g", b"X", b"L", b"K")  # pax (extended, global, Solaris) and GNU long name / link
+_DATA_FREE_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, folders, FIFOs: no data
+_PAX_RECORD = re.compile(rb"(\d+) ")
+
+
+def check_tar_headers(data: bytes, name: str) -> None:
+    """Walk a tar archive's headers (decompressing as needed) and refuse one whose headers are out of
+    bounds: a pax or GNU long-name header over MAX_HEADER_BYTES, more than MAX_HEADERS headers, more
+    than MAX_HEADERS_TOTAL bytes of them, sparse files, or members announcing more than
+    MAX_UNPACKED_BYTES; data is skipped unread as far as the compression allows. What is not a tar
+    (or is damaged) is left to ``tarfile``, which reports it."""
+    try:
+        with _decompressed(data) as stream:
+            _walk_headers(stream, name)
+    except SubmissionError:
+        raise
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, ValueError):
+        return  # not an archive we can walk: tarfile says why
+
+
+def _decompressed(data: bytes) -> io.BufferedIOBase:
+    raw = io.BytesIO(data)
+    if data.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=raw)
+    if data.startswith(b"BZh"):
+        return bz2.BZ2File(raw)
+    if data.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(raw)
+    return raw
+
+
+def _walk_headers(stream: io.BufferedIOBase, name: str) -> None:
+    headers = meta = announced = 0
+    pax_size: int | None = None
+    while True:
+        block = stream.read(TAR_BLOCK)
+        if len(block) < TAR_BLOCK or not block.strip(b"\0"):
+            return  # the end (or a truncated archive, which tarfile reports)
+        headers += 1
+        if headers > MAX_HEADERS:
+            raise SubmissionError([_header_problem(name, f"holds more than {MAX_HEADERS} tar headers")])
+        kind, size = block[156:157], _tar_number(block[124:136])
+        if kind == b"S":
+            raise SubmissionError([_header_problem(name, "holds a sparse file")])
+        if kind in _META_TYPES:
+            meta += size
+            if size > MAX_HEADER_BYTES:
+                what = f"holds a {size}-byte pax or long-name header (at most {MAX_HEADER_BYTES})"
+                raise SubmissionError([_header_problem(name, what)])
+            if meta > MAX_HEADERS_TOTAL:
+                what = f"holds more than {MAX_HEADERS_TOTAL} bytes of pax and long-name headers"
+                raise SubmissionError([_header_problem(name, what)])
+            content = stream.read(_padded(size))[:size]
+            if kind == b"x" or kind == b"X":
+                pax_size = _pax_size(content, name)
+            continue
+        if kind not in _DATA_FREE_TYPES:
+            size = pax_size if pax_size is not None else size
+            announced += size
+            if announced > MAX_UNPACKED_BYTES:
+                raise SubmissionError([_too_big(name, MAX_UNPACKED_BYTES, "its headers", "project")])
+            _skip(stream, _padded(size))
+        pax_size = None
+
+
+def _tar_number(field: bytes) -> int:
+    """A tar header's numeric field: octal text, or base-256 when its first byte has the high bit."""
+    if field[:1] in (b"\x80", b"\xff"):
+        value = int.from_bytes(field[1:], "big")
+        return value if field[:1] == b"\x80" else value - (256 ** (len(field) - 1))
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _pax_size(content: bytes, name: str) -> int | None:
+    """The ``size`` a pax header sets for the next member; a sparse-file record is refused."""
+    size, pos = None, 0
+    while pos < len(content):
+        match = _PAX_RECORD.match(content, pos)
+        if match is None or int(match[1]) <= 0:
+            return size  # malformed: tarfile reports it
+        record = content[match.end() : pos + int(match[1])].rstrip(b"\n")
+        key, _, value = record.partition(b"=")
+        if key.startswith(b"GNU.sparse"):
+            raise SubmissionError([_header_problem(name, "holds a sparse file")])
+        if key == b"size" and value.isdigit():
+            size = int(value)
+        pos += int(match[1])
+    return size
+
+
+def _padded(size: int) -> int:
+    return -(-size // TAR_BLOCK) * TAR_BLOCK
+
+
+def _skip(stream: io.BufferedIOBase, count: int) -> None:
+    while count > 0:
+        chunk = stream.read(min(count, CHUNK))
+        if not chunk:
+            return
+        count -= len(chunk)
+
+
+def _header_problem(name: str, what: str) -> Problem:
+    return Problem(
+        name,
+        f"{what}; a project archive needs plain headers: pack it again with "
+        "`tar czf project.tar.gz -C my-task .` or `plugtune submit --server URL job.yaml`",
+        field="project",
+    )
 
 
 def write_files(files: Iterable[Upload], folder: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import re
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from plugtune.errors import InvalidValueError, Problem
+from plugtune.jobs import job_yaml
 from plugtune.jobs.plugin_names import duplicate_names, named_entries
 from plugtune.jobs.spec import (
     BUILTIN_MODEL_PREFIX,
@@ -31,8 +32,10 @@ from plugtune.jobs.spec import (
     parse_entry,
     resolve_model,
 )
+from plugtune.jobs.submission import Confinement, is_submission, submission_root
 from plugtune.jobs.validation_rows import Found, describe, parse_rows, read_dataset, read_text, validate_row
 from plugtune.sdk.decorators import Kind
+from plugtune.settings import Settings
 from plugtune.trainer.config import TrainerConfig
 
 SECTION_KINDS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
@@ -48,17 +51,6 @@ __all__ = [
 ]
 
 Path_ = tuple[str | int, ...]
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.2), as users expect."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
 
 
 @dataclass(frozen=True)
@@ -113,13 +105,80 @@ def load_spec(path: str | Path) -> JobSpec:
     return spec
 
 
+@dataclass(frozen=True)
+class Reach:
+    """What a job's paths may not or must reach: the platform's files (PLUGTUNE_HOME, the SQLite
+    store) are never read as a job's data or plugins, except the job's own submission folder; a
+    job submitted over the API reads only inside its :class:`Confinement`."""
+
+    job_file: Path
+    home: Path
+    store_file: Path | None
+    confine: Confinement | None
+
+    @classmethod
+    def of(cls, job_file: Path, confine: Confinement | None) -> Reach:
+        settings = Settings.from_env()
+        url = settings.database_url
+        store = (
+            Path(url.removeprefix("sqlite:///").partition("?")[0]) if url.startswith("sqlite:///") else None
+        )
+        return cls(job_file.resolve(), settings.home.resolve(), store.resolve() if store else None, confine)
+
+    def refusal(self, path: Path, what: str) -> str | None:
+        """Why ``path`` may not be read as the job's ``what`` (None when it may)."""
+        if self.confine is not None and not self.confine.allows(path):
+            return (
+                f"is outside the submitted project: a job submitted over the API reads its {what} only "
+                "from the files it sent (or a folder the server's operator shares with `plugtune serve "
+                "--shared-dir`); add the file to the project and name it relative to job.yaml"
+            )
+        if self.is_platform_file(path):
+            return (
+                f"is one of plugtune's own files (the store, jobs or runtime under PLUGTUNE_HOME="
+                f"{self.home}): they are never read as a job's {what} (reading the store's file breaks its "
+                "locks); put the file in the project's folder"
+            )
+        return None
+
+    def is_platform_file(self, path: Path) -> bool:
+        real = path.resolve()
+        if real.is_relative_to(self.home):
+            own = is_submission(self.home, self.job_file)
+            return not (own and real.is_relative_to(submission_root(self.home, self.job_file)))
+        if self.store_file is None:
+            return False
+        store = self.store_file
+        if real.parent == store.parent and real.name in {
+            store.name + x for x in ("", "-wal", "-shm", "-journal")
+        }:
+            return True
+        try:
+            return os.path.samefile(real, self.store_file)  # a hard link to it
+        except OSError:
+            return False
+
+    def holds_home(self, folder: Path) -> bool:
+        """Would a snapshot of ``folder`` copy PLUGTUNE_HOME (inside it, not under a dot folder)?"""
+        real = folder.resolve()
+        if not self.home.is_relative_to(real):
+            return False
+        return not any(part.startswith(".") for part in self.home.relative_to(real).parts)
+
+
 def validate_job(
-    path: str | Path, *, check_model: bool = True, base_dir: str | Path | None = None
+    path: str | Path,
+    *,
+    check_model: bool = True,
+    base_dir: str | Path | None = None,
+    confine: Confinement | None = None,
 ) -> ValidatedJob:
     """Validate everything a job needs before compute starts; raise with every problem found.
 
     ``check_model=False`` skips only the check that the model folder exists. Relative paths in
-    job.yaml are resolved against ``base_dir`` (default: the job.yaml's folder).
+    job.yaml are resolved against ``base_dir`` (default: the job.yaml's folder). Data and plugin
+    files inside PLUGTUNE_HOME (or the SQLite store) are refused; ``confine`` (a job submitted over
+    the API) keeps them inside its submission and shared folders and its secrets in the allow-list.
     """
     job_file = Path(path)
     found = Found()
@@ -128,9 +187,12 @@ def validate_job(
         found.raise_if_any()
     base_dir = Path(base_dir).resolve() if base_dir is not None else job_file.resolve().parent
     name = str(job_file)
+    reach = Reach.of(job_file, confine)
     model_dir = _check_model(raw, lines, base_dir, name, found) if check_model else None
-    counts = _check_data(raw, lines, base_dir, name, found)
-    refs = _check_plugins(raw, lines, base_dir, name, found)
+    counts = _check_data(raw, lines, base_dir, name, found, reach)
+    refs = _check_plugins(raw, lines, base_dir, name, found, reach)
+    if confine is not None:
+        found.value.extend(_secret_problems(raw, lines, name, confine))
     found.raise_if_any()
     if spec is None:  # pragma: no cover - a failed spec always records a problem
         raise InvalidValueError([Problem(name, "job.yaml could not be validated")])
@@ -167,7 +229,11 @@ def _load(path: Path, found: Found) -> tuple[JobSpec | None, dict[str, Any] | No
     if text is None:
         return None, None, {}
     try:
-        raw, lines = _compose(text)
+        raw, lines, node = _compose(text)
+    except job_yaml.SpecTooLarge as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else None
+        found.value.append(Problem(name, f"job.yaml cannot be read: {exc.problem}", line=line))
+        return None, None, {}
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -183,7 +249,7 @@ def _load(path: Path, found: Found) -> tuple[JobSpec | None, dict[str, Any] | No
             )
         )
         return None, None, {}
-    found.value.extend(_duplicates(text, name))
+    found.value.extend(_duplicates(node, name))
     hyper_problems = _hyperparameter_problems(raw.get("hyperparameters"), lines, name)
     found.value.extend(hyper_problems)
     checked = {**raw, "hyperparameters": {}} if hyper_problems else raw
@@ -228,18 +294,14 @@ def _display(path: Path) -> str:
         return str(resolved)
 
 
-def _compose(text: str) -> tuple[Any, dict[Path_, int]]:
-    """Load YAML and the 1-based line of every key and list item, by path."""
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    finally:
-        loader.dispose()  # type: ignore[no-untyped-call]
+def _compose(text: str) -> tuple[Any, dict[Path_, int], yaml.Node | None]:
+    """Load YAML (within :mod:`plugtune.jobs.job_yaml`'s bounds), the 1-based line of every key and
+    list item by path, and the node tree."""
+    data, node = job_yaml.compose(text)
     lines: dict[Path_, int] = {}
     if node is not None:
         _mark_lines(node, (), lines)
-    return data, lines
+    return data, lines, node
 
 
 def _mark_lines(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:
@@ -254,13 +316,8 @@ def _mark_lines(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:
             _mark_lines(item, (*path, index), lines)
 
 
-def _duplicates(text: str, name: str) -> list[Problem]:
+def _duplicates(node: yaml.Node | None, name: str) -> list[Problem]:
     problems: list[Problem] = []
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-    finally:
-        loader.dispose()  # type: ignore[no-untyped-call]
     stack = [node] if node is not None else []
     while stack:
         current = stack.pop()
@@ -307,16 +364,22 @@ def _message(error: Any) -> str:
     if kind in ("model_type", "dict_type", "dataclass_exact_type", "dataclass_type"):
         return f"must be a mapping of keys, got {describe(value)}"
     if kind in ("int_type", "int_from_float"):
-        return f"must be a whole number, got {value!r}"
+        return f"must be a whole number, got {_short(value)}"
     if kind == "float_type":
-        return f"must be a number, got {value!r}"
+        return f"must be a number, got {_short(value)}"
     if kind in _BOUNDS:
         bound = next(iter(ctx.values()), "?")
-        return f"must be {_BOUNDS[kind]} {bound}, got {value!r}"
+        return f"must be {_BOUNDS[kind]} {bound}, got {_short(value)}"
     if kind in ("string_type", "list_type", "literal_error", "string_pattern_mismatch", "string_too_short"):
-        return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {value!r}"
+        return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {_short(value)}"
     text = str(error["msg"]).removeprefix("Value error, ")
     return f"{text[0].lower()}{text[1:]}"
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a wrong value can be a large list)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _allowed_keys(loc: Path_) -> list[str]:
@@ -343,7 +406,7 @@ def _model_at(loc: Path_) -> type[BaseModel] | None:
 def field_line(job_file: Path, loc: Path_) -> int | None:
     """The line of job.yaml that holds ``loc`` (e.g. ``("secrets", 0)``); None when unreadable."""
     try:
-        _, lines = _compose(job_file.read_text(encoding="utf-8"))
+        _, lines, _ = _compose(job_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     return _line_of(loc, lines)
@@ -359,6 +422,8 @@ def _line_of(loc: Path_, lines: dict[Path_, int]) -> int | None:
 def _field_text(loc: Path_) -> str:
     out = ""
     for part in loc:
+        if part == "[key]":  # pydantic's marker for a mapping's key (env: {NAME: ...})
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
@@ -393,7 +458,7 @@ def _check_model(
 
 
 def _check_data(
-    raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found
+    raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found, reach: Reach
 ) -> dict[str, int]:
     counts: dict[str, int] = {}
     for key, value in _section(raw, "data").items():
@@ -402,6 +467,12 @@ def _check_data(
         dataset = base / value
         label = _display(dataset)
         where = f" (data.{key} in {name}:{lines.get(('data', key), '?')})"
+        refused = reach.refusal(dataset, "data")
+        if refused is not None:  # said before the file is looked at: nothing tells whether it exists
+            found.data.append(
+                Problem(name, f"data.{key} {value!r} {refused}", lines.get(("data", key)), f"data.{key}")
+            )
+            continue
         text = read_text(dataset, label, found, what="dataset", where=where)
         if text is not None:
             rows, problems = parse_rows(text, label)
@@ -410,8 +481,26 @@ def _check_data(
     return counts
 
 
+def _secret_problems(
+    raw: dict[str, Any] | None, lines: dict[Path_, int], name: str, confine: Confinement
+) -> list[Problem]:
+    """A submitted job's secrets that the server's operator has not allowed (``serve --secret``)."""
+    secrets = (raw or {}).get("secrets")
+    problems = []
+    for index, secret in enumerate(secrets if isinstance(secrets, list) else []):
+        if isinstance(secret, str) and secret not in confine.policy.secrets:
+            allowed = ", ".join(sorted(confine.policy.secrets)) or "none"
+            message = (
+                f"secret {secret} is not one this server hands to submitted jobs (allowed: {allowed}): "
+                f"its operator allows it with `plugtune serve --secret {secret}` (or "
+                "PLUGTUNE_SUBMIT_SECRETS); otherwise remove it"
+            )
+            problems.append(Problem(name, message, _line_of(("secrets", index), lines), f"secrets[{index}]"))
+    return problems
+
+
 def _check_plugins(
-    raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found
+    raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found, reach: Reach
 ) -> dict[str, list[PluginRef]]:
     plugins = _section(raw, "plugins")
     refs: dict[str, list[PluginRef]] = {key: [] for key in SECTION_KINDS}
@@ -428,7 +517,7 @@ def _check_plugins(
         entry, own = item.get("entry"), item.get("name")
         if isinstance(entry, str):
             where = Problem(name, "", _line_of((*loc, "entry"), lines), _field_text((*loc, "entry")))
-            ref = _check_entry(key, entry, base, where, found)
+            ref = _check_entry(key, entry, base, where, found, reach)
             if ref is not None:
                 named = own if isinstance(own, str) and own else ref.function
                 refs[key].append(replace(ref, name=named, field=_field_text(loc), line=where.line))
@@ -442,7 +531,7 @@ def plugin_name_problems(path: str | Path) -> list[Problem]:
     """Plugins of ``job.yaml`` that share a name (``plugtune lint`` reports them before a job runs);
     [] when the file cannot be read or parsed (validation reports that)."""
     try:
-        raw, lines = _compose(Path(path).read_text(encoding="utf-8"))
+        raw, lines, _ = _compose(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
     plugins = raw.get("plugins") if isinstance(raw, dict) else None
@@ -457,7 +546,9 @@ def _builtin_rollout() -> PluginRef:
     )
 
 
-def _check_entry(section: str, entry: str, base: Path, where: Problem, found: Found) -> PluginRef | None:
+def _check_entry(
+    section: str, entry: str, base: Path, where: Problem, found: Found, reach: Reach
+) -> PluginRef | None:
     def problem(message: str) -> None:
         found.value.append(Problem(where.file, message, where.line, where.field))
 
@@ -469,6 +560,17 @@ def _check_entry(section: str, entry: str, base: Path, where: Problem, found: Fo
     if ref.file is None:
         return PluginRef(SECTION_KINDS[section], entry, ref.function, None, ref.module)
     path = (base / ref.file).resolve()
+    refused = reach.refusal(path, "plugins")
+    if refused is not None:
+        problem(f"plugin file {ref.file} {refused}")
+        return None
+    if reach.holds_home(path.parent):
+        problem(
+            f"the folder of {ref.file} ({path.parent}) holds PLUGTUNE_HOME ({reach.home}), and a plugin's "
+            "whole folder is copied into its snapshot: move the plugin into its own folder (e.g. "
+            "plugins/), or set PLUGTUNE_HOME elsewhere"
+        )
+        return None
     if not path.is_file():
         problem(f"plugin file {ref.file} does not exist (looked in {path.parent})")
         return None

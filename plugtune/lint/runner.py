@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from plugtune.jobs import job_yaml
 from plugtune.lint.blocking import check_blocking
 from plugtune.lint.findings import RULES, Finding, finding
 from plugtune.lint.graders import check_excepts, check_grader
@@ -180,7 +181,7 @@ def _expected_kinds(job_files: list[Path]) -> dict[Path, dict[str, Kind]]:
     out: dict[Path, dict[str, Kind]] = {}
     for job in job_files:
         try:
-            spec = yaml.safe_load(job.read_text(encoding="utf-8"))
+            spec = job_yaml.load(job.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue  # `plugtune run` / validation reports a broken job.yaml
         plugins = spec.get("plugins") if isinstance(spec, dict) else None

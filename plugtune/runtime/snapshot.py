@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,15 @@ class CodeSnapshot:
 
 
 def collect(code_root: Path) -> dict[str, bytes]:
-    """Every regular file under ``code_root``; a symlink counts as its target when that is inside too."""
+    """Every regular file under ``code_root``; a symlink counts as its target when that is inside too.
+
+    A hard link (a file with more than one name) owned by someone other than the folder's owner is
+    refused: its other name may be a file the folder's owner cannot read (made where hard links to
+    others' files are allowed), and the snapshot is read by the plugin."""
     files: dict[str, bytes] = {}
     total = 0
     seen: set[Path] = set()
+    owner = code_root.stat().st_uid
     for dirpath, dirnames, filenames in os.walk(code_root, followlinks=True):
         real = Path(dirpath).resolve()
         if real in seen:  # a link back to a folder already walked
@@ -57,7 +63,7 @@ def collect(code_root: Path) -> dict[str, bytes]:
                 continue
             if not _inside(path, code_root) or not path.is_file():
                 continue  # not a regular file (a socket, a fifo, a dangling link)
-            data = path.read_bytes()
+            data = _read_own(path, owner)
             total += len(data)
             files[path.relative_to(code_root).as_posix()] = data
             if len(files) > MAX_FILES or total > MAX_BYTES:
@@ -66,6 +72,23 @@ def collect(code_root: Path) -> dict[str, bytes]:
                     f"{MAX_BYTES >> 20} MiB; put the plugin in its own folder and keep data files elsewhere"
                 )
     return files
+
+
+def _read_own(path: Path, owner: int) -> bytes:
+    """The bytes of regular file ``path`` (checked on the opened file, so a swap cannot slip by);
+    SnapshotError for a hard link owned by another user than ``owner``."""
+    fd = os.open(path.resolve(), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as stream:
+        info = os.fstat(fd)
+        if info.st_nlink > 1 and info.st_uid != owner:
+            raise SnapshotError(
+                f"{path}: is a hard link to a file of user {info.st_uid} (the plugin's folder belongs to "
+                f"user {owner}); a snapshot copies only the folder owner's own files, and its plugins can "
+                "read them: copy the file instead of linking it (cp, not ln), or remove it"
+            )
+        if not stat.S_ISREG(info.st_mode):
+            raise SnapshotError(f"{path}: is not a regular file; remove it from the plugin's folder")
+        return stream.read()
 
 
 def _inside(path: Path, code_root: Path) -> bool:

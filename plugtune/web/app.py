@@ -15,8 +15,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from plugtune import __version__
 from plugtune.errors import PlatformError
+from plugtune.jobs.submission import SubmissionPolicy
 from plugtune.store import Store
-from plugtune.web import api, compare, control_api, exposition, login, pages, service
+from plugtune.web import api, app_openapi, compare, control_api, exposition, login, pages, service
 from plugtune.web.auth import COOKIE, TokenAuth
 from plugtune.web.csrf import CsrfGuard
 from plugtune.web.docs import operations
@@ -37,6 +38,7 @@ def create_app(
     on_cancel: Callable[[int], None] | None = None,
     allowed_hosts: Iterable[str] = (),
     home: Path | None = None,
+    submission_policy: SubmissionPolicy | None = None,
 ) -> FastAPI:
     """The console over ``store``.
 
@@ -46,7 +48,8 @@ def create_app(
     cancels a job (the scheduler's, which stops the attempt it supervises; default: SIGTERM to the
     attempt's process from here). ``allowed_hosts``: names the Host header may carry besides
     localhost, 127.0.0.1 and ::1 (any other is a 400). ``home``: where submitted projects are
-    unpacked and jobs' files lie (default: ``$PLUGTUNE_HOME``).
+    unpacked and jobs' files lie (default: ``$PLUGTUNE_HOME``). ``submission_policy``: the server
+    folders and secrets a job submitted over the API may use besides its own files (default: none).
     """
     app = FastAPI(
         title="plugtune",
@@ -59,6 +62,7 @@ def create_app(
     app.state.on_retry = on_retry
     app.state.on_cancel = on_cancel
     app.state.home = home
+    app.state.submission_policy = submission_policy or SubmissionPolicy()
     app.state.api_token = api_token
     app.state.token_required = api_token is not None
     app.include_router(api.router)
@@ -69,6 +73,7 @@ def create_app(
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _add_meta_routes(app, token_required=api_token is not None)
     _add_error_handlers(app)
+    app_openapi.install(app, token_required=api_token is not None)
     # add_middleware puts each in front of the last: requests meet EdgeGuard, CsrfGuard, TokenAuth.
     if api_token is not None:
         app.add_middleware(TokenAuth, token=api_token)

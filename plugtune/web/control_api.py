@@ -22,7 +22,9 @@ from plugtune.errors import HINTS, DataError, ErrorType, Problem
 from plugtune.jobs.control import check_job, create_job, delete_job, request_cancel
 from plugtune.jobs.submission import (
     MAX_FILES,
+    Confinement,
     SubmissionError,
+    SubmissionPolicy,
     Upload,
     new_folder,
     unpack,
@@ -80,7 +82,10 @@ async def submit_job(
     project as a `project` archive (.zip / .tar.gz of job.yaml's folder) or `project_files` parts
     (each named by its path in the folder). Validated as `plugtune run` does: 422 lists every problem
     with file, line and field; a job that fails validation is recorded failed (its id is in the
-    answer) unless `dry_run`. Up to 32 MiB; archives unpack to at most 256 MiB in 2,000 files."""
+    answer) unless `dry_run`. Its data and plugin files must be among the files it sent, or in a
+    folder the server shares (`plugtune serve --shared-dir`); its `secrets` must be ones the server
+    allows (`plugtune serve --secret NAME`). Up to 32 MiB; archives unpack to at most 256 MiB in
+    2,000 files."""
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     text: str | None
     archive: tuple[str, bytes] | None
@@ -94,8 +99,8 @@ async def submit_job(
             f"POST /api/jobs takes job.yaml as application/x-yaml, or multipart/form-data with 'spec' "
             f"and 'project' / 'project_files'; got Content-Type {kind or '(none)'!r}"
         )
-    home = _home(request)
-    outcome = await run_in_threadpool(_submit, _store(request), home, text, archive, files, dry_run)
+    home, policy = _home(request), request.app.state.submission_policy
+    outcome = await run_in_threadpool(_submit, _store(request), home, text, archive, files, dry_run, policy)
     if isinstance(outcome, int):
         wake = request.app.state.on_retry
         if wake is not None:
@@ -152,9 +157,11 @@ def _submit(
     archive: tuple[str, bytes] | None,
     files: list[Upload],
     dry_run: bool,
+    policy: SubmissionPolicy,
 ) -> int | JSONResponse:
     """The new job's id, or the 422 (or dry run's 200) answer."""
     folder = new_folder(home)
+    confine = Confinement(folder, policy)
     keep = False
     try:
         if archive is not None:
@@ -164,11 +171,11 @@ def _submit(
         job_file = _job_file(folder, text)
         base_dir = None if archive is not None or files else Path.cwd()
         if dry_run:
-            invalid = check_job(job_file, base_dir=base_dir)
+            invalid = check_job(job_file, base_dir=base_dir, confine=confine)
             if invalid is None:
                 return JSONResponse(DryRunOut(ok=True).model_dump(), status_code=200)
             return _problems(invalid, folder, None)
-        job_id, invalid = create_job(store, job_file, base_dir=base_dir)
+        job_id, invalid = create_job(store, job_file, base_dir=base_dir, confine=confine)
         keep = True  # the job's attempts (and a retry's validation) read these files
         return job_id if invalid is None else _problems(invalid, folder, job_id)
     except SubmissionError as exc:

@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from plugtune.jobs import submission
-from plugtune.jobs.submission import pack
+from plugtune.jobs.submission import SubmissionPolicy, pack
 from plugtune.store import Store
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job
@@ -118,8 +118,10 @@ def test_a_dry_run_validates_and_creates_nothing(
 
 
 def test_a_yaml_body_resolves_relative_paths_against_the_servers_folder(
-    api: TestClient, db: Store, project: Path, monkeypatch: pytest.MonkeyPatch
+    db: Store, home: Path, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    shared = SubmissionPolicy(shared_dirs=(project.parent,))  # `plugtune serve --shared-dir`
+    api = TestClient(create_app(db, home=home, submission_policy=shared), base_url=BASE_URL)
     monkeypatch.chdir(project)
     text = (project / "job.yaml").read_text()
     answer = api.post("/api/jobs", content=text, headers={"content-type": "application/x-yaml"})

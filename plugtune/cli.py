@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -34,17 +34,7 @@ def _opened_store(create: bool = False) -> Iterator[tuple[Settings, Store]]:
     """The store named by the environment; a database problem is a clear message, not a traceback.
 
     Only commands that start work (``create=True``) make a new store; the others say where they
-    looked when there is none, instead of answering from a new, empty one. While a command that
-    starts work runs, what it (and the attempts it starts) writes is owner-only (umask 077)."""
-    from plugtune.home import owner_only_files
-
-    with owner_only_files() if create else nullcontext():
-        with _store_or_exit(create) as opened:
-            yield opened
-
-
-@contextmanager
-def _store_or_exit(create: bool) -> Iterator[tuple[Settings, Store]]:
+    looked when there is none, instead of answering from a new, empty one."""
     from plugtune.errors import PlugtuneError
     from plugtune.settings import Settings, store_source
     from plugtune.store import Store, sqlite_file

@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -34,7 +34,17 @@ def _opened_store(create: bool = False) -> Iterator[tuple[Settings, Store]]:
     """The store named by the environment; a database problem is a clear message, not a traceback.
 
     Only commands that start work (``create=True``) make a new store; the others say where they
-    looked when there is none, instead of answering from a new, empty one."""
+    looked when there is none, instead of answering from a new, empty one. While a command that
+    starts work runs, what it (and the attempts it starts) writes is owner-only (umask 077)."""
+    from plugtune.home import owner_only_files
+
+    with owner_only_files() if create else nullcontext():
+        with _store_or_exit(create) as opened:
+            yield opened
+
+
+@contextmanager
+def _store_or_exit(create: bool) -> Iterator[tuple[Settings, Store]]:
     from plugtune.errors import PlugtuneError
     from plugtune.settings import Settings, store_source
     from plugtune.store import Store, sqlite_file
@@ -667,7 +677,6 @@ def serve(
     from plugtune.jobs.remote import forget_serve, record_serve
     from plugtune.web import create_app
 
-    policy = _submission_policy(secret, shared_dir)
     sock = _listening_socket(host, port)  # before anything is printed or started
     with sock, _opened_store(create=True) as (settings, store):
         scheduler = Scheduler(store, settings, max_running=max_running)
@@ -680,7 +689,7 @@ def serve(
             on_cancel=scheduler.cancel,
             allowed_hosts=hosts,
             home=settings.home,
-            submission_policy=policy,
+            submission_policy=_submission_policy(settings, secret, shared_dir),
         )
         scheduler.start()
         url = _console_url(host, sock.getsockname()[1])
@@ -693,15 +702,12 @@ def serve(
             scheduler.stop()
 
 
-def _submission_policy(secrets: list[str], shared: list[str]) -> Any:
+def _submission_policy(settings: Settings, secrets: list[str], shared: list[str]) -> Any:
     """The secrets and folders `serve` lets submitted jobs use; exit 1 naming a bad one."""
     from pathlib import Path
 
     from plugtune.jobs.spec import check_env_name
     from plugtune.jobs.submission import SubmissionPolicy
-    from plugtune.settings import Settings
-
-    settings = Settings.from_env()
 
     names = frozenset([*settings.submit_secrets, *secrets])
     for name in sorted(names):
@@ -710,7 +716,7 @@ def _submission_policy(secrets: list[str], shared: list[str]) -> Any:
         except ValueError as exc:
             typer.echo(f"plugtune serve: --secret {name!r}: {exc}", err=True)
             raise typer.Exit(1) from None
-    dirs = tuple(d.resolve() for d in [*settings.shared_dirs, *map(Path, shared)])
+    dirs = tuple(Path(d).resolve() for d in [*settings.shared_dirs, *shared])
     for folder in dirs:
         home = settings.home
         if not folder.is_dir() or folder.is_relative_to(home) or home.is_relative_to(folder):

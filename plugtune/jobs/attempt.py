@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from plugtune.errors import PlatformError
+from plugtune.home import OWNER_ONLY_UMASK, private_dir
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evaluate import build_evaluator, is_eval_step
@@ -61,7 +62,8 @@ class Terminated(PlatformError):
 
 
 def job_dir(settings: Settings, job_id: int) -> Path:
-    return settings.home / "jobs" / str(job_id)
+    """The job's folder (checkpoints, final/, TensorBoard), owner-only from its creation."""
+    return private_dir(settings.home / "jobs" / str(job_id))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,4 +365,5 @@ def _check_breaker(counts: StepCounts, config: Any) -> None:
 
 
 if __name__ == "__main__":
+    os.umask(OWNER_ONLY_UMASK)  # what the trainer and its libraries write is the home owner's alone
     sys.exit(main())

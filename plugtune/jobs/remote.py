@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 
 from plugtune.errors import Problem
+from plugtune.home import private_dir
 from plugtune.jobs.submission import SubmissionError, pack
 
 SERVE_FILE = "serve.json"  # in $PLUGTUNE_HOME while `plugtune serve` runs
@@ -34,7 +35,7 @@ class Rejected:
 
 def record_serve(home: Path, url: str) -> Path:
     """Write where this process serves the console (``$PLUGTUNE_HOME/serve.json``)."""
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)
     path = home / SERVE_FILE
     path.write_text(json.dumps({"url": url, "pid": os.getpid()}))
     return path

@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from plugtune.home import private_dir
+
 PACKAGES = ("plugtune", "torch", "transformers", "tokenizers", "fastapi", "sqlalchemy", "openai")
 
 
@@ -34,7 +36,7 @@ def write_bundle(
     logs: list[dict[str, Any]],
 ) -> Path:
     """Write ``support-<job>-<time>.zip`` into ``directory`` and return its path."""
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)  # a job's code, logs and errors: the home owner's alone
     path = directory / f"support-{job['id']}-{time.strftime('%Y%m%d-%H%M%S')}.zip"
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:

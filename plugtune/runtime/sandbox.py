@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plugtune.runtime.processes import SWEEP_S, of_uid, sweep
 from plugtune.runtime.worker import mounts
 from plugtune.runtime.worker.mounts import MountError, closed_ancestor, interpreter_paths, share
 from plugtune.sdk import Runtime
@@ -159,10 +160,17 @@ class Sandbox:
         self.leased.add(uid)
         return User(uid, group_of(code_root))
 
-    def release_user(self, user: User | None) -> None:
-        if user is not None and user.uid in self.leased:
+    def release_user(self, user: User | None, within_s: float = SWEEP_S) -> list[int]:
+        """End every process of the function's uid (its zygote, instances and whatever they started,
+        daemons included), then give the uid back; returns the pids still running after
+        ``within_s``: then the lease file stays (so no runtime hands the uid out while they run;
+        the next runtime to find it stale ends them first) and a warning says so."""
+        if user is None or user.uid not in self.leased:
+            return []
+        left = _release(user.uid, within_s)
+        if not left:
             self.leased.discard(user.uid)
-            _unlease(user.uid)
+        return left
 
     def expose(self, code_root: Path, name: str, user: User | None) -> Path:
         """Where the function's worker finds its snapshot: a read-only bind mount of it in the temp
@@ -208,7 +216,7 @@ class Sandbox:
     def close(self) -> None:
         _remove(self.tmp_root)
         for uid in list(self.leased):
-            _unlease(uid)
+            _release(uid, SWEEP_S)
         self.leased.clear()
 
 
@@ -376,6 +384,8 @@ def _is_below(path: Path, top: Path) -> bool:
 
 
 def _lease(pool: range) -> int:
+    """A uid of ``pool`` that no lease holds and no process runs as (one left by a runtime that
+    ended is ended first; a uid whose processes outlive that stays leased)."""
     LEASES.mkdir(parents=True, exist_ok=True, mode=0o700)
     rng = random.Random()
     for _ in range(256):
@@ -384,18 +394,33 @@ def _lease(pool: range) -> int:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except FileExistsError:
-            if _holder_alive(path):
-                continue
-            path.unlink(missing_ok=True)  # its runtime is gone: the uid is free again
+            if not _holder_alive(path) and not sweep(of_uid(uid), 0.5):
+                path.unlink(missing_ok=True)  # its runtime is gone, and so is every process of it
             continue
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
+        if sweep(of_uid(uid), 0.5):  # processes of no lease's (a runtime before leases were kept)
+            log.warning("plugin uid %d has processes that outlived their runtime; left leased", uid)
+            continue
         return uid
     raise OSError(f"no free plugin uid in {pool.start}..{pool.stop - 1} (leases in {LEASES})")
 
 
-def _unlease(uid: int) -> None:
+def _release(uid: int, within_s: float) -> list[int]:
+    """Kill every process of ``uid``, then remove its lease; the pids left (lease kept) if any."""
+    left = sweep(of_uid(uid), within_s)
+    if left:
+        log.warning(
+            "plugin uid %d stays leased: %d process(es) of it still run after %.1f s (pids %s); the "
+            "next runtime to find its lease stale ends them first",
+            uid,
+            len(left),
+            within_s,
+            " ".join(map(str, left[:10])),
+        )
+        return left
     (LEASES / str(uid)).unlink(missing_ok=True)
+    return []
 
 
 def _holder_alive(path: Path) -> bool:

@@ -42,6 +42,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from plugtune.errors import PlatformError
+from plugtune.home import private_dir, private_file
 from plugtune.store.schema import MIGRATIONS, SCHEMA_VERSION, metadata, store_meta
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,10 @@ class Database:
     def _create_engine(self) -> Engine:
         if self.is_sqlite:
             path = Path(str(self.url.database)).expanduser()
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+            try:  # a new store is its owner's alone (its -wal and -shm files take its mode)
+                private_dir(path.parent)
+                if self.url.database not in (None, "", ":memory:"):
+                    private_file(path)
             except OSError as e:
                 raise PlatformError(
                     f"cannot create the folder {path.parent} for the database file: {e}",

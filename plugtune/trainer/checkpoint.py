@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from plugtune.home import private_dir
 from plugtune.trainer import lora
 from plugtune.trainer.data import DataCursor
 
@@ -68,8 +69,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_model(path: Path, model: PreTrainedModel, tokenizer: Any) -> Path:
-    """Write ``model`` and ``tokenizer`` as a Hugging Face directory at ``path``."""
-    path.mkdir(parents=True, exist_ok=True)
+    """Write ``model`` and ``tokenizer`` as a Hugging Face directory at ``path`` (owner-only)."""
+    private_dir(path)
     model.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return path

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from plugtune.home import private_dir
+
 #: Every projection of a Llama-family layer (what ``target_modules: all-linear`` means there).
 LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_DIR = "adapter"  # under a checkpoint or the final model
@@ -141,6 +143,7 @@ def adapter_dropout(model: Any) -> Iterator[None]:
 
 def save_adapter(peft_model: Any, path: Path) -> Path:
     """The adapter alone (``adapter_config.json`` + ``adapter_model.safetensors``) at ``path``."""
+    private_dir(path)
     peft_model.save_pretrained(str(path))
     return path
 
@@ -163,7 +166,7 @@ def save_merged(peft_model: Any, tokenizer: Any, path: Path) -> Path:
     """Base + adapter merged into plain weights, as a Hugging Face model directory at ``path``
     (loads with ``AutoModelForCausalLM`` alone, no peft); the live model is left as it is."""
     merged = copy.deepcopy(peft_model).merge_and_unload()
-    path.mkdir(parents=True, exist_ok=True)
+    private_dir(path)
     merged.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return path

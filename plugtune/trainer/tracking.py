@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from plugtune.home import private_dir
 from plugtune.sdk import Context
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,12 @@ class Trackers:
     ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        private_dir(job_dir)
         self.tensorboard = SummaryWriter(log_dir=str(job_dir / TENSORBOARD_DIR))
         self.wandb_run: Any = None
         if wandb_project is not None:
             import wandb
 
-            job_dir.mkdir(parents=True, exist_ok=True)
             self.wandb_run = wandb.init(  # its files go to job_dir/wandb/offline-run-*
                 project=wandb_project,
                 name=run_name,

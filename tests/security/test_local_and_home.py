@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +35,9 @@ IS_ROOT = os.geteuid() == 0
 
 ROLLOUT = """
 import os
+import stat
+import subprocess
+import sys
 from plugtune import rollout
 
 @rollout
@@ -146,3 +152,47 @@ def test_plugtune_test_in_process_as_root_warns(tmp_path: Path) -> None:
     said = CliRunner().invoke(app, ["test", str(job), "--samples", "1"])
     assert said.exit_code in (0, 1), said.output
     assert "as root, UNSANDBOXED" in " ".join(said.stderr.split())
+
+
+# ---- 13: the home's files ------------------------------------------------------------------------
+
+
+def _opened_on_purpose(path: Path, home: Path, mode: int, gid: int) -> bool:
+    """What the runtime opens with explicit modes: the state dir's chain traversable (0711, not
+    listable), and a snapshot granted to its own plugin group (no bits for others)."""
+    from plugtune.runtime.sandbox import PLUGIN_GIDS
+
+    rel = path.relative_to(home).parts
+    if rel in ((), ("runtime",), ("runtime", "code")):
+        return stat.S_IMODE(mode) == 0o711
+    in_snapshot = rel[:2] == ("runtime", "code") and len(rel) >= 3
+    return in_snapshot and gid in PLUGIN_GIDS and not mode & 0o007
+
+
+@pytest.mark.slow
+def test_a_fresh_home_after_a_real_job_is_owner_only(tmp_path: Path) -> None:
+    """`plugtune run` of a short job (checkpoints, final/, TensorBoard) on a fresh home: no path in
+    it is readable by another user (a plugin's uid), except what the runtime opens on purpose."""
+    from tests.jobs.jobkit import make_job
+
+    job = make_job(tmp_path / "project", hyper={"steps": 1, "batch_size": 1, "max_new_tokens": 2})
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("PLUGTUNE_DATABASE_URL", "PLUGTUNE_API_TOKEN")}
+    env["PLUGTUNE_HOME"] = str(home)
+    done = subprocess.run(
+        [sys.executable, "-m", "plugtune.cli", "run", str(job)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (home / "jobs" / "1" / "final").is_dir() and any((home / "jobs" / "1" / "checkpoints").iterdir())
+    opened = []
+    for path in [home, *home.rglob("*")]:
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode) or not info.st_mode & 0o077:
+            continue
+        if not _opened_on_purpose(path, home, info.st_mode, info.st_gid):
+            opened.append(f"{path.relative_to(home)} {stat.filemode(info.st_mode)}")
+    assert not opened, opened

@@ -22,7 +22,7 @@ from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, F
 from plugtune.runtime.bridge import PolicyBridge
 from plugtune.runtime.instance import RECYCLED, Instance
 from plugtune.runtime.launcher import Launcher
-from plugtune.runtime.limits import InstanceLimits, pids_max
+from plugtune.runtime.limits import InstanceLimits, rlimits
 from plugtune.runtime.monitor import ResourceMonitor
 from plugtune.runtime.quota import QuotaExceeded
 from plugtune.runtime.sandbox import User
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 ASYNC_CANCEL_GRACE_S = 1.0
 DEADLINE_SLOT_S = 0.005  # calls' deadlines are kept in slots this long (one timer per slot)
 MAX_LOG_LINES = 20_000
-NOFILE = 4096  # open files per instance (RLIMIT_NOFILE); more with a large max_concurrency
 
 
 class LocalDeployment:
@@ -153,6 +152,7 @@ class LocalDeployment:
         # on_freed: an abandoned call ended, so its slot is free for a waiter
         instance = Instance(instance_id, self.plugin, limits, self.log_lines.append, self._on_end, self._wake)
         instance.max_pids = runtime.max_pids
+        instance.uid = uid
         try:
             instance.tmp_dir = self.backend.sandbox.make_tmp(instance_id, self.user, runtime.tmp_mb)
         except OSError as exc:
@@ -227,17 +227,7 @@ class LocalDeployment:
         return instance
 
     def _rlimits(self, runtime: Runtime) -> dict[str, int]:
-        """Per-instance rlimits: open files, file size (the temp space's backstop) and, for a function
-        with its own uid but no pids cgroup, its processes: RLIMIT_NPROC counts the whole uid, so it
-        is only the backstop of the process watch (which holds each instance to its own limit)."""
-        out = {"nofile": max(NOFILE, 4 * runtime.max_concurrency), "fsize": runtime.tmp_mb << 20}
-        if self.user is not None and not self.backend.limits.has_pids:
-            per_instance = pids_max(runtime.max_pids, runtime.max_concurrency)
-            # four times every instance's share (+ the zygote and the spare): room for what one
-            # instance starts while a busy host delays the watch, so the others can still start
-            # threads meanwhile (at twice, 2 of 2,500 storm calls at load 9 could not)
-            out["nproc"] = 4 * per_instance * (runtime.max_instances + 2)
-        return out
+        return rlimits(runtime, self.user is not None, self.backend.limits.has_pids)
 
     def _cgroup_wait(self, limits: InstanceLimits) -> str:
         """cgroup v2 lets only the runtime move a process it does not own: the child waits for it."""
@@ -246,6 +236,8 @@ class LocalDeployment:
         return f"/{limits.memory_dir.parent.name}/{limits.memory_dir.name}"
 
     def _move_into_cgroup(self, instance: Instance) -> None:
+        if instance.process is None or not instance.process.signal(0):
+            return  # it has ended (its pid may be another process's by now): it waits for nothing
         for procs in instance.limits.cgroup_procs:
             with open(procs, "w") as f:
                 f.write(str(instance.pid))
@@ -274,6 +266,7 @@ class LocalDeployment:
             await asyncio.sleep(0.02)
         else:  # a process in it is slow to die (a busy host): housekeeping tries again
             self.backend.unremoved.append(instance.limits)
+        instance.let_go()
         self._release(instance)
         self.launcher.forget(instance.id)
         if instance.tmp_dir is not None:

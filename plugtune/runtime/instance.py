@@ -20,12 +20,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import DeployFailed, Failed, Happened, Returned
 from plugtune.runtime.limits import InstanceLimits
 from plugtune.runtime.loglimit import MARKER_CHARS, MAX_LINE_CHARS, LogBudget, clip_line
+from plugtune.runtime.processes import Held, kill_tree
 from plugtune.types import LogLine
 
 log = logging.getLogger(__name__)
@@ -67,7 +66,9 @@ class Instance:
         self.limits = limits
         self.on_log = on_log
         self.on_end = on_end
-        self.pid = 0
+        # Its process, as the launcher verified it from the kernel (never a pid the instance sent).
+        self.process: Held | None = None
+        self.uid: int | None = None  # the function's own uid, when it has one
         self.pending: dict[str, Pending] = {}
         # Calls whose caller stopped waiting (its task was cancelled): they hold their slot until
         # the instance answers, and ``on_freed`` tells the deployment when one does.
@@ -206,8 +207,7 @@ class Instance:
             self._log(self._log_line(message))
         elif op == p.ERR:
             self._on_error(*message[1:])
-        elif op == p.READY:
-            self.pid = int(message[1])
+        elif op == p.READY:  # its pid (message[1]) is ignored: the launcher knows it from the kernel
             if not self.ready.done():
                 self.ready.set_result(float(message[2]))
         elif op == p.FATAL:
@@ -301,21 +301,27 @@ class Instance:
 
     # ---- the end ----------------------------------------------------------------------------
 
+    @property
+    def pid(self) -> int:
+        """Its process's pid (0 before it started or once its handle was closed)."""
+        return self.process.pid if self.process is not None else 0
+
+    def let_go(self) -> None:
+        """Close its process handle (after its end: nothing of it is signalled again)."""
+        if self.process is not None:
+            self.process.close()
+
     def kill(self, reason: str) -> None:
-        """Kill the instance's whole process tree (its session and everything in its cgroup)."""
+        """Kill the instance's processes: everything in its cgroup and, without one, its descendants
+        and the rest of its session, each checked in /proc and signalled by pidfd."""
         if not self.kill_reason:
             self.kill_reason = reason
         self.draining = True
-        if self.pid and self.limits.watchdog:
-            _kill_descendants(self.pid)  # without a cgroup, children that left the session are found here
-        if self.pid:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except OSError:
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        if self.process is not None:
+            if self.limits.watchdog:  # no cgroup holds its children: found by parentage and session
+                kill_tree(self.process, self.uid)
+            else:
+                self.process.signal(signal.SIGKILL)
         self.limits.kill_all()
         if self.transport is not None:
             self.transport.close()
@@ -387,18 +393,6 @@ class Instance:
         if self.kill_reason:
             return f"{where} was killed by the runtime: {self.kill_reason}"
         return f"{where} ended during the call: {_describe_exit(code)}"
-
-
-def _kill_descendants(pid: int) -> None:
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return
-    for child in children:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
 
 
 def _describe_exit(code: int | None) -> str:

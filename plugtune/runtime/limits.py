@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from plugtune.runtime.processes import signal_verified
+from plugtune.sdk import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +24,8 @@ CPU_PERIOD_US = 100_000
 MIB = 1 << 20
 #: Threads the runtime itself runs in an instance (reader, deputy, watchdogs), on top of max_pids.
 RUNTIME_TASKS = 16
+
+NOFILE = 4096  # open files per instance (RLIMIT_NOFILE); more with a large max_concurrency
 
 CGROUP_V1, CGROUP_V2, RLIMIT = "cgroup-v1", "cgroup-v2", "rlimit+watchdog"
 
@@ -69,15 +73,39 @@ class InstanceLimits:
             return []
 
     def kill_all(self) -> None:
-        """Kill every process in the instance's cgroup (children that left the session too)."""
+        """Kill every process in the instance's cgroup (children that left the session too): at
+        once by ``cgroup.kill``, else each member held by pidfd and checked to be in it still."""
         if self.memory_dir is not None and self.version == 2 and (self.memory_dir / "cgroup.kill").exists():
             _write(self.memory_dir / "cgroup.kill", "1")
             return
         for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            signal_verified(pid, lambda s: self.holds(s.pid))
+
+    def holds(self, pid: int) -> bool:
+        """Whether process ``pid`` is in this cgroup (its memory controller's)."""
+        if self.memory_dir is None:
+            return False
+        tail = f"/{self.memory_dir.parent.name}/{self.memory_dir.name}"
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return False
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            wanted = "memory" in controllers.split(",") if self.version == 1 else controllers == ""
+            if wanted and path.endswith(tail):
+                return True
+        return False
+
+    def set_limits(self, memory_mb: int, pids: int) -> None:
+        """Change its memory and pids limits (a zygote's, once its function's own are known)."""
+        if self.memory_dir is not None:
+            name = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+            _write(self.memory_dir / name, str(memory_mb * MIB))
+            self.memory_mb = memory_mb
+        if self.pids_dir is not None:
+            _write(self.pids_dir / "pids.max", str(pids))
 
     def remove(self) -> bool:
         """Remove the cgroup folders; False while processes are still in them."""
@@ -95,6 +123,21 @@ class InstanceLimits:
 def pids_max(max_pids: int, concurrency: int) -> int:
     """The instance's pids.max: what the plugin may start plus the runtime's own threads."""
     return max_pids + min(concurrency, 10_000) + RUNTIME_TASKS
+
+
+def rlimits(runtime: Runtime, own_uid: bool, has_pids: bool) -> dict[str, int]:
+    """Rlimits of a function's instances and zygote: open files, file size (the temp space's backstop)
+    and, for a function with its own uid but no pids cgroup, its processes: RLIMIT_NPROC counts the
+    whole uid, so it is only the backstop of the process watch (which holds each instance to its own
+    limit)."""
+    out = {"nofile": max(NOFILE, 4 * runtime.max_concurrency), "fsize": runtime.tmp_mb << 20}
+    if own_uid and not has_pids:
+        per_instance = pids_max(runtime.max_pids, runtime.max_concurrency)
+        # four times every instance's share (+ the zygote and the spare): room for what one
+        # instance starts while a busy host delays the watch, so the others can still start
+        # threads meanwhile (at twice, 2 of 2,500 storm calls at load 9 could not)
+        out["nproc"] = 4 * per_instance * (runtime.max_instances + 2)
+    return out
 
 
 class Limits:

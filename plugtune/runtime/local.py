@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -10,7 +11,7 @@ import psutil
 from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.bridge import PolicyBridge, network_problem
 from plugtune.runtime.deployment import LocalDeployment
-from plugtune.runtime.limits import InstanceLimits, Limits
+from plugtune.runtime.limits import RLIMIT, InstanceLimits, Limits, pids_max, rlimits
 from plugtune.runtime.monitor import ProcessTable
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
 from plugtune.runtime.sandbox import Sandbox, requested_tmp_mb
@@ -57,6 +58,7 @@ class LocalBackend:
         self.sandbox = Sandbox(limits.has_pids)
         self.isolation = self.sandbox.isolation
         self.functions = itertools.count(1)
+        self.zygotes = itertools.count(1)
         self.processes = ProcessTable()  # the process watch's view, where no pids cgroup counts
         self.unremoved: list[InstanceLimits] = []  # cgroups of ended instances still holding a process
 
@@ -64,15 +66,19 @@ class LocalBackend:
         config = self.sandboxed(request)
         # The network is entered before the plugin is imported, so before its decorator's Runtime is
         # known: the job's setting, else the default; a decorator asking otherwise costs a restart.
+        # The zygote's limits, too: its import runs under the job's (else the default) limits, and
+        # under the decorator's once known (started again where they allow more than it had).
         bridge = PolicyBridge(lambda level, text: None)
-        mode = _requested_network(request)
+        asked = request.effective_runtime(Runtime())
         try:
-            zygote, raw = await self._start_zygote(config, request.entry, mode, bridge)
+            zygote, raw = await self._start_zygote(config, request.entry, asked, bridge)
             spec = spec_from(raw)
             runtime = request.effective_runtime(spec.runtime)
-            if runtime.network != mode:
+            if runtime.network != asked.network or self._allows_more(runtime, asked):
                 await zygote.aclose()
-                zygote, raw = await self._start_zygote(config, request.entry, runtime.network, bridge)
+                zygote, raw = await self._start_zygote(config, request.entry, runtime, bridge)
+            else:
+                await _hold_zygote(zygote, runtime)
         except BaseException:
             await bridge.close()
             self.release(config)
@@ -104,9 +110,10 @@ class LocalBackend:
         return deployment
 
     async def _start_zygote(
-        self, config: dict[str, Any], entry: str, mode: str, bridge: PolicyBridge
+        self, config: dict[str, Any], entry: str, runtime: Runtime, bridge: PolicyBridge
     ) -> tuple[Zygote, dict[str, Any]]:
-        """Start the function's zygote in network ``mode``; raises DeployFailed."""
+        """Start the function's zygote in ``runtime``'s network and limits; raises DeployFailed."""
+        mode = runtime.network
         if mode != ANY:
             if mode not in self.network_problems:
                 self.network_problems[mode] = await network_problem(mode)
@@ -117,13 +124,46 @@ class LocalBackend:
         if mode == POLICY_ONLY:
             network["bridge"] = bridge.path or await bridge.start()
         config["network"] = network
-        zygote = Zygote(config, entry)
+        limits = self._zygote_limits(config, runtime)
+        zygote = Zygote(config, entry, limits)
         try:
             return zygote, await zygote.start(self.start_timeout_s)
         except DeployFailed as exc:
             exc.logs = zygote.output_logs() + exc.logs
+            if limits.oom_kills() > 0 or "MemoryError" in exc.message:
+                exc.message = (
+                    f"importing the plugin went over memory_mb={runtime.memory_mb} (the job's "
+                    "runtime.memory_mb, else the default: module-level code runs under the "
+                    f"function's limits): {exc.message}"
+                )
             await zygote.aclose()
             raise
+
+    def _zygote_limits(self, config: dict[str, Any], runtime: Runtime) -> InstanceLimits:
+        """The zygote's own cgroup and rlimits: its instances' (the module's code runs in it)."""
+        user = config.get("user")
+        name = f"{Path(config['tmp_dir']).name}-{next(self.zygotes)}"
+        try:
+            limits = self.limits.instance(
+                name, runtime.memory_mb, runtime.cpu, runtime.max_concurrency, runtime.max_pids, None
+            )
+        except OSError as exc:
+            raise DeployFailed(f"could not create the plugin's zygote cgroup: {exc}") from None
+        config["zygote_limits"] = {
+            "cgroup_procs": limits.cgroup_procs,
+            "rlimit_data": limits.rlimit_data,
+            "rlimits": rlimits(runtime, bool(user), self.limits.has_pids),
+        }
+        return limits
+
+    def _allows_more(self, runtime: Runtime, had: Runtime) -> bool:
+        """Whether ``runtime``'s instances may have an rlimit above the zygote's (an instance cannot
+        raise one its zygote lowered), started with ``had``'s."""
+        own_uid, pids = self.sandbox.is_root, self.limits.has_pids
+        wanted, given = rlimits(runtime, own_uid, pids), rlimits(had, own_uid, pids)
+        if any(value > given.get(name, value - 1) for name, value in wanted.items()):
+            return True
+        return self.limits.mechanism == RLIMIT and runtime.memory_mb > had.memory_mb
 
     def sandboxed(self, request: DeployRequest) -> dict[str, Any]:
         """The function's worker config: its sandbox (see :meth:`Sandbox.prepare`) and its entry."""
@@ -170,9 +210,15 @@ class LocalBackend:
         self.sandbox.close()
 
 
-def _requested_network(request: DeployRequest) -> str:
-    if isinstance(request.runtime, Runtime):
-        return request.runtime.network
-    if request.runtime and "network" in request.runtime:
-        return str(request.runtime["network"])
-    return Runtime().network
+async def _hold_zygote(zygote: Zygote, runtime: Runtime) -> None:
+    """The decorator's memory and pids limits on the zygote (its import ran under the job's)."""
+    if zygote.limits is None:
+        return
+    try:
+        zygote.limits.set_limits(runtime.memory_mb, pids_max(runtime.max_pids, runtime.max_concurrency))
+    except OSError as exc:
+        await zygote.aclose()
+        raise DeployFailed(
+            f"the plugin's zygote could not be held to memory_mb={runtime.memory_mb} "
+            f"max_pids={runtime.max_pids} ({exc.strerror}): its module-level code uses more"
+        ) from None

@@ -25,6 +25,7 @@ from typing import Any
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import DeployFailed
+from plugtune.runtime.limits import InstanceLimits
 from plugtune.runtime.sandbox import scrubbed_env
 from plugtune.types import LogLine
 
@@ -80,9 +81,13 @@ async def start_worker(
 
 
 class Zygote:
-    def __init__(self, config: dict[str, Any], plugin: str) -> None:
+    """``limits``: the zygote's own cgroup (its instances' limits: the module's code runs here); what
+    is left in it (a daemon the import forked) is killed with the zygote."""
+
+    def __init__(self, config: dict[str, Any], plugin: str, limits: InstanceLimits | None = None) -> None:
         self.config = config
         self.plugin = plugin
+        self.limits = limits
         self.loop = asyncio.get_running_loop()
         self.spec: asyncio.Future[dict[str, Any]] = self.loop.create_future()
         self.forks: dict[str, asyncio.Future[int]] = {}
@@ -200,6 +205,11 @@ class Zygote:
                 pass
         if self._reader is not None:
             self._reader.cancel()
+        for _ in range(100):
+            if self.limits is None or self.limits.remove():
+                break
+            self.limits.kill_all()
+            await asyncio.sleep(0.02)
 
     def stop(self) -> None:
         self.alive = False
@@ -210,6 +220,8 @@ class Zygote:
                 self.proc.kill()
             except ProcessLookupError:
                 pass
+        if self.limits is not None:
+            self.limits.kill_all()
 
 
 async def spawn(config: dict[str, Any], sock_fd: int, out_fd: int) -> asyncio.subprocess.Process:

@@ -18,7 +18,7 @@ from typing import Any
 
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Returned
 from plugtune.runtime.deployment import LocalDeployment
-from plugtune.runtime.limits import detect
+from plugtune.runtime.limits import Limits, detect, rlimits
 from plugtune.runtime.local import LocalBackend
 from plugtune.runtime.quota import Quota, QuotaLedger
 from plugtune.runtime.sandbox import Sandbox
@@ -166,6 +166,12 @@ async def read_spec(config: dict[str, Any], start_timeout_s: float) -> dict[str,
     except OSError as exc:
         sandbox.close()
         return {"error": [f"could not prepare the plugin's sandbox: {exc}", traceback.format_exc(), []]}
+    # the import runs under the default instance's rlimits (its memory, open files, file size,
+    # and processes where it has its own uid), as a local zygote's does
+    asked = Runtime()
+    data = Limits().instance("spec", asked.memory_mb, asked.cpu, asked.max_concurrency, asked.max_pids, None)
+    own_uid = bool(worker.get("user"))
+    worker["zygote_limits"] = {"rlimit_data": data.rlimit_data, "rlimits": rlimits(asked, own_uid, False)}
     zygote = Zygote(worker, config["entry"])
     try:
         raw = await zygote.start(start_timeout_s)

@@ -62,7 +62,9 @@ def enter_limits(config: dict[str, Any]) -> None:
                 f.write("0" if procs.endswith("/tasks") else pid)
     data = config.get("rlimit_data")
     if data:
-        resource.setrlimit(resource.RLIMIT_DATA, (int(data), int(data)))
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)  # a zygote's: no instance gets more
+        limit = int(data) if hard == resource.RLIM_INFINITY else min(int(data), hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def _wait_for_cgroup(path: str, limit_s: float = 10.0) -> None:

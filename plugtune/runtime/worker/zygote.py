@@ -20,7 +20,15 @@ from plugtune.runtime.protocol import FATAL, FrameReader
 from plugtune.runtime.worker.channel import Channel
 from plugtune.runtime.worker.loader import LoadError, Plugin, load
 from plugtune.runtime.worker.mounts import MountError, enter_mounts
-from plugtune.runtime.worker.sandbox import SandboxError, drop_privileges, enter_instance, enter_network
+from plugtune.runtime.worker.sandbox import (
+    SandboxError,
+    drop_privileges,
+    enter_instance,
+    enter_network,
+    refuse_namespaces,
+    seal_zygote,
+    set_rlimits,
+)
 from plugtune.runtime.worker.serve import enter_limits, reseed, serve
 from plugtune.runtime.worker.watch import install_net_counter
 
@@ -48,6 +56,7 @@ def enter_sandbox(config: dict[str, Any], channel: Channel) -> None:
         enter_network(config)
         enter_mounts(config)
         drop_privileges(config)
+        refuse_namespaces()  # best effort: a host without seccomp filters keeps the kernel's rules
     except LoadError as exc:  # the network step's NetworkUnavailable says what to do itself
         channel.send([FATAL, exc.message, exc.traceback])
         os._exit(2)
@@ -119,8 +128,16 @@ def spec_message(plugin: Plugin) -> list[Any]:
 def zygote_main(config: dict[str, Any]) -> None:
     control = socket.socket(fileno=int(config["control_fd"]))
     channel = Channel(control)
+    limits = config.get("zygote_limits") or {}
+    enter_limits(limits)  # still root: its cgroup holds the import's memory and processes
     enter_sandbox(config, channel)
+    set_rlimits(limits.get("rlimits") or {})
     plugin = load_or_report(config, channel)
+    try:
+        seal_zygote()
+    except SandboxError as exc:
+        channel.send([FATAL, str(exc), ""])
+        os._exit(2)
     channel.send(spec_message(plugin))
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -66,7 +66,7 @@ class PolicyBridge:
 
     async def start(self) -> str:
         """Listen; returns the socket's path (its folder is traversable by a plugin's own uid)."""
-        self.folder = tempfile.mkdtemp(prefix="plugtune-net-")
+        self.folder = tempfile.mkdtemp(prefix=f"plugtune-net-{os.getpid()}-")  # pid: see sandbox.remove_stale
         os.chmod(self.folder, 0o711)
         self.path = os.path.join(self.folder, "policy.sock")
         loop = asyncio.get_running_loop()

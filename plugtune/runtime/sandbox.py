@@ -318,15 +318,17 @@ def _mounts() -> list[Path]:
 
 
 def remove_stale() -> None:
-    """Remove temp roots left by runtimes whose process is gone (they were killed before closing)."""
-    for root in Path(tempfile.gettempdir()).glob("plugtune-tmp-*-*"):
+    """Remove temp roots and policy bridge folders (``plugtune-net-PID-*``) left by runtimes whose
+    process is gone (they were killed before closing)."""
+    top = Path(tempfile.gettempdir())
+    for root in [*top.glob("plugtune-tmp-*-*"), *top.glob("plugtune-net-*-*")]:
         try:
             pid = int(root.name.split("-")[2])
         except (IndexError, ValueError):
             continue
         if not Path(f"/proc/{pid}").exists():
             _remove(root)
-            log.info("removed the stale plugin temp root %s", root)
+            log.info("removed the stale plugin temp folder %s", root)
 
 
 def closed_python_paths() -> list[str]:

@@ -39,9 +39,9 @@ def test_root_without_cap_sys_admin_keeps_its_uid_says_so_and_watches_the_temp_f
     if closed:  # this host's Python is under a 0700 folder: no namespace to make it readable
         assert isolation["user"] == f"the runtime's own uid ({closed[0]} is not readable by others)"
         assert out["uid"] == ["uid 0"]
-    assert (
-        isolation["view"]
-        == "the host's (/tmp and /dev/shm shared: the runtime may not mount (no CAP_SYS_ADMIN))"
+    assert isolation["view"] == (
+        "the host's (/tmp, /var/tmp, /dev/shm, /run and /proc shared: "
+        "the runtime may not mount (no CAP_SYS_ADMIN))"
     )
     assert isolation["tmp"] == "folder per instance (RLIMIT_FSIZE, size watch)"
     fill = out["fill"]
@@ -57,7 +57,9 @@ def test_not_root_a_temp_folder_filled_past_tmp_mb_is_faas_disk_limit() -> None:
     isolation = out["isolation"]
     assert isinstance(isolation, dict)
     assert isolation["user"] == "the runtime's own uid (not root)" and out["uid"] == ["uid 65534"]
-    assert isolation["view"] == "the host's (/tmp and /dev/shm shared: the runtime is not root)"
+    assert isolation["view"] == (
+        "the host's (/tmp, /var/tmp, /dev/shm, /run and /proc shared: the runtime is not root)"
+    )
     fill = out["fill"]
     assert isinstance(fill, list)
     cause, message = fill

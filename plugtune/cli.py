@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import signal
 import socket
 import sys
 import time
@@ -206,11 +207,11 @@ def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None
 
     Exits 0 when the job succeeds and prints where the trained model is
     ($PLUGTUNE_HOME/jobs/<id>/final/, a Hugging Face folder); 1 when it fails (the classified
-    error is printed)."""
+    error is printed); 2 when a `plugtune serve` is serving the store (submit the job to it)."""
     from plugtune.jobs.control import create_job
     from plugtune.jobs.progress import run_with_progress
 
-    with _opened_store(create=True) as (settings, store):
+    with _opened_store(create=True) as (settings, store), _supervising_alone(settings, "run"):
         job_id, invalid = create_job(store, job_file)
         if invalid is not None:
             typer.echo(f"job {job_id} failed validation before any compute:", err=True)
@@ -669,12 +670,15 @@ def serve(
 ) -> None:
     """Start the control plane: JSON API (/docs), web console, scheduler for submitted jobs.
 
-    Its address is kept in $PLUGTUNE_HOME/serve.json while it runs (`plugtune submit` prints it).
-    Exits 1 without starting anything when the port cannot be listened on (choose another with --port)."""
+    Its address is kept in $PLUGTUNE_HOME/serve.json while it runs (`plugtune submit` prints it), and
+    `plugtune run` on its store is refused meanwhile; while a `plugtune run` supervises a job of the
+    store, the scheduler waits for it to end (the console works). Exits 1 without starting anything
+    when the port cannot be listened on (choose another with --port)."""
     import uvicorn
 
     from plugtune.jobs.control import Scheduler
     from plugtune.jobs.remote import forget_serve, record_serve
+    from plugtune.jobs.supervisor_lock import ServeLock
     from plugtune.web import create_app
 
     sock = _listening_socket(host, port)  # before anything is printed or started
@@ -691,15 +695,38 @@ def serve(
             home=settings.home,
             submission_policy=_submission_policy(settings, secret, shared_dir),
         )
-        scheduler.start()
+        lock = ServeLock(settings.home)  # one supervisor of the store's jobs: this server, or runs
+        runs = lock.start(scheduler.start)
         url = _console_url(host, sock.getsockname()[1])
         record_serve(settings.home, url)
+        previous = signal.signal(signal.SIGTERM, _forget_serve_then_end(settings.home))
+        if runs:
+            typer.echo(
+                f"plugtune serve: a plugtune run (pid {', '.join(map(str, runs))}) supervises a job of "
+                "this store: the scheduler starts when it ends (the console works meanwhile)",
+                err=True,
+            )
         typer.echo(f"plugtune console: {url}  (API docs: {url}docs)")
         try:
             uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="warning")).run([sock])
         finally:
             forget_serve(settings.home)
-            scheduler.stop()
+            signal.signal(signal.SIGTERM, previous)
+            lock.close(scheduler.stop)
+
+
+def _forget_serve_then_end(home: Any) -> Any:
+    """SIGTERM's handler once uvicorn has shut down (it hands the signal back): remove serve.json,
+    then end by the signal as before (the jobs' attempts end with this process; the next server
+    resumes them: ``recover_interrupted``)."""
+    from plugtune.jobs.remote import forget_serve
+
+    def end(signum: int, frame: Any) -> None:
+        forget_serve(home)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    return end
 
 
 def _submission_policy(settings: Settings, secrets: list[str], shared: list[str]) -> Any:
@@ -765,8 +792,21 @@ def demo() -> None:
     """Train the example project end to end (tiny model, arithmetic data, rollout + grader plugins)."""
     from plugtune.jobs.demo import run_demo
 
-    with _opened_store(create=True) as (settings, store):
+    with _opened_store(create=True) as (settings, store), _supervising_alone(settings, "demo"):
         raise typer.Exit(run_demo(store, settings, typer.echo))
+
+
+@contextmanager
+def _supervising_alone(settings: Settings, command: str) -> Iterator[None]:
+    """While a command supervises a job here, no `plugtune serve` runs the store's queue (exit 2)."""
+    from plugtune.jobs.supervisor_lock import StoreServedError, running_alone
+
+    try:
+        with running_alone(settings.home):
+            yield
+    except StoreServedError as exc:  # raised before the job is even created
+        typer.echo(f"plugtune {command}: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 if __name__ == "__main__":

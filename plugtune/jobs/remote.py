@@ -66,6 +66,12 @@ def _is_serve(pid: int) -> bool:
         return False
 
 
+def read_serve(home: Path) -> dict[str, Any]:
+    """What serve.json says (``url``, ``pid``); {} when there is none. Only a hint: a server killed
+    with -9 leaves it behind (``supervisor_lock`` knows whether a server runs)."""
+    return _read_serve(home / SERVE_FILE)
+
+
 def _read_serve(path: Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +37,7 @@ IS_ROOT = os.geteuid() == 0
 
 ROLLOUT = """
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -196,3 +199,70 @@ def test_a_fresh_home_after_a_real_job_is_owner_only(tmp_path: Path) -> None:
         if not _opened_on_purpose(path, home, info.st_mode, info.st_gid):
             opened.append(f"{path.relative_to(home)} {stat.filemode(info.st_mode)}")
     assert not opened, opened
+
+
+# ---- 14: plugtune run beside plugtune serve --------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A real `plugtune serve` on 127.0.0.1 over a fresh home (PLUGTUNE_HOME set for this test too)."""
+    home, port, log = tmp_path / "home", _free_port(), tmp_path / "serve.log"
+    monkeypatch.setenv("PLUGTUNE_HOME", str(home))
+    monkeypatch.delenv("PLUGTUNE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("PLUGTUNE_API_TOKEN", raising=False)
+    argv = [sys.executable, "-m", "plugtune.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "wb") as out:
+        server = subprocess.Popen(argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60  # the CLI imports the platform first
+        while not (home / "serve.json").is_file():
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"plugtune serve did not start: {log.read_text()}"
+            time.sleep(0.1)
+        yield server, home
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def _invalid_job(root: Path) -> Path:
+    """A job.yaml that fails validation at once: `run` gets past the lock and stops there (exit 1)."""
+    root.mkdir()
+    (root / "job.yaml").write_text("name: broken\n")
+    return root / "job.yaml"
+
+
+def test_run_on_a_served_store_is_refused_and_sigterm_removes_serve_json(
+    served: tuple[subprocess.Popen[bytes], Path], tmp_path: Path
+) -> None:
+    server, home = served
+    url = json.loads((home / "serve.json").read_text())["url"]
+    said = CliRunner().invoke(app, ["run", str(_invalid_job(tmp_path / "project"))])
+    assert said.exit_code == 2, said.output
+    text = " ".join(said.output.split())
+    assert f"a plugtune serve (pid {server.pid}, {url}) is serving this store" in text, text
+    assert "plugtune submit" in text
+    with Store.open(f"sqlite:///{home / 'plugtune.db'}") as store:
+        assert store.list_jobs() == [], "the refused run queued nothing for the server"
+    server.terminate()
+    server.wait(30)
+    assert not (home / "serve.json").exists(), "serve.json outlived a clean SIGTERM"
+    after = CliRunner().invoke(app, ["run", str(tmp_path / "project" / "job.yaml")])
+    assert after.exit_code == 1 and "failed validation" in after.output, after.output
+
+
+def test_a_killed_server_blocks_no_run(served: tuple[subprocess.Popen[bytes], Path], tmp_path: Path) -> None:
+    """The lock is the kernel's: it goes with the server's process, even when serve.json stays."""
+    server, home = served
+    server.kill()
+    server.wait(10)
+    assert (home / "serve.json").is_file()  # what kill -9 leaves; it decides nothing
+    said = CliRunner().invoke(app, ["run", str(_invalid_job(tmp_path / "project"))])
+    assert said.exit_code == 1 and "failed validation" in said.output, said.output

@@ -44,6 +44,22 @@ class BoundedLoader(yaml.SafeLoader):
         self._depth = 0
         self._sizes: dict[int, int] = {}  # id(collection node) -> values it expands to, once composed
 
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        # The scanner looks ahead over every open [ or { (a possible simple key each) on every token:
+        # quadratic in the flow depth (1,000 levels took it seconds), so the depth is bounded here too.
+        if self.flow_level >= MAX_DEPTH:
+            raise SpecTooLarge(self._too_deep(), self.get_mark())
+        super().fetch_flow_collection_start(token_class)  # type: ignore[misc]
+
+    def add_indent(self, column: int) -> bool:
+        if len(self.indents) >= MAX_DEPTH:
+            raise SpecTooLarge(self._too_deep(), self.get_mark())
+        return bool(super().add_indent(column))  # type: ignore[misc]
+
+    @staticmethod
+    def _too_deep() -> str:
+        return f"values are nested more than {MAX_DEPTH} levels deep; job.yaml needs only a few levels"
+
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(AliasEvent):
             mark = self.peek_event().start_mark
@@ -58,10 +74,7 @@ class BoundedLoader(yaml.SafeLoader):
         mark = self.peek_event().start_mark
         self._depth += 1
         if self._depth > MAX_DEPTH:
-            raise SpecTooLarge(
-                f"values are nested more than {MAX_DEPTH} levels deep; job.yaml needs only a few levels",
-                mark,
-            )
+            raise SpecTooLarge(self._too_deep(), mark)
         try:
             node = super().compose_node(parent, index)
         finally:

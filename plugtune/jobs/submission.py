@@ -104,6 +104,7 @@ def unpack(data: bytes, folder: Path, *, name: str = "project") -> None:
     """Unpack a .zip or .tar(.gz) archive into ``folder``; a single top folder holding everything
     (``zip -r my-task.zip my-task``) is taken as the project itself."""
     if zipfile.is_zipfile(io.BytesIO(data)):
+        check_zip_directory(data, name)
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
                 _write_all(folder, _zip_members(archive, name), name, "project")
@@ -133,6 +134,34 @@ def unpack(data: bytes, folder: Path, *, name: str = "project") -> None:
                 )
             ]
         ) from None
+
+
+MAX_ZIP_DIRECTORY = MAX_FILES * (46 + MAX_PATH_CHARS + 1024)  # entries, names, some extra fields
+_ZIP_END, _ZIP_ENTRY = b"PK\x05\x06", b"PK\x01\x02"
+
+
+def check_zip_directory(data: bytes, name: str) -> None:
+    """Refuse a zip whose central directory is larger than MAX_ZIP_DIRECTORY bytes or lists more
+    than MAX_FILES entries (counted here, not taken from the archive's own count) before ``zipfile``
+    parses every entry of it (300,000 empty entries in 25 MB cost it 8 s of CPU); a zip64
+    directory, which a project never needs, is refused too."""
+    end = data.rfind(_ZIP_END, max(0, len(data) - (1 << 16) - 22))
+    if end < 0 or len(data) < end + 22:
+        return  # zipfile reports it
+    entries = int.from_bytes(data[end + 10 : end + 12], "little")
+    size = int.from_bytes(data[end + 12 : end + 16], "little")
+    if entries == 0xFFFF or size == 0xFFFFFFFF:
+        raise SubmissionError([_header_problem(name, "is a zip64 archive, which a project never needs")])
+    if size > MAX_ZIP_DIRECTORY:
+        what = f"has a {size}-byte directory (at most {MAX_ZIP_DIRECTORY} bytes)"
+        raise SubmissionError([_header_problem(name, what)])
+    pos, count = end - size, 0
+    while 0 <= pos < end and data[pos : pos + 4] == _ZIP_ENTRY:
+        count += 1
+        if count > MAX_FILES:
+            raise SubmissionError([_too_many(name, count, "project")])
+        lengths = [int.from_bytes(data[pos + i : pos + i + 2], "little") for i in (28, 30, 32)]
+        pos += 46 + sum(lengths)
 
 
 TAR_BLOCK = 512
@@ -242,7 +271,7 @@ def _skip(stream: io.BufferedIOBase, count: int) -> None:
 def _header_problem(name: str, what: str) -> Problem:
     return Problem(
         name,
-        f"{what}; a project archive needs plain headers: pack it again with "
+        f"{what}; a project archive is a plain one: pack it again with "
         "`tar czf project.tar.gz -C my-task .` or `plugtune submit --server URL job.yaml`",
         field="project",
     )

@@ -219,16 +219,18 @@ async def test_job_env_ld_preload_never_runs_as_root(rt: LocalRuntime, plugin: P
     assert "0" not in ran_as, f"the job's LD_PRELOAD library ran as root: {ran_as}"
 
 
+@pytest.mark.parametrize("use_zygote", [True, False], ids=["zygote", "fresh-spawn"])
 async def test_job_env_reaches_the_plugin_but_not_the_workers_exec_or_argv(
-    rt: LocalRuntime, plugin: Path
+    plugin: Path, use_zygote: bool
 ) -> None:
     secret = f"job-secret-{secrets.token_hex(8)}"
-    fn = await rt.deploy(f"{plugin / 'probes.py'}:has_env", env={"JOB_TOKEN": secret})
-    out = await fn.invoke(ctx(), sample(name="JOB_TOKEN", value=secret), trajectory())
-    assert out.value == 1.0  # set in the plugin once it runs as its own uid
-    pids = worker_pids(fn)
-    assert len(pids) >= 2, pids  # the zygote and an instance
-    leaks = [pid for pid in pids if secret.encode() in proc_text(pid)]
+    async with LocalRuntime(spare_instances=False, use_zygote=use_zygote) as rt:
+        fn = await rt.deploy(f"{plugin / 'probes.py'}:has_env", env={"JOB_TOKEN": secret})
+        out = await fn.invoke(ctx(), sample(name="JOB_TOKEN", value=secret), trajectory())
+        assert out.value == 1.0  # set in the plugin once it runs as its own uid
+        pids = worker_pids(fn)
+        assert len(pids) >= (2 if use_zygote else 1), pids  # the zygote and an instance
+        leaks = [pid for pid in pids if secret.encode() in proc_text(pid)]
     assert not leaks, f"the job's variable is in the command line or exec environment of {leaks}"
 
 

@@ -12,6 +12,7 @@ import gzip
 import io
 import os
 import sqlite3
+import struct
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,6 +296,32 @@ def test_tar_header_bombs_are_refused_before_they_are_read(
     problem = _problem(_dry_run(api, (project / "job.yaml").read_text(), archive), "project")
     assert says in problem["message"] and "pack it again" in problem["message"], problem
     assert not any((state / "submissions").iterdir())  # nothing left behind
+
+
+def _zip_of_empty_entries(count: int, *, claimed: int) -> bytes:
+    """A zip of ``count`` empty entries whose end record claims ``claimed`` (zipfile parses them all)."""
+    out, offsets = io.BytesIO(), []
+    for i in range(count):
+        offsets.append(out.tell())
+        name = b"%x" % i
+        out.write(struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, 0, 0, 0, len(name), 0) + name)
+    start = out.tell()
+    for i, offset in enumerate(offsets):
+        name = b"%x" % i
+        entry = struct.pack(
+            "<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, 0, 0, 0, len(name), 0, 0, 0, 0, 0, offset
+        )
+        out.write(entry + name)
+    size = out.tell() - start
+    out.write(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, claimed, claimed, size, start, 0))
+    return out.getvalue()
+
+
+@pytest.mark.timeout(30)
+def test_a_zip_directory_bomb_is_counted_before_zipfile_parses_it(api: TestClient, project: Path) -> None:
+    archive = _zip_of_empty_entries(60_000, claimed=10)  # 2.8 MB: zipfile built 60,000 entries first
+    problem = _problem(_dry_run(api, (project / "job.yaml").read_text(), archive), "project")
+    assert "holds 2001 or more entries" in problem["message"], problem  # counted up to the bound only
 
 
 def test_a_plain_archive_with_pax_headers_still_unpacks(api: TestClient, project: Path) -> None:

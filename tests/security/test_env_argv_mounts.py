@@ -23,6 +23,7 @@ from plugtune.errors import PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.function import Function
 from plugtune.runtime.sandbox import mount_view_problem, proc_view_problem
+from plugtune.runtime.worker import mounts
 from tests.runtime.helpers import ctx, sample, trajectory
 
 pytestmark = [
@@ -283,19 +284,36 @@ def host_socket() -> Iterator[tuple[str, str]]:
 
 
 @VIEW
-async def test_policy_only_reaches_no_host_unix_socket(
-    rt: LocalRuntime, plugin: Path, host_socket: tuple[str, str]
+@pytest.mark.parametrize("network", ["policy-only", "none"])
+async def test_a_confined_network_reaches_no_host_unix_socket(
+    rt: LocalRuntime, plugin: Path, host_socket: tuple[str, str], network: str
 ) -> None:
     path, abstract = host_socket
     folders, paths = [os.path.dirname(path), "/run", "/var/run"], [path, abstract]
     if PG_SOCKET.exists():  # the real PostgreSQL here (trust auth over this socket)
         folders.append(str(PG_SOCKET.parent))
         paths.append(str(PG_SOCKET))
-    fn = await rt.deploy(f"{plugin / 'probes.py'}:host_sockets")  # policy-only: the default
-    assert fn.runtime.network == "policy-only"
+    fn = await rt.deploy(f"{plugin / 'probes.py'}:host_sockets", runtime={"network": network})
+    assert fn.runtime.network == network
     result = await fn.invoke(ctx(), sample(folders=folders, paths=paths), trajectory())
     seen = reported(result, "sockets")
     assert seen == {"listed": ["/run", "/var/run"], "connected": []}, seen  # /run: the empty cover
+
+
+def test_a_file_the_host_links_below_run_is_bound_back_read_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``/etc/resolv.conf`` -> ``/run/systemd/resolve/stub-resolv.conf`` (systemd-resolved) keeps DNS
+    working in ``network: any`` under the /run cover: the link's target is bound back."""
+    folder = Path(tempfile.mkdtemp(prefix="plugtune-test-resolve-", dir="/run"))
+    try:
+        (folder / "stub-resolv.conf").write_text("nameserver 127.0.0.53\n")
+        (tmp_path / "resolv.conf").symlink_to(folder / "stub-resolv.conf")
+        monkeypatch.setattr(mounts, "REVEAL_FILES", (str(tmp_path / "resolv.conf"),))
+        covers, binds = mounts.plan_view([], [])
+        assert "/run" in covers and binds.get(str(folder / "stub-resolv.conf")) is True, (covers, binds)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_postgresql_socket_is_really_there_for_the_probe() -> None:

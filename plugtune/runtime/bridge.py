@@ -47,6 +47,7 @@ async def network_problem(mode: str) -> str | None:
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         env=worker_env({}),
+        cwd="/",  # `-c` imports from the working folder first (root: never a submitter's folder)
     )
     _, err = await proc.communicate()
     if proc.returncode == 0:

@@ -284,6 +284,7 @@ def _probe_view(*args: str) -> str | None:
         done = subprocess.run(
             [sys.executable, mounts.__file__, "probe", *args],
             env=scrubbed_env(str(Path(__file__).resolve().parents[2])),
+            cwd="/",
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=60,

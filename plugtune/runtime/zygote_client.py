@@ -7,8 +7,9 @@ output pipe and gets the child's pid back in a few milliseconds.
 A worker starts as root (it enters its sandbox, then drops to the function's uid), so nothing of
 the job reaches its exec: its environment is the allow-list alone (:func:`worker_env`), and its
 config (with the job's ``env``/``secrets``) arrives through an inherited file descriptor
-(:func:`config_file`), never in argv, which ``/proc/PID/cmdline`` shows every user. The job's
-variables are set by the worker after the uid drop.
+(:func:`config_file`), never in argv, which ``/proc/PID/cmdline`` shows every user; it starts in
+``/``, as ``python -m`` imports from its working folder first. The job's variables are set by the
+worker after the uid drop.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ async def start_worker(
             stdout=out,
             stderr=asyncio.subprocess.STDOUT if out == asyncio.subprocess.PIPE else out,
             env=worker_env(config),
+            cwd="/",  # `-m` imports from the working folder first: never one a submitter filled
             start_new_session=True,
         )
     finally:

@@ -220,6 +220,29 @@ async def test_job_env_ld_preload_never_runs_as_root(rt: LocalRuntime, plugin: P
     assert "0" not in ran_as, f"the job's LD_PRELOAD library ran as root: {ran_as}"
 
 
+async def test_modules_in_the_runtimes_working_folder_never_run_as_root(
+    rt: LocalRuntime, plugin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``plugtune run`` started inside a job's folder: a ``select.py`` there (the worker imports
+    select before any sandbox step) must not be what a root worker or probe imports."""
+    marker = tmp_path / "imported-as"
+    tmp_path.chmod(0o777)
+    (plugin / "select.py").write_text(
+        f"import os\nwith open({str(marker)!r}, 'a') as f:\n    f.write(f'{{os.geteuid()}}\\n')\n"
+    )
+    monkeypatch.chdir(plugin)
+    served = []
+    for network in ("policy-only", "none"):  # the network probe, then the worker
+        try:
+            fn = await rt.deploy(f"{plugin / 'probes.py'}:has_env", runtime={"network": network})
+            served.append((await fn.invoke(ctx(), sample(name="X", value=""), trajectory())).value)
+        except PluginCallError as exc:
+            served.append(exc.message)
+    imported_as = marker.read_text().split() if marker.exists() else []
+    assert "0" not in imported_as, f"a module of the working folder ran as root: {imported_as}"
+    assert all(isinstance(value, float) for value in served), served  # deployed and served
+
+
 @pytest.mark.parametrize("use_zygote", [True, False], ids=["zygote", "fresh-spawn"])
 async def test_job_env_reaches_the_plugin_but_not_the_workers_exec_or_argv(
     plugin: Path, use_zygote: bool

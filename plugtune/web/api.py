@@ -37,6 +37,7 @@ from plugtune.web.params import (
     PluginName,
     RecordId,
     TrajectoryForm,
+    choice,
     number,
 )
 from plugtune.web.views import attempts_out, error_out, plugin_out
@@ -204,16 +205,27 @@ def list_logs(
     after: Annotated[
         int | None, Query(ge=0, le=MAX_ID, description="live tail: only lines newer than this id")
     ] = None,
+    order: Annotated[
+        str | None,
+        Query(
+            description="newest (default), or oldest: oldest first from `after` (0: the first line); a "
+            "reader that must see every line pages so, passing the answer's `after` back",
+            json_schema_extra={"enum": ["", *service.LOG_ORDERS]},
+        ),
+    ] = None,
     limit: Limit = 100,
 ) -> LogPage:
-    """Custom plugin logs, newest first; filter by plugin, level, trajectory and text."""
+    """Custom plugin logs, newest first (or oldest first); filter by plugin, level, trajectory and
+    text. A live tail (``after``) that more than ``limit`` new lines reached says how many it skipped."""
     store = _store(request)
     job = service.require_job(store, job_id)
     flt = LogForm.parse(plugin, level, trajectory, q).to_filter()
+    if choice("order", order, service.LOG_ORDERS) == "oldest":
+        items, cursor = service.log_forward(store, job_id, flt, after=after or 0, limit=limit)
+        return LogPage(items=items, after=cursor, job_status=job.status)
     if after is not None:
-        return LogPage(
-            items=service.log_tail(store, job_id, flt, after=after, limit=limit), job_status=job.status
-        )
+        items, skipped = service.log_tail(store, job_id, flt, after=after, limit=limit)
+        return LogPage(items=items, skipped=skipped, job_status=job.status)
     page = service.log_page(store, job_id, flt, before=before, limit=limit)
     return LogPage(items=page.items, before=page.before, job_status=job.status)
 

@@ -146,8 +146,16 @@ class LogOut(BaseModel):
 
 
 class LogPage(BaseModel):
-    items: list[LogOut] = Field(description="newest first")
+    items: list[LogOut] = Field(description="newest first (order=oldest: oldest first)")
     before: int | None = Field(default=None, description="cursor of the next (older) page")
+    after: int | None = Field(
+        default=None, description="order=oldest: cursor of the next (newer) page; None: no more lines now"
+    )
+    skipped: int = Field(
+        default=0,
+        description="live tail (after=): newer lines than `after` left out of this answer, older than "
+        "its items (more arrived than `limit`); order=oldest reads every one (capped at 1,000,000)",
+    )
     job_status: str = ""
 
 

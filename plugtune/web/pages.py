@@ -15,7 +15,17 @@ from plugtune.store.records import JobStatus
 from plugtune.web import charts, compare, queries, service
 from plugtune.web.codeview import render_files
 from plugtune.web.models import AttemptOut
-from plugtune.web.params import LEVELS, MAX_PAGE, JobForm, JobId, LogForm, RecordId, TrajectoryForm, integer
+from plugtune.web.params import (
+    LEVELS,
+    MAX_PAGE,
+    JobForm,
+    JobId,
+    LogForm,
+    RecordId,
+    TrajectoryForm,
+    choice,
+    integer,
+)
 from plugtune.web.templating import templates
 from plugtune.web.views import attempts_out, job_out, plugin_out
 
@@ -217,28 +227,48 @@ def logs_page(
     trajectory: str | None = None,
     q: str | None = None,
     before: str | None = None,
+    order: str | None = None,
+    after: str | None = None,
 ) -> HTMLResponse:
     store = _store(request)
     job = service.require_job(store, job_id)
     form = LogForm.parse(plugin, level, trajectory, q)
-    cursor = integer("before", before, minimum=1)
-    page = service.log_page(store, job_id, form.to_filter(), before=cursor, limit=LOGS_PER_PAGE)
-    pager = _keyset_pager(page, form.query, "lines")
+    flt = form.to_filter()
+    if choice("order", order, service.LOG_ORDERS) == "oldest":  # from the first line on
+        start = integer("after", after, minimum=0) or 0
+        lines, cursor = service.log_forward(store, job_id, flt, after=start, limit=LOGS_PER_PAGE)
+        pager = _oldest_pager(lines, cursor, start, form.query)
+    else:
+        cursor = integer("before", before, minimum=1)
+        page = service.log_page(store, job_id, flt, before=cursor, limit=LOGS_PER_PAGE)
+        lines, pager = page.items, _keyset_pager(page, form.query, "lines")
     plugins = store.list_plugins(job_id)
     reclaimed = [p.name for p in plugins if p.monitoring_expired and (form.plugin in (None, p.name))]
-    latest = max((line.id for line in page.items), default=0)
+    total = store.count_logs(job_id, **flt.store_kwargs(), cap=service.LOG_COUNT_CAP)
     return _render(
         request,
         "logs.html",
         job=job_out(job),
-        lines=page.items,
+        lines=lines,
         filters=form,
         levels=LEVELS,
         plugin_names=[p.name for p in plugins],
         reclaimed=reclaimed,
         pager=pager,
-        latest_id=latest,
+        latest_id=max((line.id for line in lines), default=0),
+        total=f"{total:,}{'+' if total >= service.LOG_COUNT_CAP else ''}",
+        oldest_first=order == "oldest",
+        newest_url=f"?{form.query()}",
+        oldest_url=f"?{form.query(order='oldest')}",
     )
+
+
+def _oldest_pager(lines: list[Any], cursor: int | None, start: int, query: Any) -> Pager:
+    """Oldest-first pages go forward by the last id shown; « First goes back to the first line."""
+    first = f"?{query(order='oldest')}" if start else None
+    nxt = f"?{query(order='oldest', after=cursor)}" if cursor is not None else None
+    shown = f"{len(lines)} lines, oldest first" if lines else "no lines"
+    return Pager(label=shown, first_url=first, next_url=nxt, is_first=False)
 
 
 @router.get("/jobs/{job_id}/trajectories", response_class=HTMLResponse)

@@ -29,6 +29,8 @@ Row = TypeVar("Row", LogOut, TrajectorySummaryOut)
 ENDED = ("succeeded", "failed", "cancelled")
 
 TRAJECTORY_LOG_LINES = 500  # shown with a trajectory; the Logs page pages through the rest
+LOG_ORDERS = ("newest", "oldest")
+LOG_COUNT_CAP = 1_000_000  # line counts stop here ("1,000,000+"): cheap on any job
 
 
 class Missing(LookupError):
@@ -133,8 +135,25 @@ def log_page(store: Store, job_id: int, flt: LogFilter, *, before: int | None, l
     return Page(items, items[-1].id if len(rows) > limit else None, has_newer, newer_before)
 
 
-def log_tail(store: Store, job_id: int, flt: LogFilter, *, after: int, limit: int) -> list[LogOut]:
-    return [log_out(r) for r in store.logs(job_id, **flt.store_kwargs(), after_id=after, limit=limit)]
+def log_tail(
+    store: Store, job_id: int, flt: LogFilter, *, after: int, limit: int
+) -> tuple[list[LogOut], int]:
+    """The newest ``limit`` lines after ``after``, and how many lines between were left out."""
+    rows = store.logs(job_id, **flt.store_kwargs(), after_id=after, limit=limit)
+    skipped = 0
+    if rows and len(rows) >= limit:
+        between = {"after_id": after, "before_id": rows[-1].id, "cap": LOG_COUNT_CAP}
+        skipped = store.count_logs(job_id, **flt.store_kwargs(), **between)
+    return [log_out(r) for r in rows], skipped
+
+
+def log_forward(
+    store: Store, job_id: int, flt: LogFilter, *, after: int, limit: int
+) -> tuple[list[LogOut], int | None]:
+    """The oldest ``limit`` lines after ``after``, oldest first, and the next page's ``after``."""
+    rows = store.logs(job_id, **flt.store_kwargs(), after_id=after, limit=limit + 1, oldest_first=True)
+    items = [log_out(r) for r in rows[:limit]]
+    return items, items[-1].id if len(rows) > limit else None
 
 
 def trajectory_page(

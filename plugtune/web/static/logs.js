@@ -6,12 +6,33 @@
   const POLL_MS = 3000;
   const MAX_ROWS = 500;
 
+  // UTC with milliseconds, as the server renders the page: lines of one burst stay apart.
+  function fmtTime(seconds) {
+    const ms = Math.floor(seconds * 1000) % 1000;
+    return `${PT.fmtTime(seconds)}.${String(ms).padStart(3, "0")}`;
+  }
+
+  // Where the live tail left lines out (more arrived than one poll shows): say how many, and link
+  // to them, oldest first from the last line shown before.
+  function skippedRow(table, count, after) {
+    const query = new URLSearchParams({ order: "oldest", after: String(after) });
+    for (const key of ["plugin", "level", "trajectory", "q"]) {
+      if (table.dataset[key]) query.set(key, table.dataset[key]);
+    }
+    return PT.el("tr", { class: "skip-row" }, [
+      PT.el("td", { colspan: "5", class: "muted" }, [
+        `⋯ ${count.toLocaleString()} more lines arrived here than the live tail shows at once; `,
+        PT.el("a", { href: `?${query}`, text: "read them oldest first" }),
+      ]),
+    ]);
+  }
+
   function row(job, line) {
     const trajectory = line.trajectory_id
       ? PT.el("a", { href: `/jobs/${encodeURIComponent(job)}/trajectories?t=${encodeURIComponent(line.trajectory_id)}`, text: line.trajectory_id })
       : null;
     return PT.el("tr", { "data-id": line.id }, [
-      PT.el("td", { class: "mono", text: PT.fmtTime(line.time) }),
+      PT.el("td", { class: "mono", text: fmtTime(line.time) }),
       PT.el("td", {}, [
         PT.badge("level", line.level),
         line.source && line.source !== "logger" ? PT.el("span", { class: "muted small-tag", text: ` ${line.source}` }) : null,
@@ -45,6 +66,7 @@
     const job = table.dataset.job;
     const body = table.tBodies[0];
     let latest = Number(table.dataset.latest) || 0;
+    let skipped = 0;
     let busy = false;
 
     async function poll() {
@@ -59,6 +81,15 @@
         const fresh = answer.items.filter((line) => line.id > latest);
         if (fresh.length) {
           body.querySelector(".empty-row")?.remove();
+          if (answer.skipped > 0) {
+            body.prepend(skippedRow(table, answer.skipped, latest));
+            skipped += answer.skipped;
+            const note = document.getElementById("tail-skipped");
+            if (note) {
+              note.textContent = `The live tail skipped ${skipped.toLocaleString()} lines (marked ⋯ where): more arrived between two polls than it shows at once. "Oldest first" reads every line.`;
+              note.hidden = false;
+            }
+          }
           body.prepend(...fresh.map((line) => row(job, line)));
           latest = Math.max(latest, ...fresh.map((line) => line.id));
           if (body.rows.length > MAX_ROWS) {

@@ -15,7 +15,7 @@ import yaml
 from plugtune.errors import DataError
 from plugtune.jobs import job_yaml
 from plugtune.jobs.classify import classify
-from plugtune.jobs.scheduler import AttemptRunner, recover_interrupted, run_job
+from plugtune.jobs.scheduler import CANCELLED_BY_USER, AttemptRunner, recover_interrupted, run_job
 from plugtune.jobs.submission import Confinement, is_submission, submission_root
 from plugtune.jobs.validation import validate_job
 from plugtune.settings import Settings
@@ -150,7 +150,8 @@ def cancel_job(store: Store, job_id: int, runners: dict[int, AttemptRunner] | No
 
 
 def request_cancel(store: Store, job_id: int) -> None:
-    """Cancel a job from any process: a running attempt gets SIGTERM (its scheduler records the
+    """Cancel a job from any process: the request is recorded in the store, then a running attempt
+    gets SIGTERM (it ends cancelled because the request is there; its scheduler records the job's
     cancellation when it has stopped); a queued or retry-pending job is cancelled at once."""
     require(store, job_id)
     job = store.get_job(job_id)
@@ -162,6 +163,8 @@ def request_cancel(store: Store, job_id: int) -> None:
         return
     if job is not None and job.status == "running":
         running = [a for a in store.list_attempts(job_id) if a.status == "running" and a.pid]
+        if running:  # first: an attempt reads it to tell this SIGTERM from a kill from outside
+            store.request_cancel(job_id, CANCELLED_BY_USER)
         for attempt in running:
             try:
                 os.kill(int(attempt.pid or 0), signal.SIGTERM)
@@ -181,7 +184,7 @@ def _cancel_now(store: Store, job_id: int) -> None:
         )
     store.update_job(job_id, next_retry_at=None)
     reason = "cancelled while waiting for an automatic retry" if job and job.status == "failed" else ""
-    store.transition(job_id, "cancelled", reason or "cancelled by the user")
+    store.transition(job_id, "cancelled", reason or CANCELLED_BY_USER)
 
 
 class Scheduler:
@@ -213,7 +216,7 @@ class Scheduler:
         with self._lock:
             runners, threads = list(self.runners.values()), list(self._threads.values())
         for runner in runners:
-            runner.cancel()
+            runner.cancel("cancelled: the server stopped")
         self._thread.join(timeout=30)
         for thread in threads:
             thread.join(timeout=30)

@@ -308,7 +308,8 @@ def pack(root: Path) -> bytes:
                 Problem(
                     str(root),
                     f"packs to {len(data)} bytes; a server accepts at most {MAX_UPLOAD_BYTES}: keep "
-                    "large data on the server and name it by an absolute path in job.yaml",
+                    "large data in a folder the server shares (`plugtune serve --shared-dir`) and name it "
+                    "by its absolute path in job.yaml",
                     field="project",
                 )
             ]
@@ -454,8 +455,8 @@ def _too_many(name: str, count: int, field: str) -> Problem:
 def _too_big(name: str, limit: int, entry: str, field: str) -> Problem:
     return Problem(
         name,
-        f"unpacks to more than {limit} bytes (at {entry!r}); keep large data on the server and name it "
-        "by an absolute path in job.yaml",
+        f"unpacks to more than {limit} bytes (at {entry!r}); keep large data in a folder the server "
+        "shares (`plugtune serve --shared-dir`) and name it by its absolute path in job.yaml",
         field=field,
     )
 

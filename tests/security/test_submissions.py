@@ -11,13 +11,18 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import socket
 import sqlite3
 import struct
+import subprocess
+import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -402,6 +407,59 @@ def test_serve_refuses_a_loader_variable_as_an_allowed_secret(state: Path) -> No
     assert result.exit_code == 1 and "LD_PRELOAD" in result.output and "refused" in result.output, (
         result.output
     )
+
+
+@pytest.mark.timeout(120)
+def test_plugtune_serve_hands_out_only_the_secrets_and_folders_its_operator_allows(
+    tmp_path: Path, project: Path
+) -> None:
+    shared = tmp_path / "datasets"
+    shared.mkdir()
+    (project / "data" / "train.jsonl").rename(shared / "big.jsonl")
+    spec = _spec(
+        project, data={"train": str(shared / "big.jsonl")}, secrets=["JUDGE_KEY", "ENV_KEY", "OTHER_TEAM_KEY"]
+    )
+    port, log = _free_port(), tmp_path / "serve.log"
+    env = dict(os.environ, PLUGTUNE_HOME=str(tmp_path / "home"), PLUGTUNE_SUBMIT_SECRETS="ENV_KEY")
+    env.update(JUDGE_KEY="j", ENV_KEY="e", OTHER_TEAM_KEY="o")
+    for name in ("PLUGTUNE_DATABASE_URL", "PLUGTUNE_API_TOKEN", "PLUGTUNE_SHARED_DIRS"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "plugtune.cli", "serve", "--port", str(port)]
+    argv += ["--secret", "JUDGE_KEY", "--shared-dir", str(shared)]
+    with open(log, "wb") as out:
+        server = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(port, server, log)
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/api/jobs?dry_run=true",
+            data={"spec": spec},
+            files={"project": ("project.tar.gz", pack(project), "application/gzip")},
+            timeout=60,
+        )
+        assert answer.status_code == 422, answer.text
+        (problem,) = answer.json()["problems"]  # the shared data and the two allowed secrets pass
+        assert problem["field"] == "secrets[2]" and "--secret OTHER_TEAM_KEY" in problem["message"]
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int, server: subprocess.Popen[bytes], log: Path) -> None:
+    for _ in range(600):  # 60 s at most: the CLI imports the platform first
+        if server.poll() is not None:
+            raise AssertionError(f"plugtune serve exited {server.returncode}: {log.read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"plugtune serve did not listen within 60 s: {log.read_text()}")
 
 
 # --- 14. hard links in a local plugin folder --------------------------------------------------

@@ -149,6 +149,11 @@ class LocalBackend:
             )
         except OSError as exc:
             raise DeployFailed(f"could not create the plugin's zygote cgroup: {exc}") from None
+        try:
+            limits.set_limits(runtime.memory_mb, _zygote_pids(runtime))
+        except OSError as exc:
+            limits.remove()
+            raise DeployFailed(f"could not set the plugin's zygote cgroup's limits: {exc}") from None
         config["zygote_limits"] = {
             "cgroup_procs": limits.cgroup_procs,
             "rlimit_data": limits.rlimit_data,
@@ -210,12 +215,18 @@ class LocalBackend:
         self.sandbox.close()
 
 
+def _zygote_pids(runtime: Runtime) -> int:
+    """An instance's pids limit, plus room for the instances it forked that have not yet moved to
+    their own cgroups."""
+    return pids_max(runtime.max_pids, runtime.max_concurrency) + runtime.max_instances + 2
+
+
 async def _hold_zygote(zygote: Zygote, runtime: Runtime) -> None:
     """The decorator's memory and pids limits on the zygote (its import ran under the job's)."""
     if zygote.limits is None:
         return
     try:
-        zygote.limits.set_limits(runtime.memory_mb, pids_max(runtime.max_pids, runtime.max_concurrency))
+        zygote.limits.set_limits(runtime.memory_mb, _zygote_pids(runtime))
     except OSError as exc:
         await zygote.aclose()
         raise DeployFailed(

@@ -46,11 +46,15 @@ pytestmark = pytest.mark.timeout(3600 if LONG else 300)
 
 
 def live_instances(rt: LocalRuntime) -> set[str]:
+    """The cgroups of live instances and zygotes (named after them)."""
     ids: set[str] = set()
     for d in rt.backend.deployments:  # type: ignore[union-attr]
         assert isinstance(d, LocalDeployment)
         ids |= {i.id for i in d.instances} | {i.id for i in d.creating}
         ids |= {d.spare.id} if d.spare is not None else set()
+        zygote = d.launcher.zygote
+        if zygote is not None and zygote.limits is not None and zygote.limits.memory_dir is not None:
+            ids.add(zygote.limits.memory_dir.name)  # the zygote's own cgroup, removed with it
     return ids
 
 

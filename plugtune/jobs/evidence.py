@@ -43,7 +43,10 @@ def stopped_records(records: Sequence[TrajectoryRecord], exc: BaseException) -> 
         else:
             own = stop.error if stop is not None and r.trajectory_id == failing else None
             e = own.record(trajectory_id=r.trajectory_id, attempt=r.attempt) if own else _stopped(r, error)
-            out.append(dataclasses.replace(r, stop_reason="job stopped", errors=[*r.errors, e]))
+            last = (r.errors[-1].call_id, r.errors[-1].cause) if r.errors else None
+            kept = own is not None and last == (own.call_id, own.cause)
+            errors = r.errors if kept else [*r.errors, e]  # the trainer keeps every try's error itself
+            out.append(dataclasses.replace(r, stop_reason="job stopped", errors=errors))
     return out
 
 

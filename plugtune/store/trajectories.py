@@ -246,7 +246,8 @@ def _row(job_id: int, r: TrajectoryRecord, now: float) -> dict[str, Any]:
         "prompt_tokens": len(r.prompt_ids),
         "response_tokens": len(r.response_ids),
         "plugins": "|" + "|".join(names) + "|" if names else "",
-        "error_cause": r.errors[0].cause if r.errors else "",
+        # the verdict that ended it: a success keeps its retried tries' errors, but is no error
+        "error_cause": r.errors[-1].cause if r.errors and r.status != "success" else "",
         "preview": _preview(r.messages),
         "created_at": now,
         "updated_at": now,

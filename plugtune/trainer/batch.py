@@ -56,7 +56,7 @@ def untrained_reason(record: TrajectoryRecord) -> str:
     if record.discard_reason:
         return record.discard_reason
     if record.status == "failed":
-        error = record.errors[0] if record.errors else None
+        error = record.errors[-1] if record.errors else None  # the last try's
         what = f": {error.plugin} {error.cause} (try {error.attempt})" if error else ""
         return f"failed{what}; left out of training"
     if record.reward is None:

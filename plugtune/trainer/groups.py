@@ -2,7 +2,9 @@
 
 Outcome handling (Ark semantics, DESIGN §2): a rollout or grader that reports ``retry`` or
 ``failure``, or whose call raised ``PluginCallError``, marks its trajectory ``failed`` (reward
-``None``, no gradient) with an ErrorRecord; ``discard`` from any plugin drops the whole group,
+``None``, no gradient); every try's such verdict stays in the trajectory's ``errors`` with its try
+number, also the tries the caller retried (a trajectory that succeeded on its second try keeps its
+first try's verdict); ``discard`` from any plugin drops the whole group,
 each of its trajectories keeping the plugin's reason in ``discard_reason``. Retries belong to the
 caller the jobs layer passes in; each attempt of a rollout reopens its trajectory id in the
 policy server, so a failed attempt's tokens never reach the loss. When a group is stopped (the
@@ -79,6 +81,41 @@ class _Slot:
     @property
     def ok(self) -> bool:
         return self.status == "success" and not self.discard
+
+
+class _Tries:
+    """Adapts a plugin for the caller: counts its tries and keeps each one's failure or non-success
+    verdict on the trajectories it was called for (the caller may retry, and return the last)."""
+
+    def __init__(self, fn: PluginFunction, slots: Sequence[_Slot], own_count: bool = True) -> None:
+        self.fn, self.slots, self.own_count = fn, slots, own_count
+        self.tries = 0
+        self.kept: list[object] = []  # the exceptions and outcomes already on the trajectories
+
+    @property
+    def spec(self) -> PluginSpec:
+        return self.fn.spec
+
+    def has_kept(self, what: object) -> bool:
+        return any(k is what for k in self.kept)
+
+    async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
+        self.tries += 1
+        try:
+            outcome = await self.fn.invoke(ctx, *args)
+        except PluginCallError as exc:
+            for slot in self.slots:
+                slot.errors.append(exc.record(trajectory_id=slot.trajectory_id, attempt=self._try(slot)))
+            self.kept.append(exc)
+            raise
+        if outcome.status in (Status.FAILURE.value, Status.RETRY.value):
+            for slot in self.slots:
+                slot.errors.append(_verdict(outcome, self.spec.name, slot, self._try(slot)))
+            self.kept.append(outcome)
+        return outcome
+
+    def _try(self, slot: _Slot) -> int:
+        return self.tries if self.own_count else max(slot.attempt, 1)
 
 
 class _FreshTrajectoryRollout:
@@ -182,7 +219,7 @@ class GroupRunner:
         return records
 
     async def _rollout(self, step: int, sample: Sample, slot: _Slot, group_id: str) -> None:
-        adapter = _FreshTrajectoryRollout(self.plugins.rollout, self.server, slot)
+        adapter = _Tries(_FreshTrajectoryRollout(self.plugins.rollout, self.server, slot), [slot], False)
         ctx = self._context(step, sample, slot, self.plugins.rollout)
         started = time.perf_counter()
         # Any other exception (the caller stopping the job) ends the step; the policy server keeps
@@ -192,14 +229,14 @@ class GroupRunner:
         except PluginCallError as exc:
             self._collect(slot, started)
             slot.messages = list(slot.trace.messages or sample.messages)  # what the policy saw, as evidence
-            _fail(slot, _error_of(exc, slot))
+            _fail(slot, None if adapter.has_kept(exc) else _error_of(exc, slot))
             return
         self._collect(slot, started)
         result = outcome.value if isinstance(outcome.value, dict) else {}
         slot.messages = list(result.get("messages") or slot.trace.messages)
         slot.metrics.update(outcome.metrics)
         slot.metrics.update(result.get("metrics") or {})
-        _apply_status(slot, outcome, self.plugins.rollout.spec.name)
+        _apply_status(slot, outcome, self.plugins.rollout.spec.name, adapter.has_kept(outcome))
 
     def _collect(self, slot: _Slot, started: float) -> None:
         slot.timing["rollout_s"] = time.perf_counter() - started
@@ -225,12 +262,13 @@ class GroupRunner:
     async def _grade_one(
         self, step: int, sample: Sample, slot: _Slot, fn: PluginFunction, trajectory: Trajectory
     ) -> None:
+        tries = _Tries(fn, [slot])
         try:
-            outcome = await self.caller(fn, self._context(step, sample, slot, fn), sample, trajectory)
+            outcome = await self.caller(tries, self._context(step, sample, slot, fn), sample, trajectory)
         except PluginCallError as exc:
-            _fail(slot, _error_of(exc, slot))
+            _fail(slot, None if tries.has_kept(exc) else _error_of(exc, slot))
             return
-        if _apply_status(slot, outcome, fn.spec.name):
+        if _apply_status(slot, outcome, fn.spec.name, tries.has_kept(outcome)):
             slot.components[fn.spec.name] = _number(outcome.value)
 
     async def _grade_group(
@@ -247,15 +285,16 @@ class GroupRunner:
             self._context(step, sample, live[0], fn), trajectory_id="", rollout_index=-1
         )
         group = [trajectories[s.rollout_index] for s in live]
+        tries = _Tries(fn, live)
         try:
-            outcome = await self.caller(fn, ctx, sample, group)
+            outcome = await self.caller(tries, ctx, sample, group)
         except PluginCallError as exc:
             for slot in live:
-                _fail(slot, _error_of(exc, slot))
+                _fail(slot, None if tries.has_kept(exc) else _error_of(exc, slot))
             return
         values = outcome.value if isinstance(outcome.value, list) else []
         for i, slot in enumerate(live):
-            if _apply_status(slot, outcome, fn.spec.name):
+            if _apply_status(slot, outcome, fn.spec.name, tries.has_kept(outcome)):
                 slot.components[fn.spec.name] = _number(values[i]) if i < len(values) else None
 
     def _context(self, step: int, sample: Sample, slot: _Slot, fn: PluginFunction) -> Context:
@@ -321,26 +360,29 @@ def _history_metrics(trace: TokenTrace) -> dict[str, float]:
     }
 
 
-def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str) -> bool:
-    """Record a non-success status on the slot; True when the outcome's value stands."""
+def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str, kept: bool) -> bool:
+    """Record a non-success status on the slot (its verdict is on the slot already when ``kept``);
+    True when the outcome's value stands."""
     if outcome.status == Status.SUCCESS.value:
         return True
     if outcome.status == Status.DISCARD.value:
         slot.discard = True
         slot.discard_reason = slot.discard_reason or discarded_by(plugin, outcome.reason)
         return False
-    _fail(
-        slot,
-        reported_status(
-            outcome.status,
-            plugin,
-            outcome.reason,
-            call_id=outcome.call_id,
-            trajectory_id=slot.trajectory_id,
-            attempt=max(slot.attempt, 1),
-        ),
-    )
+    _fail(slot, None if kept else _verdict(outcome, plugin, slot, max(slot.attempt, 1)))
     return False
+
+
+def _verdict(outcome: CallOutcome, plugin: str, slot: _Slot, attempt: int) -> ErrorRecord:
+    """A plugin's own Status.FAILURE / Status.RETRY on ``slot``'s trajectory, at its try ``attempt``."""
+    return reported_status(
+        outcome.status,
+        plugin,
+        outcome.reason,
+        call_id=outcome.call_id,
+        trajectory_id=slot.trajectory_id,
+        attempt=attempt,
+    )
 
 
 def _share_discard(slots: list[_Slot]) -> None:
@@ -353,9 +395,10 @@ def _share_discard(slots: list[_Slot]) -> None:
             slot.discard_reason = f"its group was discarded: {first.trajectory_id}: {first.discard_reason}"
 
 
-def _fail(slot: _Slot, error: ErrorRecord) -> None:
+def _fail(slot: _Slot, error: ErrorRecord | None) -> None:
     slot.status = "failed"
-    slot.errors.append(error)
+    if error is not None:
+        slot.errors.append(error)
 
 
 def _error_of(exc: PluginCallError, slot: _Slot) -> ErrorRecord:

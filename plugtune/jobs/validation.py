@@ -105,11 +105,17 @@ def load_spec(path: str | Path) -> JobSpec:
     return spec
 
 
+#: plugtune's folders in PLUGTUNE_HOME (each job's files, the runtime's snapshots and state, unpacked
+#: submissions, support bundles); every file at the home's top (the store, serve.json, locks) is its too.
+HOME_FOLDERS = frozenset({"jobs", "runtime", "submissions", "support"})
+
+
 @dataclass(frozen=True)
 class Reach:
-    """What a job's paths may not or must reach: the platform's files (PLUGTUNE_HOME, the SQLite
-    store) are never read as a job's data or plugins, except the job's own submission folder; a
-    job submitted over the API reads only inside its :class:`Confinement`."""
+    """What a job's paths may not or must reach: plugtune's own files (the SQLite store, the files
+    at PLUGTUNE_HOME's top and its HOME_FOLDERS) are never read as a job's data or plugins, except
+    the job's own submission folder; a job submitted over the API reads only inside its
+    :class:`Confinement`."""
 
     job_file: Path
     home: Path
@@ -142,10 +148,15 @@ class Reach:
         return None
 
     def is_platform_file(self, path: Path) -> bool:
+        """Is ``path`` the store (or a hard link to it), a file at PLUGTUNE_HOME's top, or inside one
+        of plugtune's folders there (other than this job's own submission)?"""
         real = path.resolve()
         if real.is_relative_to(self.home):
             own = is_submission(self.home, self.job_file)
-            return not (own and real.is_relative_to(submission_root(self.home, self.job_file)))
+            if own and real.is_relative_to(submission_root(self.home, self.job_file)):
+                return False
+            parts = real.relative_to(self.home).parts
+            return len(parts) <= 1 or parts[0] in HOME_FOLDERS  # a user's project folder there is not
         if self.store_file is None:
             return False
         store = self.store_file
@@ -177,8 +188,9 @@ def validate_job(
 
     ``check_model=False`` skips only the check that the model folder exists. Relative paths in
     job.yaml are resolved against ``base_dir`` (default: the job.yaml's folder). Data and plugin
-    files inside PLUGTUNE_HOME (or the SQLite store) are refused; ``confine`` (a job submitted over
-    the API) keeps them inside its submission and shared folders and its secrets in the allow-list.
+    files among plugtune's own (the store, PLUGTUNE_HOME's files and folders) are refused;
+    ``confine`` (a job submitted over the API) keeps them inside its submission and shared folders
+    and its secrets in the allow-list.
     """
     job_file = Path(path)
     found = Found()

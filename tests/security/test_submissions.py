@@ -170,6 +170,7 @@ def test_a_local_job_never_reads_plugtune_home_or_the_store_as_data(
         (problem,) = [p for p in info.value.problems if p.field == "data.train"]
         assert "never read as a job's data" in problem.message and "PLUGTUNE_HOME" in problem.message
         assert problem.line is not None and problem.file == str(job_file)
+    validate_job(make_job(state / "my-project"))  # a user's own folder in the home is theirs
 
 
 def test_a_plugin_folder_holding_plugtune_home_is_refused(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
@@ -27,8 +27,11 @@ from plugtune.web.models import (
     TrajectoryPage,
 )
 from plugtune.web.params import (
+    LEVELS,
     MAX_ID,
     MAX_PAGE,
+    PHASES,
+    TRAJECTORY_STATUSES,
     BadParameter,
     FilePath,
     JobForm,
@@ -52,6 +55,17 @@ Before = Annotated[
 STATUSES = tuple(s.value for s in JobStatus)
 
 
+def _one_of(values: tuple[str, ...], description: str) -> Any:
+    """A query parameter whose schema lists what it accepts (blank: not set, as forms send it)."""
+    return Query(description=description, json_schema_extra={"enum": ["", *values]})
+
+
+JobStatusParam = Annotated[str | None, _one_of(STATUSES, "the job's status")]
+LevelParam = Annotated[str | None, _one_of(LEVELS + tuple(v.lower() for v in LEVELS), "the line's level")]
+TrajectoryStatus = Annotated[str | None, _one_of(TRAJECTORY_STATUSES, "the trajectory's status")]
+Phase = Annotated[str | None, _one_of(PHASES, "train, or eval (data.validation)")]
+
+
 def _store(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
@@ -61,7 +75,7 @@ def _store(request: Request) -> Store:
 def list_jobs(
     request: Request,
     q: Annotated[str | None, Query(description="text the job's name contains (any case)")] = None,
-    status: str | None = None,
+    status: JobStatusParam = None,
     cause: Annotated[
         str | None, Query(description="the error's cause (its type when it has none, e.g. Invalid value)")
     ] = None,
@@ -178,7 +192,11 @@ def plugin_metrics(
     job_id: JobId,
     name: PluginName,
     range: Annotated[
-        str, Query(description="life (the plugin's lifetime), 1h, 3h, 6h, 12h, 3d, 7d or custom")
+        str,
+        Query(
+            description="life (the plugin's lifetime), 1h, 3h, 6h, 12h, 3d, 7d or custom (start and end)",
+            json_schema_extra={"enum": list(charts.RANGE_NAMES)},
+        ),
     ] = charts.LIFETIME,
     start: Annotated[str | None, Query(description="custom range start, epoch seconds")] = None,
     end: Annotated[str | None, Query(description="custom range end, epoch seconds")] = None,
@@ -198,7 +216,7 @@ def list_logs(
     request: Request,
     job_id: JobId,
     plugin: str | None = None,
-    level: str | None = None,
+    level: LevelParam = None,
     trajectory: str | None = None,
     q: Annotated[str | None, Query(description="text the message contains (any case)")] = None,
     before: Before = None,
@@ -234,8 +252,8 @@ def list_logs(
 def list_trajectories(
     request: Request,
     job_id: JobId,
-    status: str | None = None,
-    phase: Annotated[str | None, Query(description="train, or eval (data.validation)")] = None,
+    status: TrajectoryStatus = None,
+    phase: Phase = None,
     plugin: str | None = None,
     step: str | None = None,
     min_reward: str | None = None,
@@ -265,8 +283,8 @@ def trajectory_neighbors(
     request: Request,
     job_id: JobId,
     trajectory_id: RecordId,
-    status: str | None = None,
-    phase: Annotated[str | None, Query(description="train, or eval (data.validation)")] = None,
+    status: TrajectoryStatus = None,
+    phase: Phase = None,
     plugin: str | None = None,
     step: str | None = None,
     min_reward: str | None = None,

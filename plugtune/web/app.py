@@ -17,7 +17,7 @@ from plugtune import __version__
 from plugtune.errors import PlatformError
 from plugtune.jobs.submission import SubmissionPolicy
 from plugtune.store import Store
-from plugtune.web import api, compare, control_api, exposition, login, pages, service
+from plugtune.web import api, app_openapi, compare, control_api, exposition, login, pages, service
 from plugtune.web.auth import COOKIE, TokenAuth
 from plugtune.web.csrf import CsrfGuard
 from plugtune.web.docs import operations
@@ -73,6 +73,7 @@ def create_app(
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _add_meta_routes(app, token_required=api_token is not None)
     _add_error_handlers(app)
+    app_openapi.install(app, token_required=api_token is not None)
     # add_middleware puts each in front of the last: requests meet EdgeGuard, CsrfGuard, TokenAuth.
     if api_token is not None:
         app.add_middleware(TokenAuth, token=api_token)

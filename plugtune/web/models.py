@@ -7,6 +7,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 
+class DetailOut(BaseModel):
+    """Every error answer of the API but a submission's problems: what is wrong and what to do."""
+
+    detail: str
+
+
 class ErrorOut(BaseModel):
     """A classified failure (DESIGN §2): who owns it, what the backend said, what to do."""
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import jsonschema
 import psutil
 import pytest
 from fastapi.testclient import TestClient
@@ -34,6 +35,7 @@ from plugtune.sdk import Policy, Runtime
 from plugtune.store import Store
 from plugtune.web import create_app
 from tests.runtime.helpers import ctx, sample, trajectory
+from tests.web.seed import seed
 
 MiB = 1 << 20
 
@@ -269,3 +271,109 @@ def test_a_host_with_a_leading_space_is_refused(tmp_path: Path) -> None:
         assert client.get("/api/jobs").status_code == 200
     finally:
         store.close()
+
+
+# ---- the API's OpenAPI schema is what the API answers ----------------------------------------------
+
+BAD_VALUES = ("bogus", "-1", "1e999", "x" * 300)
+
+
+def test_every_route_documents_the_errors_it_can_answer_with_their_real_body(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
+    try:
+        for token in (None, "secret-token"):
+            schema = create_app(store, api_token=token).openapi()
+            assert "HTTPValidationError" not in json.dumps(schema)
+            for path, method, operation in _operations(schema):
+                documented = set(operation["responses"])
+                expected = {"400", "414", "503"} | ({"401"} if token else set())
+                if method != "get":
+                    expected |= {"403", "413", "415"}
+                if "{" in path:
+                    expected.add("404")
+                if operation.get("parameters"):
+                    expected.add("422")
+                assert expected <= documented, (method, path, expected - documented)
+    finally:
+        store.close()
+
+
+def test_what_the_api_answers_to_invalid_requests_matches_its_schema(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'plugtune.db'}", retention_days=7)
+    try:
+        seeded = seed(store)
+        client = TestClient(create_app(store), base_url="http://127.0.0.1:8321")
+        schema = client.app.openapi()  # type: ignore[attr-defined]
+        job = seeded.failed_job
+        plugin = store.list_plugins(job)[0].name
+        valid = {"job_id": str(job), "name": plugin, "trajectory_id": seeded.failed_trajectory}
+        valid |= {"group_id": "s2-g1", "path": "grader.py"}
+        seen: set[int] = set()
+        for path, method, operation in _operations(schema):
+            streams = "text/event-stream" in json.dumps(operation["responses"].get("200", {}))
+            fill = {**valid, "job_id": "999999"} if method != "get" or streams else valid
+            for probe in _probes(method, path, operation, fill):
+                answer = client.request(method.upper(), **probe)
+                _check(schema, method, path, operation, answer)
+                seen.add(answer.status_code)
+            if path.endswith("/retry") or method == "delete":  # a running job: 409 (cancel would signal it)
+                answer = client.request(method.upper(), _url(path, {"job_id": str(seeded.running_job)}))
+                _check(schema, method, path, operation, answer)
+                seen.add(answer.status_code)
+            for name, values in _enums(operation):
+                for value in values:
+                    also = {"start": "1", "end": "2"} if value == "custom" else {}  # as its description says
+                    answer = client.request(method.upper(), _url(path, fill), params={name: value, **also})
+                    assert answer.status_code < 400 or answer.status_code in (404, 409), (path, name, value)
+                    assert answer.status_code not in (400, 422), (path, name, value, answer.text)
+        assert {200, 400, 403, 404, 409, 414, 415, 422} <= seen, seen
+    finally:
+        store.close()
+
+
+def _operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            yield path, method, operation
+
+
+def _url(path: str, fill: dict[str, str]) -> str:
+    return re.sub(r"\{(\w+)(:path)?\}", lambda m: fill[m.group(1)], path)
+
+
+def _probes(
+    method: str, path: str, operation: dict[str, Any], fill: dict[str, str]
+) -> Iterator[dict[str, Any]]:
+    """A handful of invalid requests: each path and query parameter wrong, a long query, a bad Host,
+    a write with the wrong Content-Type or from another origin."""
+    url = _url(path, fill)
+    yield {"url": url}
+    for param in operation.get("parameters", []):
+        if param["in"] == "path":
+            for bad in ("0", "x", "9" * 30):
+                yield {"url": _url(path, {**fill, param["name"]: bad})}
+        else:
+            for bad in BAD_VALUES:
+                yield {"url": url, "params": {param["name"]: bad}}
+    yield {"url": url, "params": {"q": "x" * 9000}}
+    yield {"url": url, "headers": {"host": "evil.example"}}
+    if method != "get":
+        yield {"url": url, "headers": {"content-type": "text/plain"}, "content": b"x"}
+        yield {"url": url, "headers": {"origin": "http://evil.example"}}
+
+
+def _enums(operation: dict[str, Any]) -> Iterator[tuple[str, list[str]]]:
+    for param in operation.get("parameters", []):
+        if param["in"] == "query" and "enum" in param["schema"]:
+            yield param["name"], param["schema"]["enum"]
+
+
+def _check(schema: dict[str, Any], method: str, path: str, operation: dict[str, Any], answer: Any) -> None:
+    code = str(answer.status_code)
+    assert code in operation["responses"], (method, path, code, answer.text[:300])
+    content = operation["responses"][code].get("content", {}).get("application/json")
+    if content is None or not answer.headers.get("content-type", "").startswith("application/json"):
+        return
+    validator = jsonschema.Draft202012Validator({**content["schema"], "components": schema["components"]})
+    errors = [e.message for e in validator.iter_errors(answer.json())]
+    assert not errors, (method, path, code, errors[:3], answer.text[:300])

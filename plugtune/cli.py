@@ -223,6 +223,8 @@ def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None
         final = settings.home / "jobs" / str(job_id) / "final"
         if status == "succeeded" and final.is_dir():
             typer.echo(f"trained model: {final.resolve()} (AutoModelForCausalLM.from_pretrained(path))")
+        for warning in doc["warnings"]:  # what trained silently wrong, e.g. steps with no gradient
+            typer.secho(f"warning: {warning}", fg="yellow", err=True)
         if status == "cancelled":
             typer.echo(f"`plugtune jobs retry {job_id}` resumes it from its last checkpoint", err=True)
         if status != "succeeded":
@@ -385,7 +387,8 @@ def jobs_list(
 @jobs_app.command("show")
 def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
     """Show a job: status, progress, the classified error with its hint, warnings (off-policy
-    training, dropped policy tokens), attempts and plugins."""
+    training, dropped policy tokens, steps whose groups gave no gradient, replies cut at
+    max_new_tokens, each with example trajectory ids), attempts and plugins."""
     from plugtune.jobs.control import queue_positions
 
     with _opened_store() as (_, store):

@@ -39,7 +39,8 @@ def job_document(store: Store, job_id: int) -> dict[str, Any]:
 
 
 def job_warnings(store: Store, job_id: int, limit: int = 20) -> list[str]:
-    """The job's own warnings (off-policy training, dropped tokens, ...), oldest first."""
+    """The job's own warnings (off-policy training, dropped tokens, no gradient, cut replies, ...),
+    oldest first."""
     lines = store.logs(job_id, plugin=JOB_WARNINGS, level="WARNING", limit=limit)
     return [line.message for line in reversed(lines)]
 

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -25,11 +25,19 @@ from transformers import PreTrainedModel
 from plugtune.errors import LossNanError
 from plugtune.sdk import Sample, Sampling
 from plugtune.trainer import checkpoint, lora, objective
-from plugtune.trainer.batch import TrainBatch, micro_batches, untrained_reason
+from plugtune.trainer.batch import TrainBatch, is_trainable, micro_batches, untrained_reason
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
-from plugtune.trainer.health import StepWarning, logprob_noise, step_warnings
+from plugtune.trainer.health import (
+    SIGNAL_WINDOW,
+    StepSignal,
+    StepWarning,
+    logprob_noise,
+    signal_warnings,
+    step_signal,
+    step_warnings,
+)
 from plugtune.trainer.objective import LossParts
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
 from plugtune.trainer.rewards import group_advantages, summary
@@ -99,6 +107,8 @@ class GRPOTrainer:
         self._next: _Rollouts | None = None  # the next step's rollouts, started while this one trained
         self._last_end: float | None = None
         self.step_count = 0
+        self.signals: deque[StepSignal] = deque(maxlen=SIGNAL_WINDOW)  # the last steps' gradient signal
+        self._first_step: int | None = None  # the first step this trainer ran (after a resume: later)
         checkpoint.seed_everything(config.seed)
         server.set_policy_version(self.step_count)
 
@@ -140,7 +150,8 @@ class GRPOTrainer:
             raise
         self.step_count = step
 
-        metrics = _metrics(records, parts, grad_norm, sum(len(b.trajectory_ids) for b in batches))
+        signal = step_signal(step, records)
+        metrics = _metrics(records, parts, grad_norm, signal)
         ended = time.perf_counter()
         began = self._last_end if prefetched and self._last_end is not None else called
         self._last_end = ended
@@ -153,8 +164,19 @@ class GRPOTrainer:
             }
         )
         noise = logprob_noise(next(self.model.parameters()).dtype)
-        warnings = step_warnings(step, metrics, noise, self.config.top_p)
+        warnings = step_warnings(step, metrics, noise, self.config.top_p) + self._signal_warnings(signal)
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
+
+    def _signal_warnings(self, signal: StepSignal) -> list[StepWarning]:
+        """The no-gradient and cut-reply warnings, once the window holds SIGNAL_WINDOW steps (or
+        every step this trainer runs, when it runs fewer)."""
+        self.signals.append(signal)
+        if self._first_step is None:
+            self._first_step = signal.step
+        runs = self.config.steps - self._first_step + 1
+        if len(self.signals) < min(SIGNAL_WINDOW, runs):
+            return []
+        return signal_warnings(list(self.signals), self.config.max_new_tokens)
 
     async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:
         """Run the remaining steps, writing a checkpoint every ``save_every_n_steps``."""
@@ -334,9 +356,11 @@ def _with_advantages(group: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
 
 
 def _metrics(
-    records: list[TrajectoryRecord], parts: LossParts | None, grad_norm: float, trained: int
+    records: list[TrajectoryRecord], parts: LossParts | None, grad_norm: float, signal: StepSignal
 ) -> dict[str, float]:
     rewards = summary([r.reward for r in records])
+    # trained: the trajectories with a policy gradient (an advantage of 0 only pulls toward the reference)
+    trained = sum(is_trainable(r) and r.advantage != 0.0 for r in records)
     out: dict[str, float] = {
         "reward/mean": rewards["mean"],
         "reward/std": rewards["std"],
@@ -345,6 +369,8 @@ def _metrics(
         "trajectories/trained": float(trained),
         "trajectories/failed": float(sum(r.status == "failed" for r in records)),
         "trajectories/discarded": float(sum(r.status == "discard" for r in records)),
+        "groups/zero_variance_share": signal.zero_variance_share,
+        "response/truncated_share": signal.truncated_share,
         "grad_norm": grad_norm,
         "tokens/policy": float(sum(sum(r.response_mask) for r in records)),
         "tokens/dropped_policy": float(

@@ -1,4 +1,5 @@
-"""Warnings about a step that trained, but not on what the user thinks: pure functions of its metrics.
+"""Warnings about steps that trained, but not on what the user thinks: pure functions of their
+metrics and records (off-policy samples, dropped tokens, groups without a gradient, cut replies).
 
 Each warning has a key (the jobs layer shows a key once per attempt) and a message that says what
 was measured, why it matters and what to do.
@@ -6,9 +7,12 @@ was measured, why it matters and what to do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from plugtune.types import TrajectoryRecord
 
 #: How far the trainer's recomputed log-probs may drift from the sampler's by float rounding alone
 #: (mean absolute difference per policy token): the same weights run two code paths (the gateway's
@@ -19,7 +23,7 @@ HALF_PRECISION_NOISE = 2e-2
 
 @dataclass(frozen=True)
 class StepWarning:
-    key: str  # logprob_gap | history_rewrites
+    key: str  # logprob_gap | history_rewrites | no_gradient | truncated
     message: str
 
 
@@ -61,3 +65,112 @@ def step_warnings(step: int, metrics: dict[str, float], noise: float, top_p: flo
             )
         )
     return out
+
+
+#: How many steps the no-signal warnings look back over (all of a shorter run's steps), and the
+#: share of groups without a gradient, or of replies cut at max_new_tokens, above which they warn.
+SIGNAL_WINDOW = 10
+NO_SIGNAL_SHARE = 0.5
+EXAMPLES = 3  # trajectory ids a warning names
+_EXAMPLES_SAID = "Example trajectories: "
+
+
+@dataclass(frozen=True)
+class StepSignal:
+    """How much of a step's batch could teach the policy anything (see ``step_signal``)."""
+
+    step: int
+    groups: int
+    flat_groups: int  # a reward was scored, but every scored trajectory of the group has the same
+    unscored_groups: int  # no trajectory scored: failed, discarded or unscorable
+    replies: int  # trajectories with policy tokens
+    truncated: int  # of those, stopped at max_new_tokens
+    flat_examples: tuple[str, ...] = ()  # a trajectory of each of the first flat groups
+    unscored_examples: tuple[str, ...] = ()
+    truncated_examples: tuple[str, ...] = ()
+
+    @property
+    def zero_variance_share(self) -> float:
+        return self.flat_groups / self.groups if self.groups else 0.0
+
+    @property
+    def truncated_share(self) -> float:
+        return self.truncated / self.replies if self.replies else 0.0
+
+
+def step_signal(step: int, records: Sequence[TrajectoryRecord]) -> StepSignal:
+    """Which of the step's groups give no policy gradient, and which replies were cut off."""
+    groups: dict[str, list[TrajectoryRecord]] = {}
+    for r in records:
+        groups.setdefault(r.group_id, []).append(r)
+    flat: list[str] = []
+    unscored: list[str] = []
+    for members in groups.values():
+        if any(r.advantage for r in members):  # not None, not 0.0
+            continue
+        scored = [r for r in members if r.advantage is not None]
+        (flat if scored else unscored).append((scored or members)[0].trajectory_id)
+    replies = [r for r in records if any(r.response_mask)]
+    cut = [r.trajectory_id for r in replies if r.stop_reason == "length"]
+    return StepSignal(
+        step=step,
+        groups=len(groups),
+        flat_groups=len(flat),
+        unscored_groups=len(unscored),
+        replies=len(replies),
+        truncated=len(cut),
+        flat_examples=tuple(flat[:EXAMPLES]),
+        unscored_examples=tuple(unscored[:EXAMPLES]),
+        truncated_examples=tuple(cut[:EXAMPLES]),
+    )
+
+
+def signal_warnings(window: Sequence[StepSignal], max_new_tokens: int) -> list[StepWarning]:
+    """Warnings when, over ``window`` (the last steps), most groups gave the policy no gradient
+    (key ``no_gradient``) or most replies stopped at ``max_new_tokens`` (key ``truncated``)."""
+    if not window:
+        return []
+    steps = f"step {window[0].step}" if len(window) == 1 else f"steps {window[0].step}-{window[-1].step}"
+    out: list[StepWarning] = []
+    groups = sum(s.groups for s in window)
+    flat = sum(s.flat_groups for s in window)
+    unscored = sum(s.unscored_groups for s in window)
+    if groups and (flat + unscored) / groups > NO_SIGNAL_SHARE:
+        flat_ids = [t for s in window for t in s.flat_examples]
+        examples = _examples(flat_ids + [t for s in window for t in s.unscored_examples])
+        out.append(
+            StepWarning(
+                "no_gradient",
+                f"{steps}: {flat + unscored} of {groups} groups ({(flat + unscored) / groups:.0%}) gave "
+                f"the policy no gradient, so those steps trained on nothing: {flat} had the same reward "
+                f"for every scored trajectory (zero variance: the graders could not tell the replies "
+                f"apart), {unscored} had no scored trajectory (failed, discarded or unscorable). GRPO "
+                "learns only from reward differences within a group: give partial credit, pick prompts "
+                "the model solves sometimes (neither always nor never), or raise group_size; see the "
+                f"metric groups/zero_variance_share. {examples}",
+            )
+        )
+    replies = sum(s.replies for s in window)
+    cut = sum(s.truncated for s in window)
+    if replies and cut / replies > NO_SIGNAL_SHARE:
+        examples = _examples([t for s in window for t in s.truncated_examples])
+        out.append(
+            StepWarning(
+                "truncated",
+                f"{steps}: {cut} of {replies} replies ({cut / replies:.0%}) stopped at max_new_tokens "
+                f"({max_new_tokens}) before they ended, so the graders scored cut-off answers: raise "
+                "hyperparameters.max_new_tokens or ask for shorter answers; see the metric "
+                f"response/truncated_share. {examples}",
+            )
+        )
+    return out
+
+
+def warning_examples(message: str) -> list[str]:
+    """The trajectory ids a warning names as its examples ([] for a warning without)."""
+    _, said, tail = message.rpartition(_EXAMPLES_SAID)
+    return [t for t in tail.rstrip(".").split(", ") if t] if said else []
+
+
+def _examples(ids: list[str]) -> str:
+    return f"{_EXAMPLES_SAID}{', '.join(ids[:EXAMPLES])}." if ids else ""

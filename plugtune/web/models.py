@@ -75,7 +75,8 @@ class JobDetail(BaseModel):
     errors: list[ErrorOut] = Field(description="every error the job has had, oldest first")
     warnings: list[str] = Field(
         default_factory=list,
-        description="what trained silently wrong (off-policy samples, dropped policy tokens), oldest first",
+        description="what trained silently wrong (off-policy samples, dropped policy tokens, groups "
+        "without a gradient, replies cut at max_new_tokens; with example trajectory ids), oldest first",
     )
     config: dict[str, Any] = Field(
         default_factory=dict, description="the validated job.yaml: model, hyperparameters, data, plugins"

@@ -130,12 +130,7 @@ class LocalBackend:
             return zygote, await zygote.start(self.start_timeout_s)
         except DeployFailed as exc:
             exc.logs = zygote.output_logs() + exc.logs
-            if limits.oom_kills() > 0 or "MemoryError" in exc.message:
-                exc.message = (
-                    f"importing the plugin went over memory_mb={runtime.memory_mb} (the job's "
-                    "runtime.memory_mb, else the default: module-level code runs under the "
-                    f"function's limits): {exc.message}"
-                )
+            exc.message = _import_memory(exc.message, limits, runtime)
             await zygote.aclose()
             raise
 
@@ -213,6 +208,22 @@ class LocalBackend:
         self.retry_removals()
         self.limits.close()
         self.sandbox.close()
+
+
+def _import_memory(message: str, limits: InstanceLimits, runtime: Runtime) -> str:
+    """A failed import's message, saying so when it went over memory_mb (killed, or MemoryError)."""
+    over = f"importing the plugin went over memory_mb={runtime.memory_mb}"
+    why = (
+        "module-level code runs under the function's limits (while importing: job.yaml's "
+        f"runtime.memory_mb, else the default {Runtime().memory_mb}); allocate less at import "
+        "(in setup() or the first call), or raise memory_mb"
+    )
+    if limits.oom_kills() > 0:
+        peak = limits.peak_mb()
+        return f"{over}: the kernel killed it{f' at {peak:.0f} MiB' if peak else ''}; {why}"
+    if "MemoryError" in message:
+        return f"{message.rstrip(': ')} ({over}); {why}"
+    return message
 
 
 def _zygote_pids(runtime: Runtime) -> int:

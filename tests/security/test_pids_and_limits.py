@@ -8,9 +8,7 @@ regression fails the test instead of ending the test session.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -287,7 +285,9 @@ async def test_a_daemon_forked_at_import_ends_with_its_function_before_its_uid_i
 
 
 @AS_ROOT
-async def test_an_import_past_the_start_timeout_is_a_create_fault_and_leaves_no_process(tmp_path: Path) -> None:
+async def test_an_import_past_the_start_timeout_is_a_create_fault_and_leaves_no_process(
+    tmp_path: Path,
+) -> None:
     token = _token()
     before = set(os.listdir(LEASES)) if LEASES.exists() else set()
     async with LocalRuntime(spare_instances=False, start_timeout_s=2.0) as rt:
@@ -335,8 +335,11 @@ def test_a_uid_with_a_process_left_stays_leased_until_none_is(tmp_path: Path) ->
         sandbox.close()
 
 
-async def test_module_level_memory_past_memory_mb_fails_the_deploy_as_a_create_fault(tmp_path: Path) -> None:
-    async with LocalRuntime(spare_instances=False) as rt:
+@pytest.mark.parametrize("limits", [None, "rlimit"])
+async def test_module_level_memory_past_memory_mb_fails_the_deploy_as_a_create_fault(
+    tmp_path: Path, limits: str | None
+) -> None:
+    async with LocalRuntime(spare_instances=False, limits=limits) as rt:
         with pytest.raises(PluginCallError) as raised:
             await rt.deploy(
                 f"{_plugin(tmp_path / 'p', IMPORT_MEMORY)}:score",
@@ -345,7 +348,7 @@ async def test_module_level_memory_past_memory_mb_fails_the_deploy_as_a_create_f
             )
     error = raised.value
     assert error.cause_enum is Cause.CREATE_FAULT
-    assert "memory_mb=128" in error.message, error.message
+    assert "importing the plugin went over memory_mb=128" in error.message, error.message
 
 
 async def test_module_level_fork_loop_is_held_to_the_pids_limit(tmp_path: Path) -> None:

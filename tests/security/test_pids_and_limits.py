@@ -268,11 +268,12 @@ def _token() -> str:
 
 
 @AS_ROOT
+@pytest.mark.parametrize("limits", [None, "rlimit"])  # rlimit: no cgroup holds it, the uid sweep ends it
 async def test_a_daemon_forked_at_import_ends_with_its_function_before_its_uid_is_released(
-    tmp_path: Path,
+    tmp_path: Path, limits: str | None
 ) -> None:
     token = _token()
-    async with LocalRuntime(spare_instances=False) as rt:
+    async with LocalRuntime(spare_instances=False, limits=limits) as rt:
         fn = await rt.deploy(f"{_plugin(tmp_path / 'p', IMPORT_DAEMON)}:score", env={"TOKEN": token})
         assert fn.deployment.user is not None
         uid = fn.deployment.user.uid

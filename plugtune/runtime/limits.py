@@ -1,4 +1,5 @@
-"""Resource limits per instance: a cgroup child of the runtime's own cgroup, or rlimits.
+"""Resource limits per instance (and per zygote: the plugin's module code runs there, under its
+instances' limits): a cgroup child of the runtime's own cgroup, or rlimits.
 
 ``detect()`` picks what this host allows: cgroup v2 (``memory.max``/``cpu.max``/``pids.max`` where a
 unified hierarchy has the controllers), cgroup v1 (memory + cpu quota + pids), else

@@ -6,7 +6,8 @@ The supervisor side of the isolation contract (the worker side is :mod:`.worker.
   ``env`` (``deploy(env=...)``, job.yaml ``env:`` and ``secrets:``), set by the worker only after
   its uid drop (never in a privileged exec, never in argv); ``PLUGTUNE_*`` never passes;
 * user: when the runtime runs as root, each deployed function gets its own numeric uid (leased
-  from :data:`PLUGIN_UIDS`, no /etc/passwd entry) and its snapshot's gid; not root, or root whose
+  from :data:`PLUGIN_UIDS`, no /etc/passwd entry; given back only once no process of it runs: see
+  :meth:`Sandbox.release_user`) and its snapshot's gid; not root, or root whose
   Python other users cannot read and no mount namespace to fix it: the runtime's own user (the
   rest still applies; ``rt.isolation`` says what is active);
 * files: the state dir is traversable but not listable, each snapshot readable by its own group

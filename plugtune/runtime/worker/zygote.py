@@ -4,6 +4,10 @@ It stays single-threaded and never starts an event loop, so a fork copies a clea
 supervisor sends ``[FORK, config]`` with two file descriptors attached (the instance's socket and
 the write end of its stdout/stderr pipe); the zygote answers ``[FORKED, instance_id, pid]`` and,
 when a child ends, ``[EXITED, pid, exit_code]`` (negative: killed by that signal).
+
+It enters its own limits before the import and is sealed after it (see :mod:`.sandbox`). It runs
+the plugin's module code, so the supervisor takes its FORKED pid as a claim, checked against the
+kernel (``runtime/launcher.py``), never as a fact.
 """
 
 from __future__ import annotations

@@ -266,18 +266,25 @@ def _why_no_mounts(root: bool) -> str:
     return "the runtime may not mount (no CAP_SYS_ADMIN)" if root else "the runtime is not root"
 
 
-@functools.cache
 def mount_view_problem() -> str | None:
     """Why a worker cannot get its own mount namespace here (None: it can). Tried once per process
     in a short-lived worker-like process, as the host does not change while the runtime runs."""
-    return _probe_view()
+    return _view_problems()[0]
 
 
-@functools.cache
 def proc_view_problem() -> str | None:
     """Why a worker's view cannot have a ``/proc`` that hides other users' processes (None: it can;
     kernels before 5.8 share one procfs's options per pid namespace, so it is not tried there)."""
-    return mount_view_problem() or _probe_view("hide-pids")
+    return _view_problems()[1]
+
+
+@functools.cache
+def _view_problems() -> tuple[str | None, str | None]:
+    with_proc = _probe_view("hide-pids")  # one probe where the whole view works
+    if with_proc is None:
+        return None, None
+    plain = _probe_view()
+    return plain, plain or with_proc
 
 
 def _probe_view(*args: str) -> str | None:

@@ -280,6 +280,10 @@ async def test_a_plugin_sees_no_process_of_another_uid(rt: LocalRuntime, plugin:
     others = reported(result, "others")
     assert others == [], f"the plugin sees processes of other uids: {others}"
     assert os.path.exists(f"/proc/{worker_pids(victim)[0]}")  # they run: hidden, not gone
+    host_proc = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if " /proc " in line]
+    assert host_proc and not [
+        line for line in host_proc if "hidepid" in line
+    ]  # the host's /proc is as it was
 
 
 # ---- 5: no host Unix socket, by path or abstract name -----------------------------------------

@@ -35,6 +35,9 @@ from plugtune.jobs.support_bundle import write_bundle
 from plugtune.settings import Settings
 from plugtune.store import IllegalTransitionError, Job, Store
 
+#: ``-P``: the attempt never imports a module from the server's working folder (``-m`` would first).
+SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
@@ -81,7 +84,7 @@ class AttemptRunner:
         self.job_id = job_id
         with tempfile.TemporaryFile() as stderr:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "plugtune.jobs.attempt", str(job_id)],
+                [sys.executable, *SAFE_PATH, "-m", "plugtune.jobs.attempt", str(job_id)],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,

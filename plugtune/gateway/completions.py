@@ -15,6 +15,11 @@ from plugtune.gateway.sampling import JobSampling, sampling_params
 from plugtune.gateway.toolcalls import ParsedReply, parse_reply
 from plugtune.gateway.trace import TraceBuilder
 
+#: Above this many characters per token of context a request's tokens are counted before rendering.
+COUNT_ABOVE_CHARS_PER_TOKEN = 4
+COUNT_CHUNK_CHARS = 64 << 10
+CUT_SLACK = 8
+
 
 @dataclass
 class CompletionService:
@@ -94,24 +99,43 @@ class CompletionService:
 
     def _refuse_overlong(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
         """Messages and tools too long for the context whatever they tokenize to: refused before
-        rendering and tokenizing (10 MB of text or a 9 MB tools list takes the template and the
-        tokenizer most of a minute and gigabytes, on the gateway's one thread)."""
-        chars = sum(_message_chars(m) for m in messages)
-        tools_chars = len(json.dumps(tools, ensure_ascii=False, default=str)) if tools else 0
+        rendering and tokenizing the whole (10 MB of text or a 9 MB tools list takes the template and
+        the tokenizer most of a minute and gigabytes, on the gateway's one thread)."""
+        texts = [text for m in messages for text in _message_texts(m)]
+        tools_text = json.dumps(tools, ensure_ascii=False, default=str) if tools else ""
+        chars, tools_chars = sum(len(t) for t in texts), len(tools_text)
+        param = "tools" if tools_chars > chars else "messages"
         # A token covers at most the longest vocabulary entry's characters (a few more through
         # Unicode normalization: hence the margin), so fewer tokens than this cannot hold them.
         most_chars = self.max_context * 4 * self._longest_token_chars
         if chars + tools_chars >= most_chars:
-            param = "tools" if tools_chars > chars else "messages"
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {self.max_context} tokens. However, your "
+            raise _overlong(
+                self.max_context,
                 f"messages hold {chars} characters and your tools {tools_chars}, more than "
-                f"{self.max_context} tokens can hold ({most_chars} characters at most for this "
-                "tokenizer). Please reduce the length of the messages or tools.",
-                param=param,
-                code="context_length_exceeded",
+                f"{self.max_context} tokens can hold ({most_chars} characters at most for this tokenizer)",
+                param,
             )
+        if chars + tools_chars > COUNT_ABOVE_CHARS_PER_TOKEN * self.max_context:
+            # Long enough to be costly: count tokens piece by piece, only until past the context.
+            fewest = self._fewest_tokens([*texts, tools_text])
+            if fewest >= self.max_context:
+                raise _overlong(
+                    self.max_context,
+                    f"messages and tools hold at least {fewest} tokens (counted before rendering)",
+                    param,
+                )
+
+    def _fewest_tokens(self, texts: list[str]) -> int:
+        """Tokens ``texts`` hold at least, counted in chunks (a cut token counts as at most
+        ``CUT_SLACK`` extra), stopping once past the context."""
+        tokenizer, total = self.renderer.tokenizer, 0
+        for text in texts:
+            for at in range(0, len(text), COUNT_CHUNK_CHARS):
+                piece = text[at : at + COUNT_CHUNK_CHARS]
+                total += max(0, len(tokenizer(piece, add_special_tokens=False)["input_ids"]) - CUT_SLACK)
+                if total >= self.max_context:
+                    return total
+        return total
 
     @functools.cached_property
     def _longest_token_chars(self) -> int:
@@ -137,13 +161,22 @@ class CompletionService:
         return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
 
-def _message_chars(message: dict[str, Any]) -> int:
-    """Characters of a message the chat template renders: its text, names and tool calls."""
-    chars = len(text_of(message.get("content"))) + len(str(message.get("name") or ""))
+def _message_texts(message: dict[str, Any]) -> list[str]:
+    """The texts of a message the chat template renders: its content, name and tool calls."""
+    texts = [text_of(message.get("content")), str(message.get("name") or "")]
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         arguments = function.get("arguments", "")
-        chars += len(str(function.get("name", ""))) + (
-            len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments, default=str))
-        )
-    return chars
+        texts.append(str(function.get("name", "")))
+        texts.append(arguments if isinstance(arguments, str) else json.dumps(arguments, default=str))
+    return texts
+
+
+def _overlong(max_context: int, found: str, param: str) -> ApiError:
+    return ApiError(
+        400,
+        f"This model's maximum context length is {max_context} tokens. However, your {found}. "
+        "Please reduce the length of the messages or tools.",
+        param=param,
+        code="context_length_exceeded",
+    )

@@ -202,6 +202,12 @@ def test_a_9_mb_tools_list_is_refused_before_the_template_or_tokenizer_runs(gate
     status, answer = _post_chat(policy, json.dumps({"model": "policy", "messages": messages}).encode())
     assert status == 400 and answer["error"]["param"] == "messages", answer
     assert (len(renderer._rendered), len(renderer._encoded)) == (renders, encodings)
+    # Under the characters-per-token bound but over the context: its tokens are counted in pieces.
+    long = [{"role": "user", "content": "hello " * 5000}]
+    status, answer = _post_chat(policy, json.dumps({"model": "policy", "messages": long}).encode())
+    assert status == 400 and "counted before rendering" in answer["error"]["message"], answer
+    assert answer["error"]["code"] == "context_length_exceeded"
+    assert (len(renderer._rendered), len(renderer._encoded)) == (renders, encodings)
     status, answer = _post_chat(policy, json.dumps({"model": "policy", "messages": messages[:1]}).encode())
     assert status == 200, answer  # the same key is served right after
     gateway.take("tools-bomb")

@@ -24,8 +24,8 @@ QUESTION = {"role": "user", "content": "What is 6+6?"}  # row 1 of the fixture's
 
 @pytest.fixture()
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
-    url = f"sqlite:///{tmp_path / 'plugtune.db'}"
-    monkeypatch.setenv("PLUGTUNE_HOME", str(tmp_path))
+    url = f"sqlite:///{tmp_path / 'home' / 'plugtune.db'}"  # the project is beside the home, not in it
+    monkeypatch.setenv("PLUGTUNE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PLUGTUNE_DATABASE_URL", url)
     s = Store.open(url)
     yield s

@@ -210,22 +210,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _start_serve(home: Path, log: Path) -> subprocess.Popen[bytes]:
+    """A real `plugtune serve` on 127.0.0.1 over ``home``, once it has written serve.json."""
+    argv = [sys.executable, "-m", "plugtune.cli", "serve", "--host", "127.0.0.1", "--port", str(_free_port())]
+    env = {k: v for k, v in os.environ.items() if k not in ("PLUGTUNE_DATABASE_URL", "PLUGTUNE_API_TOKEN")}
+    with open(log, "wb") as out:
+        server = subprocess.Popen(argv, env={**env, "PLUGTUNE_HOME": str(home)}, stdout=out, stderr=out)
+    deadline = time.monotonic() + 60  # the CLI imports the platform first
+    while not (home / "serve.json").is_file():
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise AssertionError(f"plugtune serve did not start: {log.read_text()}")
+        time.sleep(0.1)
+    return server
+
+
 @pytest.fixture()
 def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """A real `plugtune serve` on 127.0.0.1 over a fresh home (PLUGTUNE_HOME set for this test too)."""
-    home, port, log = tmp_path / "home", _free_port(), tmp_path / "serve.log"
+    """A real `plugtune serve` over a fresh home (PLUGTUNE_HOME set for this test too)."""
+    home = tmp_path / "home"
     monkeypatch.setenv("PLUGTUNE_HOME", str(home))
     monkeypatch.delenv("PLUGTUNE_DATABASE_URL", raising=False)
     monkeypatch.delenv("PLUGTUNE_API_TOKEN", raising=False)
-    argv = [sys.executable, "-m", "plugtune.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    with open(log, "wb") as out:
-        server = subprocess.Popen(argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+    server = _start_serve(home, tmp_path / "serve.log")
     try:
-        deadline = time.monotonic() + 60  # the CLI imports the platform first
-        while not (home / "serve.json").is_file():
-            assert server.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, f"plugtune serve did not start: {log.read_text()}"
-            time.sleep(0.1)
         yield server, home
     finally:
         server.kill()
@@ -266,3 +274,35 @@ def test_a_killed_server_blocks_no_run(served: tuple[subprocess.Popen[bytes], Pa
     assert (home / "serve.json").is_file()  # what kill -9 leaves; it decides nothing
     said = CliRunner().invoke(app, ["run", str(_invalid_job(tmp_path / "project"))])
     assert said.exit_code == 1 and "failed validation" in said.output, said.output
+
+
+def test_a_serve_started_during_a_run_waits_for_it(tmp_path: Path) -> None:
+    """While a run supervises a job of the home, a new server's scheduler starts nothing; it takes
+    over the queue when the run ends."""
+    from plugtune.jobs.supervisor_lock import running_alone
+
+    home, log = tmp_path / "home", tmp_path / "serve.log"
+    with Store.open(f"sqlite:///{home / 'plugtune.db'}") as store:
+        job_id = store.create_job("queued", {"job_file": str(tmp_path / "none.yaml")})
+        with running_alone(home):
+            server = _start_serve(home, log)
+            try:
+                deadline = time.monotonic() + 30
+                while "supervises a job of this store" not in log.read_text():
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.1)
+                assert f"pid {os.getpid()}" in log.read_text()
+                time.sleep(2.5)  # two of the scheduler's polls, had it started
+                job = store.get_job(job_id)
+                assert job is not None and job.status == "queued", job
+            except BaseException:
+                server.kill()
+                raise
+        try:
+            deadline = time.monotonic() + 30
+            while (job := store.get_job(job_id)) is not None and job.status == "queued":
+                assert time.monotonic() < deadline, f"the server never took the queue: {log.read_text()}"
+                time.sleep(0.2)
+        finally:
+            server.kill()
+            server.wait(10)

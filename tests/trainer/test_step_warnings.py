@@ -71,7 +71,9 @@ async def test_a_top_p_below_one_is_named_as_the_cause_of_the_gap() -> None:
 async def test_an_on_policy_step_has_no_warning() -> None:
     result = await one_step(follows_up, CONFIG, JOB)
     assert result.metrics["logprob_gap"] < FULL_PRECISION_NOISE
-    assert result.metrics["history/rewrites"] == 0 and result.warnings == []
+    assert result.metrics["history/rewrites"] == 0
+    # (its two groups may well each get one reward: that is the no_gradient warning's business)
+    assert [w for w in result.warnings if w.key in ("logprob_gap", "history_rewrites")] == []
     assert all(r.metrics["history/rewrites"] == 0 for r in result.records)
 
 

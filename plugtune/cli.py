@@ -573,7 +573,7 @@ def replay(
     class; or the same status and reward), "failed differently" (both failed, not alike; both
     messages shown), "did not reproduce" (the job's trajectory failed, the replay did not) or
     "ended differently" (it succeeded in the job). Exits 0 when reproduced, 1 otherwise, 2 when the
-    job, trajectory, code or data is missing."""
+    job, trajectory, code or data is missing, or an in-process replay as root is refused."""
     from plugtune.errors import DataError
     from plugtune.pretest.replay import ReplayError
     from plugtune.pretest.replay import replay as replay_trajectory

@@ -56,7 +56,9 @@ class Launcher:
         claimed = await zygote.fork(config, sock_fd, out_fd)
         zygote_pid = zygote.proc.pid if zygote.proc is not None else 0
         process = find_child(zygote_pid, claimed, instance.uid) if zygote_pid else None
-        if process is None:
+        exit_future = zygote.exit_future(claimed)
+        # not found: a child reaped before it was looked for ended at once (its EXITED frame says how)
+        if process is None and not await _ended_at_once(exit_future):
             zygote.stop()  # it runs the plugin's code and says what is not so: it forks nothing more
             self.log(
                 "ERROR",
@@ -66,7 +68,6 @@ class Launcher:
             )
             raise DeployFailed(f"the zygote named pid {claimed}, which is not a process it forked")
         instance.process = process
-        exit_future = zygote.exit_future(claimed)
 
         def copy_exit(future: asyncio.Future[int | None]) -> None:
             _copy_exit(future, instance)
@@ -82,6 +83,15 @@ class Launcher:
             await self.zygote.aclose()
         for proc in list(self.spawned.values()):
             await _reap(proc)
+
+
+async def _ended_at_once(exit_future: asyncio.Future[int | None], within_s: float = 0.5) -> bool:
+    """Whether the zygote reports the child's end (its EXITED frame follows FORKED at once)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(exit_future), within_s)
+    except asyncio.TimeoutError:
+        return False
+    return True
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:

@@ -365,3 +365,21 @@ async def test_a_plugin_cannot_create_a_user_namespace(tmp_path: Path) -> None:
         fn = await rt.deploy(f"{_plugin(tmp_path / 'p', PROBES)}:probe")
         result = await fn.invoke(ctx(), sample(probe="unshare"), trajectory())
     assert result.value == 1.0, result  # EPERM
+
+
+# Every child the zygote forks ends at once (before the supervisor looks for it in /proc).
+CHILD_ENDS_AT_ONCE = """
+os.register_at_fork(after_in_child=lambda: os._exit(5))
+
+@grader(runtime=ONE)
+def score(ctx, sample, trajectory):
+    return 1.0
+"""
+
+
+async def test_an_instance_that_ends_at_once_is_a_start_failure_not_a_lying_zygote(tmp_path: Path) -> None:
+    async with LocalRuntime(spare_instances=False) as rt:
+        with pytest.raises(PluginCallError) as raised:
+            await rt.deploy(f"{_plugin(tmp_path / 'p', CHILD_ENDS_AT_ONCE)}:score")
+    assert "exited with status 5" in raised.value.message, raised.value.message
+    assert "not a process it forked" not in raised.value.message

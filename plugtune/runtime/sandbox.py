@@ -44,6 +44,7 @@ from typing import Any
 from plugtune.runtime.processes import SWEEP_S, of_uid, sweep
 from plugtune.runtime.worker import mounts
 from plugtune.runtime.worker.mounts import MountError, closed_ancestor, interpreter_paths, share
+from plugtune.runtime.worker.sandbox import namespace_filter
 from plugtune.sdk import Runtime
 from plugtune.settings import Settings
 
@@ -67,9 +68,11 @@ class Isolation:
     pids: str  # "cgroup pids.max" | "process watch per instance (...)"
     env: str = "scrubbed"
     view: str = "the host's"  # what files it sees: "private mount namespace (...)" | "the host's (why)"
+    namespaces: str = ""  # "none can be created (seccomp)" | "not refused (why)"
 
     def __str__(self) -> str:
-        return f"user: {self.user}; tmp: {self.tmp}; pids: {self.pids}; env: {self.env}; files: {self.view}"
+        text = f"user: {self.user}; tmp: {self.tmp}; pids: {self.pids}; env: {self.env}; files: {self.view}"
+        return f"{text}; namespaces: {self.namespaces}" if self.namespaces else text
 
 
 @dataclass(frozen=True)
@@ -250,7 +253,20 @@ def _describe(
         view=view
         if sandbox.has_view
         else f"the host's (/tmp, /var/tmp, /dev/shm, /run and /proc shared: {view_problem})",
+        namespaces=namespaces_rule(),
     )
+
+
+def namespaces_rule() -> str:
+    """Whether a plugin may create namespaces here (see ``worker.sandbox.refuse_namespaces``)."""
+    machine = os.uname().machine
+    if namespace_filter(machine) is None:
+        return f"not refused (no seccomp filter is written for {machine})"
+    try:
+        has_seccomp = "Seccomp:" in Path("/proc/self/status").read_text()
+    except OSError:
+        has_seccomp = False
+    return "none can be created (seccomp)" if has_seccomp else "not refused (this kernel has no seccomp)"
 
 
 def requested_tmp_mb(runtime: Runtime | dict[str, Any] | None) -> int:

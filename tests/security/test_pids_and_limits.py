@@ -20,7 +20,7 @@ import pytest
 from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.processes import read_status
-from plugtune.runtime.sandbox import LEASES, closed_python_paths, mount_view_problem
+from plugtune.runtime.sandbox import LEASES, closed_python_paths, mount_view_problem, namespaces_rule
 from tests.runtime.helpers import ctx, sample, trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -360,8 +360,12 @@ async def test_module_level_fork_loop_is_held_to_the_pids_limit(tmp_path: Path) 
     assert 0 < result.value < 60, result.value
 
 
+@pytest.mark.skipif(
+    namespaces_rule() != "none can be created (seccomp)", reason=f"this host: {namespaces_rule()}"
+)
 async def test_a_plugin_cannot_create_a_user_namespace(tmp_path: Path) -> None:
     async with LocalRuntime(spare_instances=False) as rt:
+        assert rt.isolation.namespaces == "none can be created (seccomp)"
         fn = await rt.deploy(f"{_plugin(tmp_path / 'p', PROBES)}:probe")
         result = await fn.invoke(ctx(), sample(probe="unshare"), trajectory())
     assert result.value == 1.0, result  # EPERM

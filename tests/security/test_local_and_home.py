@@ -306,3 +306,35 @@ def test_a_serve_started_during_a_run_waits_for_it(tmp_path: Path) -> None:
         finally:
             server.kill()
             server.wait(10)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a mount namespace and another uid need root")
+def test_the_plugin_view_keeps_its_modes_under_the_homes_umask(tmp_path: Path) -> None:
+    """An attempt runs with umask 077 (its files are the home owner's alone), and its workers inherit
+    it: the folders a plugin's file view recreates to bind a path back must still be 0755, or the
+    plugin's uid cannot reach the interpreter's files behind a closed folder (e.g. a venv in /root)."""
+    shown = tmp_path / "closed" / "lib" / "python"
+    shown.mkdir(parents=True)
+    (shown / "module.py").write_text("ok")
+    for folder in (shown, shown.parent):
+        folder.chmod(0o755)
+    (shown / "module.py").chmod(0o644)
+    (tmp_path / "closed").chmod(0o700)
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from plugtune.runtime.worker.mounts import MountError, build_view
+        os.umask(0o077)
+        try:
+            build_view([{str(shown)!r}], [], 1)
+        except MountError as exc:
+            sys.exit(f"skip: {{exc}}")
+        os.setgid(65534)
+        os.setuid(65534)
+        print(open({str(shown / "module.py")!r}).read())
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    if done.stderr.startswith("skip:"):
+        pytest.skip(f"no private mount namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr

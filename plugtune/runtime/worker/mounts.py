@@ -136,11 +136,15 @@ def share(libc: Any, path: str) -> None:
 
 
 def _recreate(path: str, fd: int) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    if stat.S_ISDIR(os.fstat(fd).st_mode):
-        os.makedirs(path, mode=0o755, exist_ok=True)
-    else:
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    umask = os.umask(0o022)  # these modes, whatever umask the runtime has (an attempt's is 077)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        else:
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    finally:
+        os.umask(umask)
 
 
 def _mount(libc: Any, source: bytes, target: str, fstype: bytes | None, flags: int, data: str | None) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from plugtune.errors import Problem
+from plugtune.home import private_dir
 
 MAX_UPLOAD_BYTES = 32 << 20  # a whole POST /api/jobs body: the archive (or files) and job.yaml
 MAX_UNPACKED_BYTES = 256 << 20  # what an archive may unpack to
@@ -82,10 +83,9 @@ class Upload:
 
 
 def new_folder(home: Path) -> Path:
-    """A fresh, empty submission folder under ``home/submissions``."""
-    folder = home / "submissions" / uuid.uuid4().hex
-    folder.mkdir(parents=True)
-    return folder
+    """A fresh, empty submission folder under ``home/submissions``, owner-only (another team's code
+    and data: no other user of this machine, plugins' uids included, reads it)."""
+    return private_dir(home / "submissions" / uuid.uuid4().hex)
 
 
 def is_submission(home: Path, path: Path) -> bool:

@@ -338,3 +338,17 @@ def test_the_plugin_view_keeps_its_modes_under_the_homes_umask(tmp_path: Path) -
     if done.stderr.startswith("skip:"):
         pytest.skip(f"no private mount namespace here: {done.stderr.strip()}")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_a_submission_folder_is_owner_only_whatever_the_umask(tmp_path: Path) -> None:
+    """An API submission (another team's code and data) is unpacked into a folder no other user reads,
+    also in a process without the server's umask (the web app in a test, a library caller)."""
+    from plugtune.jobs.submission import new_folder
+
+    previous = os.umask(0o022)
+    try:
+        folder = new_folder(tmp_path / "home")
+    finally:
+        os.umask(previous)
+    for made in (folder, folder.parent, folder.parent.parent):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made

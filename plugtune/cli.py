@@ -684,6 +684,7 @@ def serve(
     from plugtune.jobs.supervisor_lock import ServeLock
     from plugtune.web import create_app
 
+    policy = _submission_policy(secret, shared_dir)
     sock = _listening_socket(host, port)  # before anything is printed or started
     with sock, _opened_store(create=True) as (settings, store):
         scheduler = Scheduler(store, settings, max_running=max_running)
@@ -696,7 +697,7 @@ def serve(
             on_cancel=scheduler.cancel,
             allowed_hosts=hosts,
             home=settings.home,
-            submission_policy=_submission_policy(settings, secret, shared_dir),
+            submission_policy=policy,
         )
         lock = ServeLock(settings.home)  # one supervisor of the store's jobs: this server, or runs
         runs = lock.start(scheduler.start)
@@ -732,12 +733,15 @@ def _forget_serve_then_end(home: Any) -> Any:
     return end
 
 
-def _submission_policy(settings: Settings, secrets: list[str], shared: list[str]) -> Any:
+def _submission_policy(secrets: list[str], shared: list[str]) -> Any:
     """The secrets and folders `serve` lets submitted jobs use; exit 1 naming a bad one."""
     from pathlib import Path
 
     from plugtune.jobs.spec import check_env_name
     from plugtune.jobs.submission import SubmissionPolicy
+    from plugtune.settings import Settings
+
+    settings = Settings.from_env()
 
     names = frozenset([*settings.submit_secrets, *secrets])
     for name in sorted(names):
@@ -746,7 +750,7 @@ def _submission_policy(settings: Settings, secrets: list[str], shared: list[str]
         except ValueError as exc:
             typer.echo(f"plugtune serve: --secret {name!r}: {exc}", err=True)
             raise typer.Exit(1) from None
-    dirs = tuple(Path(d).resolve() for d in [*settings.shared_dirs, *shared])
+    dirs = tuple(d.resolve() for d in [*settings.shared_dirs, *map(Path, shared)])
     for folder in dirs:
         home = settings.home
         if not folder.is_dir() or folder.is_relative_to(home) or home.is_relative_to(folder):

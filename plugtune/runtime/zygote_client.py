@@ -110,13 +110,19 @@ class Zygote:
             child.close()
         self.sock = parent
         self.alive = True
-        reader = p.FrameReader()
+        reader = p.FrameReader(p.MAX_FRAME)  # the zygote ran the plugin's import: trust no length
         zygote = self
 
         class Conn(asyncio.Protocol):
             def data_received(self, data: bytes) -> None:
-                for message in reader.feed(data):
-                    zygote.on_message(message)
+                try:
+                    for message in reader.feed(data):
+                        zygote.on_message(message)
+                except p.ProtocolError:
+                    pass
+                if reader.broken:
+                    zygote.output.append(f"it sent a frame the runtime refuses: {reader.broken}")
+                    zygote.stop()
 
             def connection_lost(self, exc: Exception | None) -> None:
                 zygote.on_lost()

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
 from plugtune.errors import HINTS, DataError, ErrorType, Problem
+from plugtune.jobs import job_yaml
 from plugtune.jobs.control import check_job, create_job, delete_job, request_cancel
 from plugtune.jobs.submission import (
     MAX_FILES,
@@ -188,9 +189,21 @@ def _submit(
 
 
 def _job_file(folder: Path, text: str | None) -> Path:
+    found = folder / "job.yaml"
+    size = len(text.encode()) if text is not None else found.stat().st_size if found.is_file() else 0
+    if size > job_yaml.MAX_BYTES:  # refused before it is parsed or stored with a failed job
+        raise SubmissionError(
+            [
+                Problem(
+                    "job.yaml",
+                    f"is {size} bytes; at most {job_yaml.MAX_BYTES} are accepted: keep large values "
+                    "(data, prompts) in files of the project",
+                    field="spec",
+                )
+            ]
+        )
     if text is not None:
         return write_spec(folder, text)
-    found = folder / "job.yaml"
     if found.is_file():
         return found
     raise SubmissionError(

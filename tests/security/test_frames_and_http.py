@@ -383,3 +383,19 @@ def _check(schema: dict[str, Any], method: str, path: str, operation: dict[str, 
     validator = jsonschema.Draft202012Validator({**content["schema"], "components": schema["components"]})
     errors = [e.message for e in validator.iter_errors(answer.json())]
     assert not errors, (method, path, code, errors[:3], answer.text[:300])
+
+
+@pytest.mark.timeout(60)
+async def test_an_oversize_frame_at_import_time_fails_the_deploy_with_the_limit_named(tmp_path: Path) -> None:
+    path = tmp_path / "import_bomb.py"
+    path.write_text(
+        "import gc\nimport struct\n\nfrom plugtune import grader\n\n"
+        "for obj in gc.get_objects():\n"
+        "    if type(obj).__name__ == 'Channel':\n"
+        "        obj.send_bytes(struct.pack('>I', 100 << 20))\n\n\n"
+        "@grader\ndef score(ctx, sample, trajectory):\n    return 1.0\n"
+    )
+    async with LocalRuntime() as rt:
+        with pytest.raises(PluginCallError, match=f"larger than the limit of {MAX_FRAME:,}") as info:
+            await rt.deploy(f"{path}:score")
+        assert info.value.cause == Cause.CREATE_FAULT.value

@@ -227,6 +227,16 @@ def test_a_costly_job_yaml_is_a_clear_422_in_the_live_check_and_on_submit(
     assert job.status == "failed" and job.error is not None and job.error.type == "Invalid value"
 
 
+def test_an_oversized_job_yaml_is_refused_before_it_is_parsed_or_stored(
+    api: TestClient, store: Store, project: Path
+) -> None:
+    text = (project / "job.yaml").read_text() + "# " + "x" * (2 << 20) + "\n"
+    answer = api.post("/api/jobs", content=text, headers={"content-type": "application/x-yaml"})
+    problem = _problem(answer, "spec")
+    assert problem["file"] == "job.yaml" and "at most 1048576" in problem["message"], problem
+    assert store.count_jobs() == 0  # no failed job carrying 2 MiB of text
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["alias bomb", "deep nesting", "huge integer"])
 def test_a_costly_job_yaml_is_a_clear_error_from_plugtune_run(state: Path, tmp_path: Path, kind: str) -> None:

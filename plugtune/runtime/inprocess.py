@@ -25,7 +25,7 @@ from typing import Any
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
 from plugtune.runtime.runtime import BaseRuntime
-from plugtune.runtime.worker.loader import LoadError, Plugin, load, user_traceback
+from plugtune.runtime.worker.loader import LoadError, Plugin, load, signal_error_in, user_traceback
 from plugtune.sdk import Discard, Kind, PluginSpec, Retry, Runtime
 from plugtune.types import LogLine
 
@@ -97,11 +97,6 @@ async def run_on_daemon_thread(fn: Any, ctx: Any, args: tuple[Any, ...], name: s
 
     threading.Thread(target=work, name=name, daemon=True).start()
     return await done
-
-
-def is_signal_off_main_thread(exc: BaseException) -> bool:
-    """``signal.signal`` called off the main thread (Python refuses it there)."""
-    return isinstance(exc, ValueError) and "signal only works in main thread" in str(exc)
 
 
 def signal_hint(max_concurrency: int) -> str:
@@ -194,7 +189,7 @@ class InProcessDeployment:
             return Failed(Happened.DIED, f"the plugin called sys.exit({exc.code!r})", logs, tb)
         if isinstance(exc, MemoryError):
             return Failed(Happened.MEMORY_ERROR, text, logs, tb)
-        if not self.spec.is_async and is_signal_off_main_thread(exc):
+        if not self.spec.is_async and signal_error_in(exc) is not None:
             text += signal_hint(self.runtime.max_concurrency)
         return Failed(Happened.RAISED, text, logs, tb)
 

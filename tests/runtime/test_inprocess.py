@@ -107,3 +107,13 @@ async def test_signal_handlers_off_the_main_thread_say_to_test_with_faas(
     assert info.value.cause == Cause.ERROR_500.value and "signal only works in main thread" in message
     assert "in-process `plugtune test` runs sync plugins on threads" in message
     assert "`plugtune test --faas`" in message and advice in message
+
+
+async def test_a_signal_error_in_the_cause_chain_gets_the_same_hint() -> None:
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("signals.py", "verify_wrapped"))
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(), trajectory())
+    message = info.value.message
+    assert message.startswith("VerificationError: could not verify the answer")
+    assert "in-process `plugtune test` runs sync plugins on threads" in message

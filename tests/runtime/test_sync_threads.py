@@ -47,6 +47,16 @@ async def test_with_max_concurrency_above_1_signals_fail_in_every_call_with_a_hi
             assert "set max_concurrency: 1" in str(error) and "max_instances" in str(error)
 
 
+async def test_a_signal_error_wrapped_by_the_library_still_gets_the_hint() -> None:
+    """math-verify-like: the plugin's error is the library's own, the signal error its cause."""
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(entry("signals.py", "verify_wrapped"), runtime=Runtime(max_concurrency=4))
+        error = await _one(fn)
+    assert isinstance(error, PluginCallError) and error.cause == Cause.ERROR_500.value
+    assert "VerificationError: could not verify the answer" in str(error)
+    assert "set max_concurrency: 1" in str(error) and "signal only works in main thread" in str(error)
+
+
 async def _one(fn: object) -> object:
     try:
         return await fn.invoke(ctx(), sample(), trajectory())  # type: ignore[attr-defined]

@@ -22,7 +22,7 @@ from plugtune.runtime.protocol import (
     encode_status,
 )
 from plugtune.runtime.worker.channel import CURRENT_CALL, Channel
-from plugtune.runtime.worker.loader import Plugin, user_traceback
+from plugtune.runtime.worker.loader import Plugin, signal_error_in, user_traceback
 from plugtune.runtime.worker.network import PolicyForwarder
 from plugtune.runtime.worker.sandbox import limit_hint, limit_kind
 from plugtune.sdk import Discard, Kind, Retry
@@ -130,15 +130,15 @@ class CallRunner:
 
 
 def _signal_hint(exc: BaseException) -> str:
-    if not (isinstance(exc, ValueError) and "signal only works in main thread" in str(exc)):
+    found = signal_error_in(exc)
+    if found is None or threading.current_thread() is threading.main_thread():
         return ""
-    if threading.current_thread() is threading.main_thread():
-        return ""
+    cause = "" if found is exc else f"; the error's cause: {type(found).__name__}: {found}"
     return (
         " (this sync plugin has max_concurrency > 1, so its calls run on pool threads, where Python"
         " cannot install signal handlers, e.g. signal-based timeouts such as math-verify's: set"
         " max_concurrency: 1 in its Runtime so that every call runs on the instance's main thread,"
-        " and scale with max_instances instead)"
+        f" and scale with max_instances instead{cause})"
     )
 
 

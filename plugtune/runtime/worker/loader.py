@@ -31,6 +31,20 @@ class Plugin:
     setup: Any  # the module's top-level ``setup()`` or None
 
 
+def signal_error_in(exc: BaseException) -> BaseException | None:
+    """The ``ValueError: signal only works in main thread`` (``signal.signal`` off the main thread)
+    that is ``exc`` or in its cause chain (a library that wraps it: ``raise ... from``, or an error
+    raised while handling it); None when there is none."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 32:
+        seen.add(id(current))
+        if isinstance(current, ValueError) and "signal only works in main thread" in str(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def user_traceback(exc: BaseException, code_root: str) -> str:
     """The traceback limited to the user's frames (innermost first line), paths relative to the root."""
     frames = traceback.extract_tb(exc.__traceback__)

@@ -354,6 +354,8 @@ class Instance:
                 fatal = DeployFailed(message, tb, self.startup_logs)
             else:
                 text = f"the instance exited before it was ready ({_describe_exit(code)})"
+                said = next((t for t in reversed(self.tail) if t.startswith("plugtune instance failed")), "")
+                text += f": {said.removeprefix('plugtune instance failed to start: ')}" if said else ""
                 fatal = DeployFailed(text, tb, self.startup_logs)
             self.ready.set_exception(fatal)
         happened = Happened.OOM_KILLED if oom else Happened.DIED

@@ -171,7 +171,7 @@ class CgroupV1Limits(Limits):
     ) -> InstanceLimits:
         dirs = {name: root / instance_id for name, root in self.roots.items()}
         for d in dirs.values():
-            d.mkdir()
+            _mkdir(d)
         _write(dirs["memory"] / "memory.limit_in_bytes", str(memory_mb * MIB))
         if "cpu" in dirs:
             _write(dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
@@ -219,7 +219,7 @@ class CgroupV2Limits(Limits):
         self, instance_id: str, memory_mb: int, cpu: float, concurrency: int, max_pids: int, uid: int | None
     ) -> InstanceLimits:
         d = self.root / instance_id
-        d.mkdir()
+        _mkdir(d)
         _write(d / "memory.max", str(memory_mb * MIB))
         _write(d / "memory.swap.max", "0") if (d / "memory.swap.max").exists() else None
         if "cpu" in self.controllers:
@@ -281,7 +281,7 @@ def _try_v1(name: str) -> Limits | None:
         _remove_stale(parent)
         root = parent / name
         try:
-            root.mkdir()
+            _mkdir(root)
         except OSError:
             if controller == "memory":
                 raise
@@ -332,13 +332,21 @@ def _try_v2(name: str) -> Limits | None:
     wanted = available & {"memory", "cpu", "pids"}
     _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
     root = base / name
-    root.mkdir()
+    _mkdir(root)
     try:
         _write(root / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
     except OSError:
         root.rmdir()
         raise
     return CgroupV2Limits(root, wanted)
+
+
+def _mkdir(path: Path) -> None:
+    """A cgroup folder traversable by an instance's uid whatever the runtime's umask: a zygote's
+    fork has already dropped to that uid when it writes its ``tasks`` (an attempt runs with umask
+    077, which made these folders 0700 and every zygote instance exit at start)."""
+    path.mkdir()
+    os.chmod(path, 0o755)
 
 
 def _write(path: Path, value: str) -> None:

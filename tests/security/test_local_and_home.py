@@ -340,6 +340,39 @@ def test_the_plugin_view_keeps_its_modes_under_the_homes_umask(tmp_path: Path) -
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="a uid per function needs root")
+def test_a_zygote_instance_starts_under_the_attempts_umask(tmp_path: Path) -> None:
+    """An attempt's umask 077 made the instance cgroups 0700: a zygote's fork, already the function's
+    uid, could not enter its cgroup and every real job failed to deploy ('exited with status 4')."""
+    plugin = tmp_path / "grader.py"
+    code = "from plugtune import grader\n\n\n@grader\ndef score(ctx, sample, trajectory):\n    return 1\n"
+    plugin.write_text(code)
+    plugin.chmod(0o644)
+    tmp_path.chmod(0o755)
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os
+        from plugtune.runtime import LocalRuntime
+        os.umask(0o077)
+
+        async def main():
+            async with LocalRuntime() as rt:
+                fn = await rt.deploy({str(plugin) + ":score"!r})
+                print("deployed", fn is not None)
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # and an instance that cannot start says why in the fault itself (its stderr said it, unseen)
+    plain_mkdir = "import plugtune.runtime.limits as L\nL._mkdir = lambda p: p.mkdir()"
+    closed = script.replace("os.umask(0o077)", f"os.umask(0o077)\n{plain_mkdir}")
+    done = subprocess.run([sys.executable, "-c", closed], capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode != 0
+    assert "exited before it was ready (exited with status 4): PermissionError" in done.stderr, done.stderr
+
+
 def test_a_submission_folder_is_owner_only_whatever_the_umask(tmp_path: Path) -> None:
     """An API submission (another team's code and data) is unpacked into a folder no other user reads,
     also in a process without the server's umask (the web app in a test, a library caller)."""

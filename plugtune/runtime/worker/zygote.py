@@ -210,12 +210,12 @@ def _child(
         control.close()
         for fd in close:
             os.close(fd)
+        os.dup2(out_fd, 1)  # first: a failure to enter the limits below is the instance's own output
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
         enter_limits(config)
         enter_instance(config)
         os.setsid()
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        os.close(out_fd)
         _close_other_fds(keep={0, 1, 2, sock_fd})
         reseed()
         serve(plugin, socket.socket(fileno=sock_fd), config)

@@ -639,6 +639,116 @@ def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JS
 
 
 @app.command()
+def functions(
+    end_stale: bool = typer.Option(
+        False,
+        "--end-stale",
+        help="End what attempts that were killed left on this machine: their functions' processes "
+        "(a daemon a plugin started), uid leases and cgroups. Running jobs are never touched.",
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """The functions in use: each one's job, limits, instances and memory; the quota and its use;
+    what killed attempts left behind.
+
+    Functions in use are read from the store (each attempt records its plugins and samples their
+    instances and memory every few seconds); leftovers from this machine (uid leases under
+    /run/plugtune/uids and instance cgroups whose runtime process is gone). The quota holds each
+    job's runtime on its own; raise it with `plugtune serve --max-functions/--max-instances/
+    --total-memory-mb` (or PLUGTUNE_MAX_FUNCTIONS, _MAX_INSTANCES, _TOTAL_MEMORY_MB). Exits 1 when
+    --end-stale could not end everything (it names what is left)."""
+    from dataclasses import asdict
+
+    from plugtune.jobs.functions import end_stale as end_leftovers
+    from plugtune.jobs.functions import functions_view
+
+    with _opened_store() as (settings, store):
+        if end_stale:
+            found, ended = end_leftovers(store)
+            if as_json:
+                _echo_json({"found": [asdict(x) for x in found], "ended": asdict(ended)})
+            else:
+                _print_ended(found, ended)
+            if ended.problems:
+                raise typer.Exit(1)
+            return
+        view = functions_view(store, settings)
+    if as_json:
+        _echo_json(view.to_dict())
+        return
+    _print_functions(view)
+
+
+def _print_functions(view: Any) -> None:
+    q = view.quota
+    typer.echo(
+        f"quota of each job's runtime: {q['max_functions']} functions, {q['max_instances']} instances, "
+        f"{q['total_memory_mb']} MiB of instances' memory_mb (plugtune serve --max-functions, "
+        "--max-instances, --total-memory-mb)"
+    )
+    typer.echo(
+        f"monitoring data of an ended plugin is kept {view.retention_days:g} days "
+        "(plugtune serve --retention-days)"
+    )
+    for use in view.use:
+        attempt = f" attempt {use.attempt}" if use.attempt is not None else ""
+        typer.echo(
+            f"\njob {use.job_id}{attempt}: {use.functions} of {q['max_functions']} functions, "
+            f"{use.instances} of {q['max_instances']} instances, {use.memory_reserved_mb} of "
+            f"{q['total_memory_mb']} MiB"
+        )
+        for f in (r for r in view.functions if r.job_id == use.job_id and r.attempt == use.attempt):
+            typer.echo(f"  {_function_line(f)}")
+    if not view.functions:
+        typer.echo("\nno function is in use (no job is deploying or running plugins)")
+    for note in view.notes:
+        typer.echo(f"note: {note}")
+    if view.leftovers:
+        typer.echo("\nleft by attempts that were killed (end them: plugtune functions --end-stale):")
+        for x in view.leftovers:
+            typer.echo(f"  {_leftover_line(x)}")
+
+
+def _function_line(f: Any) -> str:
+    limits = f.limits
+    if not limits:
+        shown = "limits known once deployed"
+    else:
+        shown = (
+            f"memory_mb {limits.get('memory_mb')}, cpu {limits.get('cpu')}, timeout_s "
+            f"{limits.get('timeout_s')}, instances {limits.get('min_instances')}-"
+            f"{limits.get('max_instances')}, max_concurrency {limits.get('max_concurrency')}, tmp_mb "
+            f"{limits.get('tmp_mb')}, max_pids {limits.get('max_pids')}, network {limits.get('network')}"
+        )
+    now = "not sampled yet" if f.instances is None else f"{f.instances} instance(s)"
+    if f.memory_used_mb is not None:
+        now += f", fullest uses {f.memory_used_mb:g} of {f.memory_mb} MiB"
+    return f"{f.plugin} ({f.role}) {f.status}: {now}; {shown}"
+
+
+def _leftover_line(x: Any) -> str:
+    job = f"job {x.job_id} ({x.job_status}) attempt {x.attempt}" if x.job_id is not None else "no job"
+    procs = f"{len(x.processes)} process(es) still run: {' '.join(map(str, x.processes[:10]))}"
+    return f"{x.kind} {x.what}: {job}, its runtime (pid {x.holder_pid}) is gone; " + (
+        procs if x.processes else "no process runs"
+    )
+
+
+def _print_ended(found: list[Any], ended: Any) -> None:
+    if not found:
+        typer.echo("nothing to end: no killed attempt left a function behind")
+        return
+    for x in found:
+        typer.echo(f"found {_leftover_line(x)}")
+    typer.echo(
+        f"ended {len(ended.processes)} process(es); gave back {len(ended.uids)} uid(s); removed "
+        f"{len(ended.cgroups)} cgroup(s)"
+    )
+    for problem in ended.problems:
+        typer.echo(f"could not end: {problem}", err=True)
+
+
+@app.command()
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8321, min=1, max=65535, help="Port to listen on."),
@@ -670,13 +780,48 @@ def serve(
         help="A folder of this server whose files jobs submitted over the API may name as data or "
         "plugins (repeatable; also PLUGTUNE_SHARED_DIRS). Otherwise they read only the files they sent.",
     ),
+    max_functions: int | None = typer.Option(
+        None,
+        "--max-functions",
+        min=1,
+        max=100_000,
+        help="Quota of each job's function runtime: functions deployed at once (default 32; also "
+        "PLUGTUNE_MAX_FUNCTIONS). Going over it is a Create faas fault.",
+    ),
+    max_instances: int | None = typer.Option(
+        None,
+        "--max-instances",
+        min=1,
+        max=100_000,
+        help="Quota of each job's function runtime: instances running at once, all its functions "
+        "together (default 64; also PLUGTUNE_MAX_INSTANCES).",
+    ),
+    total_memory_mb: int | None = typer.Option(
+        None,
+        "--total-memory-mb",
+        min=1,
+        max=64 << 20,
+        help="Quota of each job's function runtime: the memory_mb of its running instances together "
+        "(default 16384; also PLUGTUNE_TOTAL_MEMORY_MB).",
+    ),
+    retention_days: float | None = typer.Option(
+        None,
+        "--retention-days",
+        min=0.001,
+        max=36_500,
+        help="How long a plugin's monitoring data (metrics, log lines) is kept after it ended (default "
+        "7; also PLUGTUNE_RETENTION_DAYS); the Plugin tab says when it expires.",
+    ),
 ) -> None:
     """Start the control plane: JSON API (/docs), web console, scheduler for submitted jobs.
 
     Its address is kept in $PLUGTUNE_HOME/serve.json while it runs (`plugtune submit` prints it), and
     `plugtune run` on its store is refused meanwhile; while a `plugtune run` supervises a job of the
     store, the scheduler waits for it to end (the console works). Exits 1 without starting anything
-    when the port cannot be listened on (choose another with --port)."""
+    when the port cannot be listened on (choose another with --port).
+
+    `plugtune functions` (and the console's Functions page) shows the functions in use against the
+    quota that --max-functions, --max-instances and --total-memory-mb set."""
     import uvicorn
 
     from plugtune.jobs.control import Scheduler
@@ -684,6 +829,12 @@ def serve(
     from plugtune.jobs.supervisor_lock import ServeLock
     from plugtune.web import create_app
 
+    _export_settings(
+        PLUGTUNE_MAX_FUNCTIONS=max_functions,
+        PLUGTUNE_MAX_INSTANCES=max_instances,
+        PLUGTUNE_TOTAL_MEMORY_MB=total_memory_mb,
+        PLUGTUNE_RETENTION_DAYS=retention_days,
+    )
     policy = _submission_policy(secret, shared_dir)
     sock = _listening_socket(host, port)  # before anything is printed or started
     with sock, _opened_store(create=True) as (settings, store):
@@ -717,6 +868,16 @@ def serve(
             forget_serve(settings.home)
             signal.signal(signal.SIGTERM, previous)
             lock.close(scheduler.stop)
+
+
+def _export_settings(**given: float | None) -> None:
+    """Options given to `serve` as the variables Settings reads, so the store and every attempt this
+    server starts (they inherit its environment) use them."""
+    import os
+
+    for name, value in given.items():
+        if value is not None:
+            os.environ[name] = f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _forget_serve_then_end(home: Any) -> Any:

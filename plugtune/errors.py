@@ -95,8 +95,13 @@ HINTS: dict[ErrorType | Cause | StatusCause, str] = {
         "tmp_mb."
     ),
     Cause.CREATE_FAULT: (
-        "The plugin's instance could not be created: fix the import, syntax or setup() error shown, "
-        "or raise the runtime quota. Retrying the same code will not help."
+        "The plugin's instance could not be created: fix the import, syntax or setup() error shown. "
+        "When it says `quota exceeded`, see what is in use with `plugtune functions` (end what killed "
+        "jobs left with `plugtune functions --end-stale`), lower the job's runtime.max_instances or "
+        "memory_mb, or raise the quota each job's runtime gets: `plugtune serve --max-functions N "
+        "--max-instances N --total-memory-mb N` (for `plugtune run` and `plugtune test --faas`: "
+        "PLUGTUNE_MAX_FUNCTIONS, PLUGTUNE_MAX_INSTANCES, PLUGTUNE_TOTAL_MEMORY_MB). Retrying the same "
+        "code will not help."
     ),
     Cause.INVALID_REWARD: (
         "A grader returned NaN, inf, a non-number or a list of the wrong length. Return a finite "

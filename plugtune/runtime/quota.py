@@ -10,6 +10,12 @@ from plugtune.settings import Settings
 QUOTA_LIMITS = {"max_functions": 100_000, "max_instances": 100_000, "total_memory_mb": 64 << 20}
 
 
+def how_to_raise(name: str) -> str:
+    """How a user raises quota field ``name`` (``max_functions``...), for the message that hits it."""
+    option = name.replace("_", "-")
+    return f"raise it with `plugtune serve --{option} N` or PLUGTUNE_{name.upper()}; see `plugtune functions`"
+
+
 class QuotaExceeded(Exception):
     """Creating one more function or instance would go over the runtime's quota."""
 
@@ -50,12 +56,13 @@ class QuotaLedger:
         if self.instances + 1 > q.max_instances:
             raise QuotaExceeded(
                 f"quota exceeded: the runtime already runs {self.instances} instances "
-                f"(max_instances={q.max_instances})"
+                f"(max_instances={q.max_instances}: {how_to_raise('max_instances')})"
             )
         if self.memory_mb + memory_mb > q.total_memory_mb:
             raise QuotaExceeded(
                 f"quota exceeded: an instance of {memory_mb} MiB would bring the runtime to "
-                f"{self.memory_mb + memory_mb} MiB (total_memory_mb={q.total_memory_mb})"
+                f"{self.memory_mb + memory_mb} MiB (total_memory_mb={q.total_memory_mb}: "
+                f"{how_to_raise('total_memory_mb')})"
             )
         self.instances += 1
         self.memory_mb += memory_mb

@@ -18,7 +18,7 @@ from plugtune.runtime.faults import FaultInjection
 from plugtune.runtime.function import RUNNING, Function
 from plugtune.runtime.limits import detect
 from plugtune.runtime.local import LocalBackend
-from plugtune.runtime.quota import Quota, QuotaLedger
+from plugtune.runtime.quota import Quota, QuotaLedger, how_to_raise
 from plugtune.runtime.sandbox import Isolation
 from plugtune.runtime.snapshot import SnapshotError, take
 from plugtune.sdk import Runtime
@@ -99,7 +99,7 @@ class BaseRuntime:
             raise create_fault(
                 entry,
                 f"quota exceeded: {len(live)} functions are deployed "
-                f"(max_functions={self.quota.max_functions})",
+                f"(max_functions={self.quota.max_functions}: {how_to_raise('max_functions')})",
             )
         if isinstance(runtime, Runtime):
             self._check_memory(entry, runtime)
@@ -127,7 +127,7 @@ class BaseRuntime:
             raise create_fault(
                 entry,
                 f"quota exceeded: memory_mb={runtime.memory_mb} is more than the runtime's "
-                f"total_memory_mb={self.quota.total_memory_mb}",
+                f"total_memory_mb={self.quota.total_memory_mb} ({how_to_raise('total_memory_mb')})",
             )
 
     async def close(self) -> None:

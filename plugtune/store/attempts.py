@@ -56,19 +56,16 @@ class AttemptsTable(StoreBase):
     def list_attempts(self, job_id: int) -> list[Attempt]:
         query = select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)
         with self._db.read("reading attempts") as conn:
-            return [
-                Attempt(
-                    job_id=r.job_id,
-                    number=r.number,
-                    pid=r.pid,
-                    started_at=r.started_at,
-                    ended_at=r.ended_at,
-                    status=r.status,
-                    error=loads(r.error),
-                    resumed_from_step=r.resumed_from_step,
-                )
-                for r in conn.execute(query)
-            ]
+            return [_attempt(r) for r in conn.execute(query)]
+
+    def attempts_of_pids(self, pids: list[int]) -> list[Attempt]:
+        """The attempts, of any job, whose process had one of these pids (oldest first: a pid may
+        have been reused by a later attempt)."""
+        if not pids:
+            return []
+        query = select(attempts).where(attempts.c.pid.in_(pids)).order_by(attempts.c.started_at)
+        with self._db.read("finding attempts by pid") as conn:
+            return [_attempt(r) for r in conn.execute(query)]
 
     def add_checkpoint(self, job_id: int, step: int, path: str) -> Checkpoint:
         """Record that the job's state after ``step`` is saved at ``path``."""
@@ -99,6 +96,19 @@ class AttemptsTable(StoreBase):
                 Checkpoint(job_id=r.job_id, step=r.step, path=r.path, created_at=r.created_at)
                 for r in conn.execute(query)
             ]
+
+
+def _attempt(r: Any) -> Attempt:
+    return Attempt(
+        job_id=r.job_id,
+        number=r.number,
+        pid=r.pid,
+        started_at=r.started_at,
+        ended_at=r.ended_at,
+        status=r.status,
+        error=loads(r.error),
+        resumed_from_step=r.resumed_from_step,
+    )
 
 
 def _settle_plugins(

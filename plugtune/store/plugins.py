@@ -79,6 +79,18 @@ class PluginsTable(StoreBase):
         order = [r.value for r in PluginRole]
         return sorted(rows, key=lambda p: order.index(p.role))
 
+    def plugins_in_use(self, limit: int = 1000) -> list[Plugin]:
+        """Plugins waiting or running, of every job (their attempt deploys or runs them), oldest job
+        first; at most ``limit``."""
+        query = (
+            select(plugins)
+            .where(plugins.c.status.in_([PluginStatus.WAITING.value, PluginStatus.RUNNING.value]))
+            .order_by(plugins.c.job_id, plugins.c.name)
+            .limit(limit)
+        )
+        with self._db.read("listing the plugins in use") as conn:
+            return [_plugin(r) for r in conn.execute(query)]
+
     def get_plugin(self, job_id: int, name: str) -> Plugin | None:
         query = select(plugins).where(plugins.c.job_id == job_id, plugins.c.name == name)
         with self._db.read("reading a plugin") as conn:

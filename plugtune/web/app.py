@@ -17,7 +17,17 @@ from plugtune import __version__
 from plugtune.errors import PlatformError
 from plugtune.jobs.submission import SubmissionPolicy
 from plugtune.store import Store
-from plugtune.web import api, app_openapi, compare, control_api, exposition, login, pages, service
+from plugtune.web import (
+    api,
+    app_openapi,
+    compare,
+    control_api,
+    exposition,
+    functions,
+    login,
+    pages,
+    service,
+)
 from plugtune.web.auth import COOKIE, TokenAuth
 from plugtune.web.csrf import CsrfGuard
 from plugtune.web.docs import operations
@@ -68,6 +78,7 @@ def create_app(
     app.include_router(api.router)
     app.include_router(control_api.router)
     app.include_router(compare.router)
+    app.include_router(functions.router)
     app.include_router(pages.router)
     app.include_router(login.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -1,0 +1,167 @@
+"""The functions in use and what killed attempts left (issue 24, item 6): a real job's attempt deploys
+real plugins; `plugtune functions` and /api/functions show each one's job, limits and instances
+against the quota; once the attempt is killed, the daemon its grader started at import is a
+leftover that `plugtune functions --end-stale` ends (and its uid lease with it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from plugtune.cli import app
+from plugtune.jobs.control import create_job
+from plugtune.jobs.scheduler import recover_interrupted
+from plugtune.runtime.processes import pids, read_status
+from plugtune.runtime.sandbox import LEASES, closed_python_paths, mount_view_problem
+from plugtune.settings import Settings
+from plugtune.store import Store
+from plugtune.web import create_app
+from tests.jobs.jobkit import make_job
+
+runner = CliRunner()
+AS_ROOT = pytest.mark.skipif(
+    os.geteuid() != 0 or (bool(closed_python_paths()) and mount_view_problem() is not None),
+    reason="a uid per function (and its lease) needs the runtime to run as root",
+)
+
+# Forks a daemon at import (double fork + setsid, named TOKEN) that outlives a killed attempt.
+DAEMON_GRADER = """
+import ctypes, os, signal, time
+from plugtune import grader
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(15, os.environ["TOKEN"].encode()[:15], 0, 0, 0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(0.2)
+    os._exit(0)
+os.wait()
+
+@grader
+def exact(ctx, sample, trajectory):
+    return 1.0
+"""
+
+
+def _named(token: str) -> list[int]:
+    """Running processes (not zombies) named ``token``."""
+    out = []
+    for pid in pids():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        status = read_status(pid) if comm == token else None
+        if status is not None and not status.zombie:
+            out.append(pid)
+    return out
+
+
+def _start_attempt(store: Store, root: Path, token: str) -> tuple[int, subprocess.Popen[bytes]]:
+    job_file = make_job(
+        root,
+        grader=DAEMON_GRADER,
+        hyper={"steps": 500, "save_every_n_steps": 1000},
+        rollout_runtime={"memory_mb": 700, "max_instances": 3},
+        extra={"env": {"TOKEN": token}},
+    )
+    job_id, invalid = create_job(store, job_file)
+    assert invalid is None
+    store.transition(job_id, "running", "attempt starting")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plugtune.jobs.attempt", str(job_id)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return job_id, proc
+
+
+def _wait_sampled(store: Store, job_id: int, proc: subprocess.Popen[bytes]) -> None:
+    """Until both plugins run and the rollout's instance count was stored (at most ~120 s)."""
+    for _ in range(600):
+        if proc.poll() is not None:
+            attempts = store.list_attempts(job_id)
+            raise AssertionError(f"the attempt ended early: {attempts[-1].error if attempts else ''}")
+        plugins = store.list_plugins(job_id)
+        sampled = {m.plugin for m in store.latest_metrics([job_id]) if m.name == "instances"}
+        if len(plugins) == 2 and all(p.status == "running" for p in plugins) and "answer" in sampled:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the job's plugins were never running and sampled")
+
+
+@AS_ROOT
+@pytest.mark.timeout(300)
+def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attempt_left(
+    tmp_path: Path, home: Settings, store: Store
+) -> None:
+    token = f"ptfn{os.getpid() % 100000}"
+    job_id, proc = _start_attempt(store, tmp_path / "job", token)
+    try:
+        _wait_sampled(store, job_id, proc)
+        shown = runner.invoke(app, ["functions", "--json"])
+        assert shown.exit_code == 0, shown.output
+        view = json.loads(shown.output)
+        mine = {f["plugin"]: f for f in view["functions"] if f["job_id"] == job_id}
+        assert set(mine) == {"answer", "exact"}
+        rollout = mine["answer"]
+        assert rollout["status"] == "running" and rollout["attempt"] == 1
+        assert rollout["attempt_pid"] == proc.pid and rollout["attempt_alive"] is True
+        assert rollout["limits"]["memory_mb"] == 700 and rollout["limits"]["max_instances"] == 3
+        assert rollout["instances"] >= 1 and rollout["memory_reserved_mb"] == 700 * rollout["instances"]
+        assert view["quota"] == {"max_functions": 32, "max_instances": 64, "total_memory_mb": 16384}
+        (use,) = [u for u in view["use"] if u["job_id"] == job_id]
+        assert use["functions"] == 2 and use["instances"] >= 1
+        text = runner.invoke(app, ["functions"]).output
+        assert f"job {job_id} attempt 1: 2 of 32 functions" in text
+        assert "answer (rollout) running" in text and "memory_mb 700" in text
+
+        client = TestClient(create_app(store), base_url="http://127.0.0.1")
+        api = client.get("/api/functions").json()
+        assert {f["plugin"] for f in api["functions"] if f["job_id"] == job_id} == {"answer", "exact"}
+        page = client.get("/functions")
+        assert page.status_code == 200 and f'href="/jobs/{job_id}/plugins?plugin=answer"' in page.text
+
+        (daemon,) = _named(token)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    daemon_uid = read_status(daemon).uid  # type: ignore[union-attr]
+    assert (LEASES / str(daemon_uid)).exists()
+    recover_interrupted(store, home)  # what the server does: the job ends, its plugins with it
+    job = store.get_job(job_id)
+    assert job is not None and job.status == "failed"
+
+    listed = runner.invoke(app, ["functions", "--json"])
+    view = json.loads(listed.output)
+    assert not [f for f in view["functions"] if f["job_id"] == job_id]
+    left = [x for x in view["leftovers"] if x["job_id"] == job_id]
+    assert {x["kind"] for x in left} >= {"uid lease"}
+    assert any(daemon in x["processes"] for x in left)
+    assert all(x["holder_pid"] == proc.pid and x["attempt"] == 1 for x in left)
+    text = runner.invoke(app, ["functions"]).output
+    assert f"uid lease uid {daemon_uid}: job {job_id} (failed) attempt 1" in text
+    assert "plugtune functions --end-stale" in text
+
+    ended = runner.invoke(app, ["functions", "--end-stale"])
+    assert ended.exit_code == 0, ended.output
+    assert f"uid {daemon_uid}" in ended.output and "gave back" in ended.output
+    assert _named(token) == [] and not (LEASES / str(daemon_uid)).exists()
+    after = json.loads(runner.invoke(app, ["functions", "--json"]).output)
+    assert not [x for x in after["leftovers"] if x["job_id"] == job_id]

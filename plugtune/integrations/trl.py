@@ -76,7 +76,8 @@ class _Episode:
     status: str = "success"
     discard_reason: str = ""
     errors: list[ErrorRecord] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # the rollout's (its graders read them)
+    grader_metrics: dict[str, float] = field(default_factory=dict)  # "<grader>/<name>": its ctx.metric
 
 
 class TRLRun:
@@ -253,6 +254,8 @@ class TRLRun:
             for e in members or [episode]:
                 e.errors.append(exc.record(trajectory_id=_tid(e)))
             return None
+        for e in members or [episode]:
+            e.grader_metrics.update({f"{name}/{k}": v for k, v in outcome.metrics.items()})
         if outcome.status == Status.SUCCESS.value:
             return outcome.value
         for e in members or [episode]:
@@ -596,7 +599,7 @@ def _record(
         status=status,
         stop_reason=trace.finish_reason if trace else "",
         errors=list(e.errors),
-        metrics=dict(e.metrics),
+        metrics={**e.metrics, **e.grader_metrics},
         discard_reason=e.discard_reason,
         code_hash=code_hash,
     )

@@ -102,7 +102,8 @@ class _Trajectory:
     discard_reason: str = ""
     errors: list[ErrorRecord] = field(default_factory=list)
     components: dict[str, float | None] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # the rollout's (its graders read them)
+    grader_metrics: dict[str, float] = field(default_factory=dict)  # "<grader>/<name>": its ctx.metric
     timing: dict[str, float] = field(default_factory=dict)
 
 
@@ -187,6 +188,7 @@ class TrajectoryRunner:
                 t.errors.append(exc.record(trajectory_id=t.trajectory_id, attempt=t.attempt))
                 t.status = "failed"
                 return
+            t.grader_metrics.update({f"{fn.spec.name}/{k}": v for k, v in outcome.metrics.items()})
             if self._apply(t, outcome, fn.spec.name):
                 t.components[fn.spec.name] = None if outcome.value is None else float(outcome.value)
 
@@ -254,7 +256,7 @@ class TrajectoryRunner:
             status=t.status,
             stop_reason=trace.finish_reason,
             errors=list(t.errors),
-            metrics=dict(t.metrics),
+            metrics={**t.metrics, **t.grader_metrics},
             timing=dict(t.timing),
             phase=t.phase,
             discard_reason=t.discard_reason,

@@ -293,7 +293,7 @@ class _Loop:
             writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
             writer.add_metrics(_training_points(result.step, result.metrics))
             if self.trackers is not None:
-                self.trackers.log(result.step, result.metrics)
+                self.trackers.log(result.step, {**result.metrics, **counts.plugin_metrics.flat()})
             writer.add_metrics(points)
             writer.add_logs(logs)
             writer.add_logs(self._new_warnings(result.warnings))
@@ -324,7 +324,7 @@ class _Loop:
         writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
         writer.add_metrics(_training_points(step, result.metrics))
         if self.trackers is not None:
-            self.trackers.log(step, result.metrics)
+            self.trackers.log(step, {**result.metrics, **counts.plugin_metrics.flat("eval/")})
         writer.add_metrics(counts.metric_points(step, prefix="eval/"))
         logs, points = self.drain.take()
         writer.add_logs(logs)

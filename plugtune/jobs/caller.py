@@ -1,4 +1,5 @@
-"""How a job calls its plugins: the retry policy applied to every call, and per-step counts.
+"""How a job calls its plugins: the retry policy applied to every call, and per-step counts and
+plugin metrics (every ``ctx.metric`` of the step's calls, by plugin and name).
 
 The trainer calls ``await caller(fn, ctx, *args)``. Retries follow ``retry_policy.decide``; a
 decision to fail the job raises :class:`JobStop`, which the trainer does not catch, so the
@@ -15,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from plugtune.errors import Cause, PluginCallError, StatusCause
+from plugtune.jobs.plugin_metrics import MAX_NAMES, PluginMetrics
 from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, breaker, decide
 from plugtune.jobs.spec import CircuitBreaker, FailurePolicy
 from plugtune.sdk import Context, Status
@@ -47,23 +49,35 @@ class JobStop(Exception):  # noqa: N818 - a control-flow signal, not an error of
 
 
 class StepCounts:
-    """One step's plugin calls, errors by cause and by plugin, and the first error of each cause."""
+    """One step's plugin calls, errors by cause and by plugin, the first error of each cause, and
+    the ``ctx.metric`` values of its calls that replied (retried tries too)."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.errors: Counter[str] = Counter()
         self.by_plugin: Counter[str] = Counter()
         self.examples: dict[str, PluginCallError] = {}
+        self.plugin_metrics = PluginMetrics()
 
     @property
     def worst_plugin(self) -> str:
         return self.by_plugin.most_common(1)[0][0] if self.by_plugin else ""
 
     def metric_points(self, step: int, prefix: str = "") -> list[MetricPoint]:
-        """The step's plugin calls and failed calls (retried ones too; in all and by cause), also
-        of a step that stopped the job."""
+        """The step's plugin calls and failed calls (retried ones too; in all and by cause) and its
+        plugin metrics (``metric/<plugin>/<name>/<stat>``), also of a step that stopped the job."""
         now, failed = time.time(), float(sum(self.errors.values()))
+        for plugin, n in self.plugin_metrics.dropped.items():
+            log.warning(
+                "step %d: %d ctx.metric value(s) of plugin %s were left out: it used more than %d "
+                "metric names in one step (use a few fixed names)",
+                step,
+                n,
+                plugin,
+                MAX_NAMES,
+            )
         return [
+            *self.plugin_metrics.points(step, prefix),
             MetricPoint(time=now, plugin="", name=prefix + FAILED_CALLS, value=failed, step=step),
             MetricPoint(time=now, plugin="", name=prefix + CALLS, value=float(self.calls), step=step),
             *(
@@ -121,6 +135,7 @@ class PolicyCaller:
             total.by_plugin.update(c.by_plugin)
             for cause, error in c.examples.items():
                 total.examples.setdefault(cause, error)
+            total.plugin_metrics.merge(c.plugin_metrics)
         return total
 
     def _count_error(self, step: int, plugin: str, cause: str, error: PluginCallError | None = None) -> None:
@@ -164,6 +179,8 @@ class PolicyCaller:
             self.spans.record(
                 fn.spec.name, call_ctx, started_ns, status=outcome.status, call_id=outcome.call_id
             )
+            if outcome.metrics:
+                self.counts(ctx.step).plugin_metrics.add(fn.spec.name, outcome.metrics)
             reported = _STATUS_KINDS.get(outcome.status)
             if reported is None:
                 return outcome

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from plugtune.jobs.plugin_metrics import latest_stats
 from plugtune.store import Store
 
 #: The ``plugin`` of the job's own warnings in its log (no plugin wrote them): the attempt writes
@@ -12,11 +13,15 @@ JOB_WARNINGS = ""
 
 
 def job_document(store: Store, job_id: int) -> dict[str, Any]:
-    """Everything ``jobs show --json`` prints: the job, its error, attempts, plugins and progress."""
+    """Everything ``jobs show --json`` prints: the job, its error, attempts, plugins, progress, the
+    newest value of every training metric, and ``plugin_metrics``: each plugin's ``ctx.metric``
+    names with their mean, min, max and count in the newest step that has them (and that step)."""
     job = store.get_job(job_id)
     if job is None:
         raise LookupError(f"there is no job {job_id}")
-    latest = {m.name: m.value for m in store.latest_metrics([job_id], plugin="")}
+    newest = store.latest_metrics([job_id], plugin="")
+    latest = {m.name: m.value for m in newest}
+    plugins = store.list_plugins(job_id)
     return {
         "id": job.id,
         "name": job.name,
@@ -30,9 +35,10 @@ def job_document(store: Store, job_id: int) -> dict[str, Any]:
         "auto_retries": job.auto_retries,
         "attempts": [a.to_dict() for a in store.list_attempts(job_id)],
         "errors": [e.to_dict() for e in store.list_job_errors(job_id)],
-        "plugins": [p.to_dict() for p in store.list_plugins(job_id)],
+        "plugins": [p.to_dict() for p in plugins],
         "trajectories": store.trajectory_status_counts(job_id),
         "metrics": latest,
+        "plugin_metrics": latest_stats(latest, {m.name: m.step for m in newest}, [p.name for p in plugins]),
         "warnings": job_warnings(store, job_id),
         "checkpoint": (c.to_dict() if (c := store.latest_checkpoint(job_id)) else None),
     }

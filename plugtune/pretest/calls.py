@@ -58,6 +58,7 @@ class CallRecord:
     logs: list[LogLine] = field(default_factory=list)
     started: float = 0.0
     step: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # its ctx.metric values
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +72,7 @@ class CallRecord:
             "latency_ms": round(self.latency_ms, 3),
             "value": self.value if self.kind != "rollout" else None,
             "error": None if self.error is None else self.error.to_dict(),
+            "metrics": self.metrics,
         }
 
 
@@ -138,5 +140,6 @@ class RecordedFunction:
                 logs=list(outcome.logs if outcome is not None else getattr(exc, "logs", [])),
                 started=started,
                 step=ctx.step,
+                metrics=dict(outcome.metrics) if outcome is not None else {},
             )
         )

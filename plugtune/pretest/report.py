@@ -36,6 +36,7 @@ def build_summary(result: TrialResult, extra: dict[str, Any] | None = None) -> d
         "qps": round(len(calls) / result.wall_s, 3) if result.wall_s > 0 else 0.0,
         "latency": s.latency(calls),
         "errors_by_cause": s.errors_by_cause(calls),
+        "plugin_metrics": s.plugin_metrics(calls),
         "plugins": [s.plugin_summary(fn, calls, result.wall_s) for fn in result.functions],
     }
     out.update(extra or {})
@@ -152,6 +153,11 @@ def render_trajectory(console: Console, t: dict[str, Any]) -> None:
     )
     head.append(f"  reward {reward}" + (f" ({parts})" if parts else ""))
     console.print(head)
+    own = {k: v for k, v in (t.get("metrics") or {}).items() if not k.startswith("history/")}
+    if own:
+        console.print(
+            Text("    metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(own.items())), style="dim")
+        )
     for message in t["messages"]:
         render_message(console, message)
     for line in t["logs"]:
@@ -171,6 +177,7 @@ def render_local(console: Console, doc: dict[str, Any]) -> None:
     for t in doc["trajectories"]:
         render_trajectory(console, t)
     summary = doc["summary"]
+    render_plugin_metrics(console, summary.get("plugin_metrics") or {})
     verdict = "all calls succeeded" if summary["ok"] else "FAILED"
     console.print(
         Text(
@@ -206,10 +213,29 @@ def render_faas(console: Console, doc: dict[str, Any]) -> None:
         what = f"\n{cause}: {first['count']} call(s); first in {first['plugin']}"
         console.print(Text(what, style="bold red"))
         render_error(console, {**first, "cause": cause})
+    render_plugin_metrics(console, summary.get("plugin_metrics") or {})
     _render_demand(console, summary["demand"])
     ok = summary["ok"]
     verdict = "\nall calls succeeded" if ok else "\nFAILED"
     console.print(Text(verdict, style="bold green" if ok else "bold red"))
+
+
+def render_plugin_metrics(console: Console, found: dict[str, dict[str, dict[str, float]]]) -> None:
+    """Each plugin's ``ctx.metric`` names over the test's calls, as a job's curves will show them."""
+    if not found:
+        return
+    console.print(
+        Text("plugin metrics (ctx.metric over the calls; a job draws these per step):", style="bold")
+    )
+    for plugin, names in found.items():
+        for name, v in names.items():
+            console.print(
+                Text(
+                    f"  {plugin} {name}: mean {v['mean']:.4g}, min {v['min']:.4g}, max {v['max']:.4g} "
+                    f"({v['count']:.0f} values)"
+                )
+            )
+    console.print()
 
 
 def _plugins_table(plugins: list[dict[str, Any]]) -> Table:

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from plugtune.jobs.plugin_metrics import PluginMetrics
 from plugtune.pretest.calls import CallRecord
 from plugtune.pretest.trial import FunctionSnapshot
 
@@ -63,6 +64,16 @@ def errors_by_cause(calls: Sequence[CallRecord]) -> dict[str, dict[str, Any]]:
             "hint": call.error.hint,
         }
     return out
+
+
+def plugin_metrics(calls: Sequence[CallRecord]) -> dict[str, dict[str, dict[str, float]]]:
+    """Every call's ``ctx.metric`` values as a job's step aggregates them: plugin -> name ->
+    {mean, min, max, count}."""
+    found = PluginMetrics()
+    for call in calls:
+        if call.metrics:
+            found.add(call.name, call.metrics)
+    return found.stats()
 
 
 def statuses(calls: Sequence[CallRecord]) -> dict[str, int]:

@@ -11,6 +11,8 @@ policy server, so a failed attempt's tokens never reach the loss. When a group i
 caller raises anything else to stop the job, or the step is cancelled), every one of its
 trajectories is still kept, in ``GroupRunner.stopped``: the finished ones as they ended, the
 unfinished ones ``failed`` with stop reason :data:`STOPPED` and the tokens they had so far.
+A trajectory's ``metrics`` hold its rollout's ``ctx.metric`` values by name and each grader's as
+``<grader>/<name>`` (a group grader's on every trajectory it graded).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ class _Slot:
     finished: bool = False  # its rollout and single graders ended (group graders may follow)
     errors: list[ErrorRecord] = field(default_factory=list)
     components: dict[str, float | None] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # the rollout's (its graders read them)
+    grader_metrics: dict[str, float] = field(default_factory=dict)  # "<grader>/<name>": its ctx.metric
     timing: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -268,6 +271,7 @@ class GroupRunner:
         except PluginCallError as exc:
             _fail(slot, None if tries.has_kept(exc) else _error_of(exc, slot))
             return
+        _keep_metrics(slot, fn.spec.name, outcome)
         if _apply_status(slot, outcome, fn.spec.name, tries.has_kept(outcome)):
             slot.components[fn.spec.name] = _number(outcome.value)
 
@@ -294,6 +298,7 @@ class GroupRunner:
             return
         values = outcome.value if isinstance(outcome.value, list) else []
         for i, slot in enumerate(live):
+            _keep_metrics(slot, fn.spec.name, outcome)
             if _apply_status(slot, outcome, fn.spec.name, tries.has_kept(outcome)):
                 slot.components[fn.spec.name] = _number(values[i]) if i < len(values) else None
 
@@ -345,7 +350,7 @@ class GroupRunner:
             status=status,
             stop_reason=trace.finish_reason,
             errors=list(slot.errors),
-            metrics={**slot.metrics, **_history_metrics(trace)},
+            metrics={**slot.metrics, **_history_metrics(trace), **slot.grader_metrics},
             timing=dict(slot.timing),
             phase=self.phase,
             discard_reason=slot.discard_reason if discard else "",
@@ -358,6 +363,12 @@ def _history_metrics(trace: TokenTrace) -> dict[str, float]:
         "history/rewrites": float(trace.rewrites),
         "history/dropped_policy_tokens": float(trace.dropped_policy_tokens),
     }
+
+
+def _keep_metrics(slot: _Slot, plugin: str, outcome: CallOutcome) -> None:
+    """A grader's ``ctx.metric`` values on the trajectory, as ``<grader>/<name>`` (a group grader's
+    on each trajectory of its group)."""
+    slot.grader_metrics.update({f"{plugin}/{name}": value for name, value in outcome.metrics.items()})
 
 
 def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str, kept: bool) -> bool:

@@ -6,12 +6,14 @@ import time as _time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plugtune.jobs import plugin_metrics as effect
 from plugtune.store import Store
 from plugtune.store.records import Plugin, SeriesPoint
 from plugtune.web.models import ChartOut, PluginMetricsOut, SeriesOut
 
 MAX_POINTS = 400  # per series and chart: a 7-day chart costs what a 1-hour one does
 MAX_EXTRA_CHARTS = 12
+MAX_PLUGIN_CHARTS = 48  # ctx.metric names drawn, over all plugins
 CALL_ERRORS = "plugin/failed_calls/"  # + cause: a step's failed plugin calls of that cause
 LIFETIME = "life"  # the plugin's lifetime: the default range of the Plugin tab
 END_SLACK_S = 60.0
@@ -155,11 +157,35 @@ def training_charts(store: Store, job_id: int, job_status: str = "running") -> l
     other = "Not recorded yet." if active else f"Not recorded: the job {job_status} without it."
     charts = [_chart(spec, series, x="step", empty=texts.get(spec.key, other)) for spec in TRAINING_CHARTS]
     charts = [c for c in charts if c.series or not c.key.startswith("eval_")]  # no validation set: none
-    claimed = {n for spec in TRAINING_CHARTS for n in series if spec.matches(n)}
+    plugins = [p.name for p in store.list_plugins(job_id)]
+    parsed = {n: found for n in series if (found := effect.parse(n, plugins)) is not None}
+    claimed = {n for spec in TRAINING_CHARTS for n in series if spec.matches(n)} | set(parsed)
     extra = sorted(n for n in series if n not in claimed)[:MAX_EXTRA_CHARTS]
     for name in extra:
         charts.append(_chart(PluginChart(name, name, "", _exact(name), lambda n: n), series, x="step"))
-    return charts
+    return charts + _plugin_metric_charts(series, parsed)
+
+
+def _plugin_metric_charts(
+    series: dict[str, list[SeriesPoint]], parsed: dict[str, tuple[str, str, str, str]]
+) -> list[ChartOut]:
+    """One chart per plugin and ``ctx.metric`` name: its mean, min and max per step (eval ones
+    too), under a section per plugin; the title says how many values the newest step had."""
+    names = sorted({(plugin, name) for _, plugin, name, _ in parsed.values()})
+    out = []
+    for plugin, name in names[:MAX_PLUGIN_CHARTS]:
+        own = {n: f for n, f in parsed.items() if (f[1], f[2]) == (plugin, name)}
+        drawn = {n for n, f in own.items() if f[3] != "count"}
+        labels = {n: f"{f[0]}{f[3]}" for n, f in own.items()}
+        spec = PluginChart(f"metric:{plugin}:{name}", name, "", drawn.__contains__, labels.__getitem__)
+        chart = _chart(spec, series, x="step")
+        count = series.get(effect.metric_name(plugin, name, "count"))
+        if count:
+            last = count[-1]
+            chart.title = f"{name} ({last.value:.0f} values in step {last.step})"
+        chart.section = f"Plugin {plugin}"
+        out.append(chart)
+    return out
 
 
 def window(range_name: str, start: float | None, end: float | None, plugin: Plugin) -> tuple[float, float]:

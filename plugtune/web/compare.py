@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
+from plugtune.jobs import plugin_metrics
 from plugtune.store import Store
 from plugtune.store.records import Job, SeriesPoint
 from plugtune.web import charts, service
@@ -118,7 +119,8 @@ def compare(store: Store, ids: list[int]) -> CompareOut:
     labels = [f"#{j.id} {j.name}" for j in jobs]
     return CompareOut(
         jobs=[_job_out(j, label) for j, label in zip(jobs, labels, strict=True)],
-        charts=[_curve(key, title, unit, name, labels, series) for key, title, unit, name in CURVES],
+        charts=[_curve(key, title, unit, name, labels, series) for key, title, unit, name in CURVES]
+        + _plugin_curves(store, jobs, labels, series),
         causes=[_causes(j.id, s) for j, s in zip(jobs, series, strict=True)],
         step_times=[_step_time(store, j.id) for j in jobs],
         **_config_diff([j.spec for j in jobs]),
@@ -130,9 +132,9 @@ def compare_jobs(
     request: Request,
     ids: str | None = Query(default=None, description="2 to 5 job ids separated by commas, e.g. 3,7"),
 ) -> CompareOut:
-    """2-5 jobs side by side: reward, loss, KL and response length by step (one series per job),
-    failed plugin calls by cause as shares per job, mean and median step time, and the keys of their
-    stored specs that differ."""
+    """2-5 jobs side by side: reward, loss, KL, response length and the mean of each plugin's
+    ctx.metric by step (one series per job), failed plugin calls by cause as shares per job, mean
+    and median step time, and the keys of their stored specs that differ."""
     return compare(request.app.state.store, parse_ids(ids))
 
 
@@ -169,6 +171,27 @@ def _curve(
         if points:
             out.append(SeriesOut(name=label, points=[(float(p.step or 0), p.value) for p in points]))
     return ChartOut(key=key, title=title, unit=unit, x="step", empty="No job recorded it.", series=out)
+
+
+def _plugin_curves(
+    store: Store, jobs: list[Job], labels: list[str], series: list[dict[str, list[SeriesPoint]]]
+) -> list[ChartOut]:
+    """The mean of each plugin's ``ctx.metric`` per step, one series per job that has it, under a
+    section per plugin."""
+    found: set[tuple[str, str]] = set()
+    for job, by_name in zip(jobs, series, strict=True):
+        plugins = [p.name for p in store.list_plugins(job.id)]
+        for name in by_name:
+            parsed = plugin_metrics.parse(name, plugins)
+            if parsed is not None and not parsed[0] and parsed[3] == "mean":
+                found.add((parsed[1], parsed[2]))
+    out = []
+    for plugin, name in sorted(found)[: charts.MAX_PLUGIN_CHARTS]:
+        metric = plugin_metrics.metric_name(plugin, name, "mean")
+        chart = _curve(f"metric:{plugin}:{name}", f"{name} (mean)", "", metric, labels, series)
+        chart.section = f"Plugin {plugin}"
+        out.append(chart)
+    return out
 
 
 def _causes(job_id: int, series: dict[str, list[SeriesPoint]]) -> JobCausesOut:

@@ -124,6 +124,11 @@ class ChartOut(BaseModel):
     x_min: float | None = None
     x_max: float | None = None
     empty: str = Field(default="", description="what the chart says when it has no point")
+    section: str = Field(
+        default="",
+        description="the heading it is drawn under: '' (training), or 'Plugin <name>' for "
+        "a plugin's ctx.metric curves (mean, min and max per step)",
+    )
     series: list[SeriesOut]
 
 
@@ -239,8 +244,9 @@ class TrajectoryOut(BaseModel):
     code_hash: dict[str, str] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(
         default_factory=dict,
-        description="the rollout's metrics, and history/rewrites and history/dropped_policy_tokens: "
-        "how often a call rewrote the conversation, and the policy tokens that cut from training",
+        description="the rollout's ctx.metric values by name, each grader's as <grader>/<name>, and "
+        "history/rewrites and history/dropped_policy_tokens: how often a call rewrote the "
+        "conversation, and the policy tokens that cut from training",
     )
     prompt_ids: list[int] = Field(
         default_factory=list, description="the prompt's token ids, as the policy saw them"

@@ -166,9 +166,15 @@
   }
 
   // Draws every chart of an API answer {charts: [...]} into `grid`, one cell per chart.
+  // A chart with a section (a plugin's ctx.metric curves) goes under that section's heading.
   PT.drawCharts = function (grid, charts, emptyText) {
     grid.replaceChildren();
+    let section = "";
     for (const spec of charts) {
+      if (spec.section && spec.section !== section) {
+        section = spec.section;
+        grid.append(PT.el("h3", { class: "chart-section", "data-section": section, text: `${section} — ctx.metric per step` }));
+      }
       const cell = PT.el("div");
       grid.append(cell);
       PT.lineChart(cell, Object.assign({}, spec, { empty: spec.empty || emptyText }));

@@ -41,6 +41,14 @@
     ]));
   }
 
+  // How the reply ended: the model's own finish reasons in words, any other reason as it is.
+  function stopText(reason) {
+    if (!reason) return "";
+    if (reason === "stop") return " · the model ended its reply";
+    if (reason === "length") return " · reply cut at max_new_tokens";
+    return ` · ended: ${reason}`;
+  }
+
   function renderLogs(t, job) {
     const open = t.status === "failed" || t.status === "discard";
     const details = PT.el("details", { class: "logs", id: "trajectory-logs" });
@@ -78,7 +86,8 @@
           ".",
         ])
       : null;
-    details.append(PT.el("div", { class: "toolbar" }, [PT.el("label", {}, ["Plugin ", select])]), cap, table);
+    // append() would write a null as the text "null": leave the cap out when there is none.
+    details.append(...[PT.el("div", { class: "toolbar" }, [PT.el("label", {}, ["Plugin ", select])]), cap, table].filter(Boolean));
     return details;
   }
 
@@ -118,16 +127,16 @@
       const head = PT.el("h2", {}, [
         PT.el("span", { class: "mono", id: "detail-id", text: t.id }), " ", PT.badge("status", t.status),
       ]);
-      const meta = PT.el("div", { class: "muted", text: (t.phase === "eval" ? "eval (data.validation) · " : "") + `step ${t.step} · group ${t.group_id} · attempt ${t.attempt}` + (t.stop_reason ? ` · stop: ${t.stop_reason}` : "") });
+      const meta = PT.el("div", { class: "muted", id: "detail-meta", text: (t.phase === "eval" ? "eval (data.validation) · " : "") + `step ${t.step} · group ${t.group_id} · attempt ${t.attempt}` + stopText(t.stop_reason) });
       // Why it gave no gradient (discarded, dropped, unscorable, a step not applied), when it did not.
       const why = t.discard_reason ? PT.clipped("div", { class: "notice", id: "discard-reason" }, `No gradient: ${t.discard_reason}`) : null;
-      panel.replaceChildren(
+      panel.replaceChildren(...[
         navBar(t), head, meta, why,
         section("Reward per grader", [renderRewards(t)]),
         section("Errors", renderErrors(t.errors)),
         renderLogs(t, job),
         section("Messages", renderMessages(t.messages)),
-      );
+      ].filter(Boolean));
       panel.dataset.selected = t.id;
       for (const row of document.querySelectorAll("#trajectory-list tr[data-id]")) {
         row.classList.toggle("selected", row.dataset.id === t.id);

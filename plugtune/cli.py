@@ -75,8 +75,24 @@ def _echo_json(document: Any) -> None:
     typer.echo(json.dumps(document, indent=2, default=str))
 
 
+def _error_title(error: dict[str, Any]) -> str:
+    """``type: cause``; an error without a cause (a validation failure) shows its message's first
+    problem instead of an empty cause."""
+    detail = str(error.get("cause") or "")
+    if not detail:
+        lines = [line.strip() for line in str(error.get("message") or "").splitlines() if line.strip()]
+        if len(lines) > 1 and lines[0].endswith(":"):  # "N problems found:" then one line each
+            more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+            detail = lines[1].removeprefix("- ") + more
+        else:
+            detail = lines[0] if lines else ""
+        detail = detail if len(detail) <= 160 else detail[:159] + "…"
+    return f"{error.get('type')}: {detail}" if detail else str(error.get("type"))
+
+
 def _echo_error(error: dict[str, Any]) -> None:
-    typer.secho(f"{error.get('type')} ({error.get('owner')}): {error.get('cause')}", fg="red", err=True)
+    cause = f": {error['cause']}" if error.get("cause") else ""
+    typer.secho(f"{error.get('type')} ({error.get('owner')}){cause}", fg="red", err=True)
     typer.echo(f"  {error.get('message')}", err=True)
     typer.echo(f"  what to do: {error.get('hint')}", err=True)
 
@@ -377,7 +393,7 @@ def jobs_list(
             _echo_json({"jobs": [{**j.to_dict(), "queue_position": places.get(j.id)} for j in jobs]})
             return
         for job in jobs:
-            failure = f"  {job.error.type}: {job.error.cause}" if job.error else ""
+            failure = f"  {_error_title(job.error.to_dict())}" if job.error else ""
             place = f"  (#{places[job.id]} in the queue)" if job.id in places else ""
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(job.updated_at))
             steps = f"{job.steps_done:>4}/{job.steps_total:<4}"
@@ -409,7 +425,7 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
             retry = f"automatic retry {doc['auto_retries']} in {wait:.0f} s"
             typer.echo(f"{retry} (or now: plugtune jobs retry {job_id})")
         for a in doc["attempts"]:
-            cause = f" — {a['error']['type']}: {a['error']['cause']}" if a.get("error") else ""
+            cause = f" — {_error_title(a['error'])}" if a.get("error") else ""
             typer.echo(f"  attempt {a['number']}: {a['status']} (from step {a['resumed_from_step']}){cause}")
         for warning in doc["warnings"]:
             typer.secho(f"  warning: {warning}", fg="yellow")

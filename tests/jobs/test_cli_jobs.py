@@ -92,6 +92,19 @@ def test_invalid_job_is_recorded_and_run_exits_non_zero(tmp_path: Path, home: Se
     assert shown["status"] == "failed" and shown["error"]["type"] == "Invalid value"
 
 
+def test_a_validation_failure_never_prints_an_empty_cause(tmp_path: Path, home: Settings) -> None:
+    """A validation error has no cause: the title is its type alone, and a one-line listing shows
+    the message's first line instead of "Invalid value: " with nothing after it."""
+    ran = runner.invoke(app, ["run", str(make_job(tmp_path / "bad", hyper={"steps": 0}))])
+    assert ran.exit_code == 1
+    title = ran.output.splitlines()[1]
+    assert title == "Invalid value (data)", ran.output
+    listed = runner.invoke(app, ["jobs", "list"]).output.strip()
+    assert re.search(r"bad\s+Invalid value: \S.*\[hyperparameters.steps\]: 0 is outside", listed), listed
+    shown = runner.invoke(app, ["jobs", "show", "1"]).output
+    assert "Invalid value (data)\n" in shown and "Invalid value: \n" not in shown, shown
+
+
 def test_submit_queues_and_unknown_ids_are_clear(tmp_path: Path, home: Settings) -> None:
     result = runner.invoke(app, ["submit", str(make_job(tmp_path / "q"))])
     assert result.exit_code == 0 and "job 1 queued" in result.output

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from plugtune.jobs.report import job_warnings
+from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
 from plugtune.web import charts, compare, queries, service
@@ -208,6 +209,8 @@ def plugins_page(
     return _render(
         request,
         "plugins.html",
+        limits=plugin_limits(chosen.runtime, _overrides(job.spec, chosen.name)) if chosen else [],
+        retention_days=_retention_days(chosen),
         job=job_out(job),
         plugins=plugins,
         plugin=chosen,
@@ -326,16 +329,55 @@ def config_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
             rows.append((f"data.{key}", str(value)))
     for key, value in (spec.get("hyperparameters") or {}).items():
         rows.append((f"hyperparameters.{key}", str(value)))
+    for key, ref in _plugin_refs(spec):
+        weight = f" (weight {ref['weight']})" if ref.get("weight") is not None else ""
+        rows.append((key, f"{ref['entry']}{weight}"))
+        if isinstance(ref.get("runtime"), dict) and ref["runtime"]:  # job.yaml's overrides, as written
+            given = ", ".join(f"{k}={v}" for k, v in ref["runtime"].items() if v is not None)
+            rows.append((f"{key}.runtime", given))
+    backend = (spec.get("plugins") or {}).get("runtime_backend")
+    if backend:
+        rows.append(("plugins.runtime_backend", str(backend)))
+    return rows
+
+
+def _plugin_refs(spec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """job.yaml's plugin entries as (``plugins.rollout`` / ``plugins.graders[0]``..., entry)."""
     plugins = spec.get("plugins") or {}
+    out = []
     rollout = plugins.get("rollout") or {}
     if isinstance(rollout, dict) and rollout.get("entry"):
-        rows.append(("plugins.rollout", str(rollout["entry"])))
+        out.append(("plugins.rollout", rollout))
     for kind in ("graders", "group_graders"):
         for i, ref in enumerate(plugins.get(kind) or []):
             if isinstance(ref, dict) and ref.get("entry"):
-                weight = f" (weight {ref['weight']})" if ref.get("weight") is not None else ""
-                rows.append((f"plugins.{kind}[{i}]", f"{ref['entry']}{weight}"))
-    return rows
+                out.append((f"plugins.{kind}[{i}]", ref))
+    return out
+
+
+def _overrides(spec: dict[str, Any], plugin: str) -> dict[str, Any]:
+    """The runtime settings job.yaml gives the plugin named ``plugin`` (its ``name``, or its entry's
+    function name), {} when none."""
+    for _, ref in _plugin_refs(spec):
+        name = ref.get("name") or str(ref["entry"]).rpartition(":")[2]
+        if name == plugin and isinstance(ref.get("runtime"), dict):
+            return {k: v for k, v in ref["runtime"].items() if v is not None}
+    return {}
+
+
+def _retention_days(plugin: Any) -> float:
+    """How long the plugin's monitoring data is kept after it ended: as stamped when it ended, else
+    this server's setting."""
+    if plugin is not None and plugin.retention_expires_at and plugin.ended_at:
+        return round((plugin.retention_expires_at - plugin.ended_at) / 86_400, 3)
+    return Settings.from_env().retention_days
+
+
+def plugin_limits(effective: dict[str, Any], overrides: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """The plugin's runtime limits as (setting, value, set in job.yaml): the effective ones the
+    runtime deployed it with (decorator, then job.yaml), else job.yaml's until it is deployed."""
+    shown = effective or overrides
+    return [(k, str(v), k in overrides) for k, v in sorted(shown.items())]
 
 
 def _keyset_pager(page: service.Page[Any], query: Any, noun: str) -> Pager:

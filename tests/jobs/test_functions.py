@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,9 +26,11 @@ from plugtune.runtime.sandbox import LEASES, closed_python_paths, mount_view_pro
 from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.web import create_app
+from plugtune.web.templating import ts
 from tests.jobs.jobkit import make_job
 
 runner = CliRunner()
+BASE = "http://127.0.0.1:8321"
 AS_ROOT = pytest.mark.skipif(
     os.geteuid() != 0 or (bool(closed_python_paths()) and mount_view_problem() is not None),
     reason="a uid per function (and its lease) needs the runtime to run as root",
@@ -105,11 +108,12 @@ def _wait_sampled(store: Store, job_id: int, proc: subprocess.Popen[bytes]) -> N
 
 @AS_ROOT
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["cli", "console"])
 def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attempt_left(
-    tmp_path: Path, home: Settings, store: Store
+    tmp_path: Path, home: Settings, store: Store, how: str
 ) -> None:
-    token = f"ptfn{os.getpid() % 100000}"
-    job_id, proc = _start_attempt(store, tmp_path / "job", token)
+    token_name = f"ptfn{os.getpid() % 100000}{how[:2]}"
+    job_id, proc = _start_attempt(store, tmp_path / "job", token_name)
     try:
         _wait_sampled(store, job_id, proc)
         shown = runner.invoke(app, ["functions", "--json"])
@@ -129,13 +133,22 @@ def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attem
         assert f"job {job_id} attempt 1: 2 of 32 functions" in text
         assert "answer (rollout) running" in text and "memory_mb 700" in text
 
-        client = TestClient(create_app(store), base_url="http://127.0.0.1")
+        client = TestClient(create_app(store), base_url=BASE)
         api = client.get("/api/functions").json()
         assert {f["plugin"] for f in api["functions"] if f["job_id"] == job_id} == {"answer", "exact"}
         page = client.get("/functions")
         assert page.status_code == 200 and f'href="/jobs/{job_id}/plugins?plugin=answer"' in page.text
+        tab = client.get(f"/jobs/{job_id}/plugins?plugin=answer").text
+        assert 'memory_mb=700 <span class="muted">(job.yaml)</span>' in tab  # effective, and whence
+        assert "cpu=1.0;" in tab and "max_pids=256" in tab  # the decorator's defaults
+        assert "kept while it runs, then 7 days after it ends" in tab
+        config = client.get(f"/jobs/{job_id}").text
+        assert (
+            "plugins.rollout.runtime" in config
+            and "memory_mb=700, timeout_s=30.0, max_concurrency=8, max_instances=3" in config
+        )
 
-        (daemon,) = _named(token)
+        (daemon,) = _named(token_name)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -159,9 +172,30 @@ def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attem
     assert f"uid lease uid {daemon_uid}: job {job_id} (failed) attempt 1" in text
     assert "plugtune functions --end-stale" in text
 
-    ended = runner.invoke(app, ["functions", "--end-stale"])
-    assert ended.exit_code == 0, ended.output
-    assert f"uid {daemon_uid}" in ended.output and "gave back" in ended.output
-    assert _named(token) == [] and not (LEASES / str(daemon_uid)).exists()
+    rollout = store.get_plugin(job_id, "answer")
+    assert rollout is not None and rollout.retention_expires_at is not None
+    client = TestClient(create_app(store), base_url=BASE)
+    tab = client.get(f"/jobs/{job_id}/plugins?plugin=answer").text
+    assert (
+        f"its metrics and log lines expire at {ts(rollout.retention_expires_at)} (7 days after it ended"
+        in tab
+    )
+    if how == "cli":
+        ended = runner.invoke(app, ["functions", "--end-stale"])
+        assert ended.exit_code == 0, ended.output
+        assert f"uid {daemon_uid}" in ended.output and "gave back" in ended.output
+    else:
+        page = client.get("/functions").text
+        assert f"uid {daemon_uid}" in page and 'id="end-stale"' in page
+        token = re.search(r'name="csrf_token" value="([0-9a-f]{64})"', page)
+        assert token is not None
+        form = {"content-type": "application/x-www-form-urlencoded", "origin": BASE}
+        forged = client.post("/functions/end-stale", headers=form, content=b"csrf_token=" + b"0" * 64)
+        assert forged.status_code == 403 and _named(token_name) == [daemon]
+        done = client.post(
+            "/functions/end-stale", headers=form, content=f"csrf_token={token.group(1)}".encode()
+        )
+        assert done.status_code == 200 and re.search(r"gave back [1-9]\d* uid\(s\)", done.text)
+    assert _named(token_name) == [] and not (LEASES / str(daemon_uid)).exists()
     after = json.loads(runner.invoke(app, ["functions", "--json"]).output)
     assert not [x for x in after["leftovers"] if x["job_id"] == job_id]

@@ -14,7 +14,9 @@ class Context:
 
     ``logger`` is a standard ``logging.Logger``; every line is tagged with the plugin, the call
     and the trajectory and shows up in the job's plugin logs. ``metric(name, value)`` records a
-    number that is attached to the trajectory.
+    number: each training step's values are aggregated per plugin and name (mean, min, max,
+    count) into the job's curves, and each call's are kept on its trajectory (a rollout's by
+    name, a grader's as ``<grader>/<name>``).
     """
 
     job_id: str = ""

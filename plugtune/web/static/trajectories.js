@@ -32,6 +32,16 @@
     ]));
   }
 
+  // The trajectory's own values: its rollout's ctx.metric by name, each grader's as <grader>/<name>.
+  function renderMetrics(metrics) {
+    const names = Object.keys(metrics).sort();
+    if (!names.length) return PT.el("div", { class: "muted", text: "No metric." });
+    return PT.el("dl", { class: "kv", id: "trajectory-metrics" }, names.flatMap((k) => [
+      PT.el("dt", { class: "mono", text: k }),
+      PT.el("dd", { text: PT.fmtNumber(metrics[k]) }),
+    ]));
+  }
+
   function renderErrors(errors) {
     if (!errors.length) return [PT.el("div", { class: "muted", text: "No error." })];
     return errors.map((e) => PT.el("div", { class: "error-item" }, [
@@ -134,6 +144,7 @@
         navBar(t), head, meta, why,
         section("Reward per grader", [renderRewards(t)]),
         section("Errors", renderErrors(t.errors)),
+        section("Metrics", [renderMetrics(t.metrics || {})]),
         renderLogs(t, job),
         section("Messages", renderMessages(t.messages)),
       ].filter(Boolean));

@@ -28,6 +28,7 @@ from plugtune.store import Store
 from plugtune.web import create_app
 from plugtune.web.templating import ts
 from tests.jobs.jobkit import make_job
+from tests.web.browsing import free_port
 
 runner = CliRunner()
 BASE = "http://127.0.0.1:8321"
@@ -199,3 +200,53 @@ def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attem
     assert _named(token_name) == [] and not (LEASES / str(daemon_uid)).exists()
     after = json.loads(runner.invoke(app, ["functions", "--json"]).output)
     assert not [x for x in after["leftovers"] if x["job_id"] == job_id]
+
+
+@pytest.mark.timeout(300)
+def test_serve_options_set_the_quota_and_retention_of_the_jobs_it_runs(
+    tmp_path: Path, home: Settings, store: Store
+) -> None:
+    """`serve --max-functions 1 --retention-days 0.5`: a job of two plugins fails to deploy its second
+    with a Create faas fault that says how to raise that quota, and its plugins' monitoring data is
+    kept half a day; /api/functions shows the server's quota and retention."""
+    import httpx
+
+    job_file = make_job(tmp_path / "job")  # a rollout and a grader: two functions
+    port = free_port()
+    env = dict(os.environ, PLUGTUNE_HOME=str(home.home), PLUGTUNE_DATABASE_URL=home.database_url)
+    out = tmp_path / "serve.out"
+    with out.open("wb") as sink:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "plugtune.cli", "serve", "--port", str(port), "--max-functions", "1"]
+            + ["--retention-days", "0.5"],
+            env=env,
+            stdout=sink,
+            stderr=sink,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (home.home / "serve.json").is_file():
+            assert serve.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+        view = httpx.get(f"http://127.0.0.1:{port}/api/functions", timeout=30).json()
+        assert view["quota"]["max_functions"] == 1 and view["retention_days"] == 0.5
+        assert runner.invoke(app, ["submit", str(job_file)]).exit_code == 0
+        for _ in range(600):  # at most ~120 s
+            job = store.get_job(1)
+            if job is not None and job.status == "failed":
+                break
+            assert serve.poll() is None, out.read_text()
+            time.sleep(0.2)
+        assert job is not None and job.status == "failed" and job.error is not None, out.read_text()
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(timeout=60)
+    assert job.error.cause == "Create faas fault"
+    assert "quota exceeded: 1 functions are deployed (max_functions=1: raise it with " in job.error.message
+    assert "`plugtune serve --max-functions N` or PLUGTUNE_MAX_FUNCTIONS" in job.error.message
+    assert "plugtune serve --max-functions N --max-instances N --total-memory-mb N" in job.error.hint
+    ended = [p for p in store.list_plugins(1) if p.ended_at is not None]
+    assert ended and all(
+        p.retention_expires_at is not None and abs(p.retention_expires_at - p.ended_at - 43_200) < 1
+        for p in ended
+    )

@@ -165,7 +165,7 @@ def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attem
     listed = runner.invoke(app, ["functions", "--json"])
     view = json.loads(listed.output)
     assert not [f for f in view["functions"] if f["job_id"] == job_id]
-    left = [x for x in view["leftovers"] if x["job_id"] == job_id]
+    left = [x for x in view["leftovers"] if x["job_id"] == job_id]  # a lease per plugin, its cgroup
     assert {x["kind"] for x in left} >= {"uid lease"}
     assert any(daemon in x["processes"] for x in left)
     assert all(x["holder_pid"] == proc.pid and x["attempt"] == 1 for x in left)
@@ -198,6 +198,7 @@ def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attem
         )
         assert done.status_code == 200 and re.search(r"gave back [1-9]\d* uid\(s\)", done.text)
     assert _named(token_name) == [] and not (LEASES / str(daemon_uid)).exists()
+    assert not [x for x in left if x["kind"] == "cgroup" and Path(x["what"]).exists()]
     after = json.loads(runner.invoke(app, ["functions", "--json"]).output)
     assert not [x for x in after["leftovers"] if x["job_id"] == job_id]
 

@@ -420,7 +420,7 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
             typer.echo(f"  #{doc['queue_position']} in the queue ({ahead} queued job(s) start before it)")
         if doc["error"]:
             _echo_error(doc["error"])
-        if doc["next_retry_at"]:
+        if doc["next_retry_at"] and doc["status"] == "failed":
             wait = max(0, doc["next_retry_at"] - time.time())
             retry = f"automatic retry {doc['auto_retries']} in {wait:.0f} s"
             typer.echo(f"{retry} (or now: plugtune jobs retry {job_id})")

@@ -254,6 +254,7 @@ class Scheduler:
         for job in self.store.list_jobs("failed", limit=200):
             if job.next_retry_at is not None and job.next_retry_at <= now:
                 self.store.transition(job.id, "queued", f"automatic retry {job.auto_retries}")
+                self.store.update_job(job.id, next_retry_at=None)  # no longer pending: it is queued
         with self._lock:
             free = self.max_running - len(self._threads)
             busy = set(self._threads)

@@ -154,6 +154,7 @@ def run_job(
     while True:
         store.clear_job_error(job_id)
         store.clear_cancel_request(job_id)  # one made for an earlier run is not for this one
+        store.update_job(job_id, next_retry_at=None)  # a retry that starts is no longer pending
         store.transition(job_id, "running", "attempt starting")
         end = runner.run(job_id, progress)
         status, delay = settle(store, settings, job_id, end)
@@ -163,6 +164,7 @@ def run_job(
         if changed is not None:
             return changed
         job = store.get_job(job_id)
+        store.update_job(job_id, next_retry_at=None)
         try:
             store.transition(job_id, "queued", f"automatic retry {job.auto_retries if job else ''}")
         except IllegalTransitionError:  # cancelled elsewhere in the same moment

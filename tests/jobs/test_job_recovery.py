@@ -9,8 +9,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from plugtune.jobs.control import Scheduler, create_job, retry_job
+from plugtune.cli import app
+from plugtune.jobs.control import Scheduler, create_job, delete_job, retry_job
 from plugtune.jobs.scheduler import run_job
 from plugtune.settings import Settings
 from plugtune.store import Store
@@ -152,6 +154,44 @@ def exact(ctx, sample, trajectory):
     attempts = store.list_attempts(job_id)
     assert [a.status for a in attempts] == ["failed", "succeeded"]
     assert [e.cause for e in store.list_job_errors(job_id)] == ["500"]
+
+
+def test_a_retried_job_that_succeeds_keeps_no_pending_retry(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    """The automatic retry of a killed attempt succeeds: next_retry_at is gone and `jobs show` says
+    nothing about an automatic retry (it said "automatic retry 1 in 0 s"); the job can be deleted."""
+    job_id, _ = create_job(store, make_job(tmp_path / "r", hyper={"steps": 3}))
+    kill = _kill_running_attempt(store, signal.SIGKILL)
+
+    def first_attempt_only(jid: int) -> None:
+        if len(store.list_attempts(jid)) == 1:
+            kill(jid)  # type: ignore[operator]
+
+    assert run_job(store, home, job_id, progress=first_attempt_only) == "succeeded"  # type: ignore[arg-type]
+    job = store.get_job(job_id)
+    assert job is not None and job.auto_retries == 1 and job.next_retry_at is None
+    shown = CliRunner().invoke(app, ["jobs", "show", str(job_id)])
+    assert shown.exit_code == 0 and "automatic retry" not in shown.output, shown.output
+    delete_job(store, home.home, job_id)  # refused while a retry was still recorded as pending
+
+
+def test_the_server_clears_a_due_retry_when_it_queues_the_job(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    job_id, _ = create_job(store, make_job(tmp_path / "d", hyper={"steps": 1}))
+    store.transition(job_id, "running", "attempt starting")
+    store.transition(job_id, "failed", "internal error: the test's platform failure")
+    store.update_job(job_id, next_retry_at=time.time() - 1, auto_retries=1)
+    scheduler = Scheduler(store, home, poll_s=0.2)
+    scheduler.start()
+    try:
+        _wait_for(store, job_id, "succeeded")
+    finally:
+        scheduler.stop()
+    job = store.get_job(job_id)
+    assert job is not None and job.next_retry_at is None
+    assert "automatic retry" not in CliRunner().invoke(app, ["jobs", "show", str(job_id)]).output
 
 
 def _wait_for(store: Store, job_id: int, status: str, timeout_s: float = 120) -> None:

@@ -670,9 +670,10 @@ def functions(
     Functions in use are read from the store (each attempt records its plugins and samples their
     instances and memory every few seconds); leftovers from this machine (uid leases under
     /run/plugtune/uids and instance cgroups whose runtime process is gone). The quota holds each
-    job's runtime on its own; raise it with `plugtune serve --max-functions/--max-instances/
-    --total-memory-mb` (or PLUGTUNE_MAX_FUNCTIONS, _MAX_INSTANCES, _TOTAL_MEMORY_MB). Exits 1 when
-    --end-stale could not end everything (it names what is left)."""
+    job's runtime on its own; raise it with the options of `plugtune serve` (--max-functions,
+    --max-instances, --total-memory-mb), or PLUGTUNE_MAX_FUNCTIONS, PLUGTUNE_MAX_INSTANCES and
+    PLUGTUNE_TOTAL_MEMORY_MB for `plugtune run`. Exits 1 when --end-stale could not end everything
+    (it names what is left)."""
     from dataclasses import asdict
 
     from plugtune.jobs.functions import end_stale as end_leftovers

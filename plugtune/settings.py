@@ -14,8 +14,10 @@ class Settings:
     PLUGTUNE_HOME: state folder (default ``.plugtune`` in the working directory).
     PLUGTUNE_DATABASE_URL: SQLAlchemy URL; default SQLite at ``$PLUGTUNE_HOME/plugtune.db``.
     PLUGTUNE_API_TOKEN: bearer token the console and API require when set.
-    PLUGTUNE_RETENTION_DAYS: how long an ended plugin's monitoring data is kept (default 7).
-    PLUGTUNE_MAX_FUNCTIONS / _MAX_INSTANCES / _TOTAL_MEMORY_MB: the function runtime's quota.
+    PLUGTUNE_RETENTION_DAYS: how long an ended plugin's monitoring data is kept (default 7;
+    ``plugtune serve --retention-days``).
+    PLUGTUNE_MAX_FUNCTIONS / _MAX_INSTANCES / _TOTAL_MEMORY_MB: the quota of each function runtime
+    (each job attempt's; defaults 32, 64, 16384; ``plugtune serve --max-functions`` ...).
     PLUGTUNE_RAY_ADDRESS: the Ray cluster (``host:port`` or ``auto``) of jobs whose
     ``plugins.runtime_backend`` is ``ray``; unset: each such job starts a local Ray head.
     PLUGTUNE_ALLOWED_HOSTS: comma-separated names the console answers to besides localhost,

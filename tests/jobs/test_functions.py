@@ -158,6 +158,9 @@ def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attem
             proc.wait()
     daemon_uid = read_status(daemon).uid  # type: ignore[union-attr]
     assert (LEASES / str(daemon_uid)).exists()
+    unsettled = json.loads(runner.invoke(app, ["functions", "--json"]).output)  # no server looked yet
+    assert {f["attempt_alive"] for f in unsettled["functions"] if f["job_id"] == job_id} == {False}
+    assert f"job {job_id}: its attempt's process (pid {proc.pid}) is gone" in " ".join(unsettled["notes"])
     recover_interrupted(store, home)  # what the server does: the job ends, its plugins with it
     job = store.get_job(job_id)
     assert job is not None and job.status == "failed"
@@ -251,3 +254,23 @@ def test_serve_options_set_the_quota_and_retention_of_the_jobs_it_runs(
         p.retention_expires_at is not None and abs(p.retention_expires_at - p.ended_at - 43_200) < 1
         for p in ended
     )
+
+
+def test_the_plugin_tab_shows_job_yamls_limits_until_the_plugin_is_deployed(
+    tmp_path: Path, home: Settings, store: Store
+) -> None:
+    from plugtune.jobs.plugins import record_waiting
+    from plugtune.jobs.validation import validate_job
+
+    job_file = make_job(tmp_path / "job", rollout_runtime={"memory_mb": 700})
+    job_id, invalid = create_job(store, job_file)
+    assert invalid is None
+    record_waiting(store, job_id, validate_job(job_file))  # what an attempt does before it deploys
+    client = TestClient(create_app(store), base_url=BASE)
+    tab = client.get(f"/jobs/{job_id}/plugins?plugin=answer").text
+    assert 'memory_mb=700 <span class="muted">(job.yaml)</span>' in tab
+    assert "job.yaml's settings; the others are known once it is deployed" in tab
+    grader = client.get(f"/jobs/{job_id}/plugins?plugin=exact").text
+    assert "known once it is deployed (job.yaml sets none)" in grader
+    waiting = {f["plugin"]: f for f in client.get("/api/functions").json()["functions"]}
+    assert waiting["answer"]["status"] == "waiting" and waiting["answer"]["limits"] == {}

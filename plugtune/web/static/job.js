@@ -48,6 +48,7 @@
       this.detailTimer = null;
       this.duration = null; // {seconds, at}: the server's duration and when it was read
       this.steps = null; // steps done as last shown: a new step redraws the curves at once
+      this.stopping = false; // the cancel's "job N is stopping" is shown until the job has ended
     }
 
     start() {
@@ -142,6 +143,11 @@
       if (j.updated_at) setText("job-updated", PT.fmtTime(j.updated_at));
       const running = j.status === "running";
       for (const id of ["job-eta", "job-eta-label"]) if ($(id)) $(id).hidden = !running;
+      // "job N is stopping…" was true until the job ended: the cancelled panel says the rest.
+      if (!this.isLive() && this.stopping) {
+        this.stopping = false;
+        setText("cancel-result", "");
+      }
       $("cancel-bar").hidden = !this.isLive() && !$("cancel-result").textContent;
       $("cancel-button").hidden = !this.isLive();
       if (!this.isLive()) {
@@ -281,6 +287,7 @@
         const { status, data } = await PT.send("POST", `/api/jobs/${encodeURIComponent(this.id)}/cancel`);
         if (status === 202) {
           setText("cancel-result", data.message || `job ${this.id} is being cancelled`);
+          this.stopping = true;
           if (data.status) this.apply({ ...this.current(), status: data.status, updated_at: null });
         } else {
           setText("cancel-result", `Cannot cancel (${status}): ${data.detail || "no detail"}`);

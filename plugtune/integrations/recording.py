@@ -262,8 +262,9 @@ class EngineRun:
         self._failure = (error, reason)
 
     def close(self, error: BaseException | None = None) -> None:
-        """End the run: flush, stop the plugins, and (when this run created the job) end it in the
-        store as succeeded, or failed with ``error`` / the error ``fail()`` recorded."""
+        """End the run: flush (the call counts and ``ctx.metric`` values of steps not flushed yet
+        too), stop the plugins, and (when this run created the job) end it in the store as
+        succeeded, or failed with ``error`` / the error ``fail()`` recorded."""
         if self._closed:
             return
         self._closed = True
@@ -274,6 +275,8 @@ class EngineRun:
         try:
             for jf in self.functions:
                 jf.fn.flush_metrics()
+            for step in self.caller.pending_steps():  # the last step's counts and ctx.metric values
+                self._writer.add_metrics(self.caller.take_counts(step).metric_points(step))
             self.flush()
             for jf in self.functions:
                 if self.stopped is None or jf.spec.name != self.stopped.plugin:

@@ -125,6 +125,10 @@ class PolicyCaller:
         """The counts of ``step`` so far (created empty)."""
         return self._steps.setdefault(step, StepCounts())
 
+    def pending_steps(self) -> list[int]:
+        """The steps whose counts were not taken yet, oldest first."""
+        return sorted(self._steps)
+
     def take_counts(self, step: int) -> StepCounts:
         """The counts of ``step`` and of any earlier step not taken yet, and forget them."""
         total = StepCounts()

@@ -249,3 +249,50 @@ def test_the_example_run_composes_with_verls_config_and_its_job_validates(home: 
     assert loops[0]["_target_"] == "plugtune.integrations.verl.PlugtuneAgentLoop"
     validated = validate_job(example / "job.yaml", check_model=False)
     assert [g.function for g in validated.graders] == ["exact_answer"]
+
+
+MEASURED = """
+    ctx.metric("answer_chars", len(trajectory.completion.strip()))
+    return 1.0 if trajectory.completion.strip() == str(expected) else 0.0
+"""
+
+
+def test_verls_steps_keep_every_plugins_ctx_metric_per_step(
+    tmp_path: Path, home: Settings, runs: None, server: plugtune_verl.LocalServerManager
+) -> None:
+    task = tmp_path / "task"
+    (task / "plugins").mkdir(parents=True)
+    (task / "data").symlink_to(TASK / "data")
+    (task / "job.yaml").write_text((TASK / "job.yaml").read_text())
+    (task / "plugins" / "rollout.py").write_text((TASK / "plugins" / "rollout.py").read_text())
+    grader = (TASK / "plugins" / "grader.py").read_text()
+    old = "\n    return 1.0 if trajectory.completion.strip() == str(expected) else 0.0\n"
+    assert old in grader
+    (task / "plugins" / "grader.py").write_text(grader.replace(old, MEASURED))
+    worker = AgentLoopWorker(_config(tmp_path, task / "job.yaml"), llm_client=server)
+    rows = [ROWS[0], {"messages": [{"role": "user", "content": "1+2=?"}], "extra": {"ground_truth": "3"}}]
+
+    async def two_steps() -> list[Any]:  # on one event loop, as verl's worker runs
+        outputs = []
+        for step in (1, 2):  # the last step's values are written when the run closes
+            WEIGHTS["version"] = step - 1
+            outputs.append(await worker.generate_sequences(_batch(rows, {"global_steps": step})))
+        return outputs
+
+    outputs = asyncio.run(two_steps())
+    assert [o.non_tensor_batch["plugtune_status"].tolist() for o in outputs] == [["success"] * 2] * 2
+    plugtune_verl.close_runs()
+
+    store, job = _only_job(home)
+    series = store.metrics(job.id)
+
+    def by_step(name: str) -> dict[int, float]:
+        return {int(p.step or 0): p.value for p in series.get(name, [])}
+
+    assert by_step("metric/with_tool/tool_calls/count") == {1: 2.0, 2: 2.0}
+    records = store.trajectory_records(job.id, [t.trajectory_id for t in store.trajectories(job.id)])
+    for step in (1, 2):
+        values = [r.metrics["exact_match/answer_chars"] for r in records if r.step == step]
+        assert len(values) == 2
+        got = {s: by_step(f"metric/exact_match/answer_chars/{s}")[step] for s in ("mean", "min", "max")}
+        assert got == pytest.approx({"mean": sum(values) / 2, "min": min(values), "max": max(values)})

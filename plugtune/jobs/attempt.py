@@ -159,16 +159,28 @@ async def _run_plugtune(store: Store, settings: Settings, job_id: int, job: Vali
                     store.set_plugin_status(job_id, jf.spec.name, "completed")
 
 
-#: ``trainer:`` -> the integration that trains such a job; named, not imported: the core never
-#: imports an engine.
-ENGINE_TRAINERS = {"trl": "plugtune.integrations.trl"}
+#: The entry-point group of the engines that train a job whose ``trainer:`` is not plugtune's own:
+#: each is ``name = "module:train_job"`` in its package's metadata (plugtune's pyproject.toml
+#: declares ``trl``), so the core finds an engine without importing the layer above it.
+ENGINE_GROUP = "plugtune.trainers"
+
+
+def engine_trainer(name: str) -> Any:
+    """The ``train_job(store, job_id, job, out)`` of the engine named ``name``; RuntimeError naming
+    the install to run when no installed package declares it."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=ENGINE_GROUP, name=name))
+    if not found:
+        raise RuntimeError(
+            f"trainer: {name}: no installed package declares this trainer (entry point group "
+            f"{ENGINE_GROUP!r}); install plugtune with its extras (pip install -e '.[trl]') and try again"
+        )
+    return found[0].load()
 
 
 def _train_with_engine(store: Store, settings: Settings, job_id: int, job: ValidatedJob) -> None:
-    import importlib
-
-    engine = importlib.import_module(ENGINE_TRAINERS[job.spec.trainer])
-    engine.train_job(store, job_id, job, job_dir(settings, job_id))
+    engine_trainer(job.spec.trainer)(store, job_id, job, job_dir(settings, job_id))
 
 
 async def _train(

@@ -142,8 +142,10 @@ def log_tail(
     rows = store.logs(job_id, **flt.store_kwargs(), after_id=after, limit=limit)
     skipped = 0
     if rows and len(rows) >= limit:
-        between = {"after_id": after, "before_id": rows[-1].id, "cap": LOG_COUNT_CAP}
-        skipped = store.count_logs(job_id, **flt.store_kwargs(), **between)
+        oldest_shown = rows[-1].id
+        skipped = store.count_logs(
+            job_id, **flt.store_kwargs(), after_id=after, before_id=oldest_shown, cap=LOG_COUNT_CAP
+        )
     return [log_out(r) for r in rows], skipped
 
 

@@ -182,10 +182,28 @@ def _remove_when_empty(path: Path, within_s: float) -> bool:
                 path.parent.rmdir()  # the runtime's own folder, once its last instance's is gone
             except OSError:
                 pass
+            _remove_v1_twins(path)
             return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def _remove_v1_twins(memory_path: Path) -> None:
+    """On cgroup v1 an instance also has folders of the same name in the cpu and pids hierarchies
+    (empty once its processes ended): remove them with it."""
+    own = _own_paths()
+    relative = Path(memory_path.parent.name) / memory_path.name
+    for controller in ("cpu", "pids"):
+        mount = _v1_mount(controller)
+        if mount is None or controller not in own:
+            continue
+        twin = mount / own[controller].lstrip("/") / relative
+        for folder in (twin, twin.parent):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
 
 
 def _holder_of(name: str) -> int | None:

@@ -30,6 +30,18 @@ app.add_typer(jobs_app, name="jobs")
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document.")
 
 
+@app.callback()
+def _reveal_bidi_controls() -> None:
+    # Every command prints text a plugin or a dataset wrote (logs, errors, replies): its bidi
+    # controls are shown as ⟨U+202E⟩, as the console shows them, never obeyed by the terminal.
+    from plugtune.bidi import RevealingStream
+
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, RevealingStream):
+            setattr(sys, name, RevealingStream(stream))
+
+
 @contextmanager
 def _opened_store(create: bool = False) -> Iterator[tuple[Settings, Store]]:
     """The store named by the environment; a database problem is a clear message, not a traceback.

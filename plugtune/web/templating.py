@@ -7,7 +7,6 @@ Text a plugin or a dataset wrote goes through ``clip``: bidi controls are shown 
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -15,9 +14,10 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup
 
+from plugtune.bidi import reveal
+
 TEMPLATES = Path(__file__).parent / "templates"
 CLIP = 2000  # characters of untrusted text shown before "show more" (console.js has the same)
-BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def ts(value: float | None) -> str:
@@ -25,11 +25,6 @@ def ts(value: float | None) -> str:
     if value is None:
         return ""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(value)))
-
-
-def reveal(text: str) -> str:
-    """``text`` with every bidi control character replaced by a visible ``⟨U+XXXX⟩``."""
-    return BIDI_CONTROLS.sub(lambda m: f"⟨U+{ord(m.group()):04X}⟩", text)
 
 
 def clip(value: object, limit: int = CLIP) -> Markup:

@@ -224,6 +224,7 @@ def test_phone_width_dark_mode_long_lines_and_bidi(served: tuple[str, Store, See
             f"/jobs/{seeded.failed_job}/plugins",
             f"/jobs/{job}/logs",
             f"/jobs/{seeded.failed_job}/trajectories",
+            "/functions",
         ):
             page.goto(base + path)
             wide = page.evaluate("document.documentElement.scrollWidth")

@@ -1,8 +1,10 @@
-"""PT401-PT403: which functions are plugins, and whether the runtime will accept them.
+"""PT401-PT403, PT405: which functions are plugins, and whether the runtime will accept them.
 
 A function is a plugin when a plugtune decorator marks it, when a ``job.yaml`` names it, or when it
 looks like one (parameters ``(ctx, policy, sample)`` / ``(ctx, sample, trajectory[s])``, or a
-rollout/grader name in a file under ``plugins/``).
+rollout/grader name in a file under ``plugins/``). A plugin shaped like another framework's reward
+function (TRL's ``(completions, **kwargs)`` over a batch, verl's ``compute_score(data_source,
+solution_str, ground_truth, ...)``) is PT405, with the @grader that calls it.
 """
 
 from __future__ import annotations
@@ -68,6 +70,46 @@ def check_plugin(plugin: Plugin, expected: dict[str, Kind], file: str) -> list[F
         )
     out.extend(_decorator_arguments(node, file))
     return out
+
+
+def foreign_shape(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """ "TRL" or "verl" when the function's parameters are those of that framework's reward function."""
+    args = node.args
+    names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+    if {"solution_str", "ground_truth"} <= names:
+        return "verl"
+    if "completions" in names and not names & {"ctx", "sample", "trajectory", "trajectories"}:
+        return "TRL"
+    return None
+
+
+def check_foreign(plugin: Plugin, shape: str, expected: dict[str, Kind], file: str) -> Finding:
+    """PT405: a TRL or verl reward function used as a plugin, and the @grader that wraps it."""
+    node, name = plugin.node, plugin.node.name
+    chat = ""
+    if shape == "verl":
+        what = f"`{name}` is a verl reward function (data_source, solution_str, ground_truth, ...)"
+        call = (
+            f'float({name}(sample.extra.get("data_source"), trajectory.completion, '
+            f'sample.extra["ground_truth"], sample.extra))'
+        )
+    else:
+        what = f"`{name}` is a TRL reward function (a batch of completions in, a list of floats out)"
+        params = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+        prompts = "prompts=[sample.messages], " if "prompts" in params else ""
+        columns = "**{k: [v] for k, v in sample.extra.items()}"
+        call = f"{name}({prompts}completions=[trajectory.completion], {columns})[0]"
+        chat = ' (if it reads chat completions: [[{"role": "assistant", "content": trajectory.completion}]])'
+    named = " job.yaml names it as a plugin, but" if name in expected else ""
+    message = (
+        f"{what}:{named} a plugtune {plugin.kind.value} is called as "
+        f"({', '.join(PARAMETERS[plugin.kind])}) and scores one trajectory, so it cannot be one as it is"
+    )
+    fix = (
+        f"leave `{name}` as it is and add `@grader def grade_{name}(ctx, sample, trajectory): "
+        f"return {call}`{chat}, then name grade_{name} in job.yaml"
+    )
+    return finding(file, node, "PT405", message, fix)
 
 
 def check_exits(plugin: Plugin, imports: dict[str, str], file: str) -> list[Finding]:

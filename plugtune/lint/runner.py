@@ -18,7 +18,7 @@ from plugtune.lint.blocking import check_blocking
 from plugtune.lint.findings import RULES, Finding, finding
 from plugtune.lint.graders import check_excepts, check_grader
 from plugtune.lint.names import import_map
-from plugtune.lint.plugins import check_exits, check_plugin, find_plugins
+from plugtune.lint.plugins import check_exits, check_foreign, check_plugin, find_plugins, foreign_shape
 from plugtune.sdk.decorators import Kind
 
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "venv", "build", "dist"}
@@ -114,6 +114,10 @@ def lint_source(
     plugins = find_plugins(tree, imports, expected, in_plugins_dir)
     graders = {p.node.name for p in plugins if p.kind in (Kind.GRADER, Kind.GROUP_GRADER)}
     for plugin in plugins:
+        shape = foreign_shape(plugin.node)
+        if shape is not None:  # the other rules would steer it to a decorator it cannot take
+            out.append(check_foreign(plugin, shape, expected, file))
+            continue
         out.extend(check_plugin(plugin, expected, file))
         out.extend(check_exits(plugin, imports, file))
         if plugin.kind in (Kind.GRADER, Kind.GROUP_GRADER):

@@ -30,7 +30,9 @@ def found(path: Path, **kwargs: object) -> set[tuple[int, str]]:
     return {(f.line, f.rule) for f in lint_file(path, **kwargs)}  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("name", ["blocking.py", "graders_bad.py", "plugins/undecorated.py"])
+@pytest.mark.parametrize(
+    "name", ["blocking.py", "graders_bad.py", "plugins/undecorated.py", "plugins/foreign.py"]
+)
 def test_each_pattern_is_found_at_its_line(name: str) -> None:
     path = FIXTURES / name
     want = expected(path)

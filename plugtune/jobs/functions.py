@@ -37,7 +37,7 @@ ENDED_JOB = ("succeeded", "failed", "cancelled")
 
 @dataclass(frozen=True)
 class FunctionInUse:
-    """A plugin that a running attempt deploys or runs, as the store has it."""
+    """A plugin of a running job that its attempt deploys or runs, as the store has it."""
 
     job_id: int
     job_name: str
@@ -105,14 +105,16 @@ QUOTA_SCOPE = (
 def functions_view(store: Store, settings: Settings) -> FunctionsView:
     """Every function in use (store) and every leftover of a killed runtime (machine), with the quota."""
     quota = Quota.from_settings(settings)
-    plugins = store.plugins_in_use()
-    jobs = {j: store.get_job(j) for j in sorted({p.job_id for p in plugins})}
-    running_attempts = {j: _last_running(store.list_attempts(j)) for j in jobs}
+    found_plugins = store.plugins_in_use()
+    every = {j: store.get_job(j) for j in sorted({p.job_id for p in found_plugins})}
+    jobs = {j: job for j, job in every.items() if job is not None and job.status == "running"}
+    plugins = [p for p in found_plugins if p.job_id in jobs]  # a queued job's wait for its next attempt
+    running_attempts = {j: _running(store.list_attempts(j)) for j in jobs}
     latest = _latest(store, list(jobs))
     rows = []
     for p in plugins:
         job = jobs[p.job_id]
-        attempt = running_attempts[p.job_id]
+        attempt = running_attempts[p.job_id]  # None: being started (its plugins wait to deploy)
         instances = latest.get((p.job_id, p.name, INSTANCES))
         percent = latest.get((p.job_id, p.name, MEMORY_PERCENT))
         memory_mb = int(p.runtime["memory_mb"]) if "memory_mb" in p.runtime else None
@@ -120,8 +122,8 @@ def functions_view(store: Store, settings: Settings) -> FunctionsView:
         rows.append(
             FunctionInUse(
                 job_id=p.job_id,
-                job_name=job.name if job else "",
-                job_status=job.status if job else "deleted",
+                job_name=job.name,
+                job_status=job.status,
                 attempt=attempt.number if attempt else None,
                 attempt_pid=attempt.pid if attempt else None,
                 attempt_alive=bool(attempt and attempt.pid and leftovers.is_alive(attempt.pid)),
@@ -161,9 +163,9 @@ def end_stale(store: Store) -> tuple[list[Leftover], leftovers.Ended]:
     return _leftovers(store, found), leftovers.end(found)
 
 
-def _last_running(attempts: list[Attempt]) -> Attempt | None:
+def _running(attempts: list[Attempt]) -> Attempt | None:
     running = [a for a in attempts if a.status == "running"]
-    return running[-1] if running else (attempts[-1] if attempts else None)
+    return running[-1] if running else None
 
 
 def _latest(store: Store, job_ids: list[int]) -> dict[tuple[int, str, str], tuple[float, float]]:

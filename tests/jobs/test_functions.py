@@ -272,5 +272,8 @@ def test_the_plugin_tab_shows_job_yamls_limits_until_the_plugin_is_deployed(
     assert "job.yaml's settings; the others are known once it is deployed" in tab
     grader = client.get(f"/jobs/{job_id}/plugins?plugin=exact").text
     assert "known once it is deployed (job.yaml sets none)" in grader
+    assert client.get("/api/functions").json()["functions"] == []  # queued: nothing deploys yet
+    store.transition(job_id, "running", "attempt starting")
     waiting = {f["plugin"]: f for f in client.get("/api/functions").json()["functions"]}
     assert waiting["answer"]["status"] == "waiting" and waiting["answer"]["limits"] == {}
+    assert waiting["answer"]["attempt"] is None and not client.get("/api/functions").json()["notes"]

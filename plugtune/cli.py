@@ -138,7 +138,9 @@ def lint(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Check plugins statically: blocking calls in async code, NaN-prone graders, swallowed errors,
-    missing decorators and signatures the runtime rejects. Exits 1 when anything is found."""
+    missing decorators, signatures the runtime rejects and reward functions written for TRL or
+    verl. Exits 1 when anything is found; when nothing is, says which files, plugins and rules it
+    checked."""
     import json
 
     from plugtune.lint import lint_paths
@@ -155,6 +157,8 @@ def lint(
             typer.echo(str(finding))
         if report.findings:
             typer.echo(f"{len(report.findings)} finding(s) in {len(report.files)} file(s)", err=True)
+        else:
+            typer.echo(report.checked(), err=True)
     raise typer.Exit(1 if report.findings else 0)
 
 
@@ -416,7 +420,8 @@ def jobs_list(
 def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
     """Show a job: status, progress, the classified error with its hint, warnings (off-policy
     training, dropped policy tokens, steps whose groups gave no gradient, replies cut at
-    max_new_tokens, each with example trajectory ids), attempts and plugins."""
+    max_new_tokens, each with example trajectory ids), attempts, plugins, and each plugin's
+    ctx.metric values of the newest step (mean, min, max, count)."""
     from plugtune.jobs.control import queue_positions
 
     with _opened_store() as (_, store):
@@ -453,6 +458,18 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
                 if k in ("reward/mean", "loss", "kl", "response_length")
             }
             typer.echo("  latest: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+        _echo_plugin_metrics(doc["plugin_metrics"])
+
+
+def _echo_plugin_metrics(found: dict[str, dict[str, dict[str, float]]], most: int = 20) -> None:
+    rows = [(plugin, name, v) for plugin, names in found.items() for name, v in names.items()]
+    for plugin, name, v in rows[:most]:
+        typer.echo(
+            f"  metric {plugin} {name} (step {v.get('step', 0):.0f}): mean {v.get('mean', 0):.4g}, "
+            f"min {v.get('min', 0):.4g}, max {v.get('max', 0):.4g}, {v.get('count', 0):.0f} values"
+        )
+    if len(rows) > most:
+        typer.echo(f"  ... and {len(rows) - most} more plugin metrics (jobs show --json has them all)")
 
 
 @jobs_app.command("retry")

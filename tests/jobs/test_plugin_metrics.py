@@ -102,6 +102,9 @@ def test_every_ctx_metric_is_aggregated_per_step_and_shown_everywhere(
     assert doc["plugin_metrics"]["answer"]["turns"] == {"mean": 1, "min": 1, "max": 1, "count": 6, "step": 2}
     assert doc["plugin_metrics"]["spread"]["size"]["count"] == 2
     assert doc["metrics"]["metric/exact/chars_seen/count"] == 6
+    text = CliRunner().invoke(app, ["jobs", "show", str(job_id)]).output
+    assert "metric answer turns (step 2): mean 1, min 1, max 1, 6 values" in text
+    assert "metric spread size (step 2): mean 3, min 3, max 3, 2 values" in text
 
     # The curves: a section per plugin, one chart per name with its mean, min and max by step.
     client = TestClient(create_app(store), base_url="http://127.0.0.1:8321")

@@ -39,13 +39,13 @@ class JobStop(Exception):  # noqa: N818 - a control-flow signal, not an error of
     """Raised when a failed plugin call must end the job; ``error`` is the classified cause."""
 
     def __init__(
-        self, error: PluginCallError, reason: str, ctx: Context | None = None, args: tuple[Any, ...] = ()
+        self, error: PluginCallError, reason: str, ctx: Context | None = None, call_args: tuple[Any, ...] = ()
     ) -> None:
         super().__init__(f"{error} ({reason})")
         self.error = error
         self.reason = reason
         self.ctx = ctx  # the failing call, so its trajectory can be kept as evidence
-        self.args = args
+        self.call_args = call_args  # what that call was given (the exception's own args stay its message)
 
 
 class StepCounts:

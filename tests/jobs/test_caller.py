@@ -46,6 +46,10 @@ async def test_exhausted_retries_fail_the_job_with_the_last_cause() -> None:
     with pytest.raises(JobStop) as stop:
         await PolicyCaller(FailurePolicy(max_attempts=2))(fn, Context())
     assert stop.value.error.cause == "500"
+    # the exception's own args are its message (pickling, logging and repr rely on them); the failing
+    # call's arguments are kept apart (they replaced args, so str(stop) was the call's first argument)
+    assert stop.value.args == (str(stop.value),) and "500" in str(stop.value)
+    assert isinstance(stop.value.call_args, tuple)
 
 
 async def test_drop_sample_hands_the_error_back_to_the_trainer() -> None:

@@ -57,15 +57,15 @@ RULES: dict[str, Rule] = {
         Rule("PT402", "bad-plugin-signature", "use the documented signature; the runtime rejects this one"),
         Rule("PT403", "wrong-plugin-kind", "use the decorator that matches its place in job.yaml"),
         Rule(
-            "PT405",
-            "foreign-reward-function",
-            "keep the function and call it from a @grader that scores one trajectory",
-        ),
-        Rule(
             "PT404",
             "duplicate-plugin-name",
             "give one of the two entries in job.yaml its own `name:` (rewards, metrics and logs are "
             "kept by name)",
+        ),
+        Rule(
+            "PT405",
+            "foreign-reward-function",
+            "keep the function and call it from a @grader that scores one trajectory",
         ),
     )
 }

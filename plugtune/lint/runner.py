@@ -33,6 +33,7 @@ class LintReport:
 
     files: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    plugins: list[str] = field(default_factory=list)  # "file:function (kind)", each one checked
 
     def to_dict(self) -> dict[str, Any]:
         by_rule: dict[str, int] = {}
@@ -40,8 +41,31 @@ class LintReport:
             by_rule[f.rule] = by_rule.get(f.rule, 0) + 1
         return {
             "findings": [f.to_dict() for f in self.findings],
-            "summary": {"files": len(self.files), "findings": len(self.findings), "by_rule": by_rule},
+            "summary": {
+                "files": len(self.files),
+                "findings": len(self.findings),
+                "by_rule": by_rule,
+                "plugins": self.plugins,
+            },
         }
+
+    def checked(self) -> str:
+        """What was checked, for a run that found nothing."""
+        python = sum(1 for f in self.files if f.endswith(".py"))
+        jobs = len(self.files) - python
+        what = f"{python} Python file(s)" + (f" and {jobs} job.yaml file(s)" if jobs else "")
+        if not self.plugins:
+            return (
+                f"no finding in {what}, and no plugin among them: lint checks functions decorated "
+                "@rollout, @grader or @group_grader, named in a job.yaml, or with a plugin's parameters"
+            )
+        by_file: dict[str, list[str]] = {}
+        for plugin in self.plugins:
+            file, name = plugin.rsplit(":", 1)
+            by_file.setdefault(file, []).append(name)
+        plugins = "; ".join(f"{file}: {', '.join(names)}" for file, names in by_file.items())
+        rules = ", ".join(f"{r.id} {r.name}" for r in RULES.values())
+        return f"no finding in {what}\n  plugins checked: {plugins}\n  rules: {rules}"
 
 
 def lint_paths(paths: Sequence[str | Path]) -> LintReport:
@@ -59,6 +83,7 @@ def lint_paths(paths: Sequence[str | Path]) -> LintReport:
     report = LintReport(files=[str(f) for f in files] + [str(j) for j in job_files])
     for path in files:
         report.findings.extend(lint_file(path, expected.get(path, {})))
+        report.plugins.extend(_plugin_names(path, expected.get(path, {})))
     for job in job_files:
         report.findings.extend(_name_findings(job))
     return report
@@ -124,6 +149,16 @@ def lint_source(
             out.extend(check_grader(plugin.node, plugin.kind, imports, file))
     out.extend(check_excepts(tree, graders, imports, file))
     return sorted(_not_silenced(out, source), key=lambda f: (f.line, f.col, f.rule))
+
+
+def _plugin_names(path: Path, expected: dict[str, Kind]) -> list[str]:
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []  # PT000 says why
+    in_plugins = "plugins" in path.resolve().parts[:-1]
+    found = find_plugins(tree, import_map(tree), expected, in_plugins)
+    return [f"{_display(path)}:{p.node.name} ({p.kind.value})" for p in found]
 
 
 def _not_silenced(findings: list[Finding], source: str | bytes) -> list[Finding]:

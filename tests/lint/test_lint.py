@@ -105,7 +105,19 @@ def test_cli_exit_status_and_json(tmp_path: Path) -> None:
     shutil.copy(FIXTURES / "graders_ok.py", clean)
     result = runner.invoke(app, ["lint", str(clean)])
     assert result.exit_code == 0, result.output
-    assert result.output == ""
+    assert result.stdout == ""  # nothing to fix; stderr says what was checked
+    said = result.stderr.splitlines()
+    assert said[0] == "no finding in 1 Python file(s)", said
+    assert said[1].startswith("  plugins checked: ") and "graders_ok.py: exact (grader), " in said[1]
+    assert "ranks (group_grader)" in said[1] and said[2].startswith("  rules: PT000 syntax-error, ")
+    assert all(rule in said[2] for rule in RULES)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "helpers.py").write_text("def add(a, b):\n    return a + b\n")
+    result = runner.invoke(app, ["lint", str(empty)])
+    assert (
+        result.exit_code == 0 and "no finding in 1 Python file(s), and no plugin among them" in result.stderr
+    )
     result = runner.invoke(app, ["lint", str(FIXTURES / "blocking.py")])
     assert result.exit_code == 1
     assert "PT101 [blocking-call]" in result.output and "fix:" in result.output

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from plugtune.errors import PluginCallError
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
@@ -50,6 +50,9 @@ from plugtune.runtime.runtime import BaseRuntime, LocalRuntime
 from plugtune.sdk import Context, Kind
 from plugtune.store import Store, StoreWriter
 from plugtune.types import CallOutcome, MetricPoint, TrajectoryRecord
+
+if TYPE_CHECKING:
+    from plugtune.trainer.tracking import Trackers
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ class EngineRun:
         self._writer = StoreWriter(store, job_id)
         self._closed = False
         self._cancelled, self._cancel_checked = False, 0.0
+        self.trackers: Trackers | None = None  # when set, training and plugin metrics go there too
         atexit.register(self.close)  # a run whose engine never said it ended still ends in the store
 
     @property
@@ -213,6 +217,8 @@ class EngineRun:
         self._writer.add_metrics(
             MetricPoint(now, "", name, float(v), step=step) for name, v in metrics.items() if _finite(v)
         )
+        if self.trackers is not None:
+            self.trackers.log(step, {name: float(v) for name, v in metrics.items() if _finite(v)})
 
     def flush(self, step: int | None = None, *, durable: bool = True) -> None:
         """Write plugin logs and resource metrics so far (and ``step``'s call counts); durable on
@@ -224,8 +230,7 @@ class EngineRun:
         its error)."""
         counts = None
         if step is not None:
-            counts = self.caller.take_counts(step)
-            self._writer.add_metrics(counts.metric_points(step))
+            counts = self._write_counts(step)
             self._writer.set_steps_done(step)
         logs, points = self._drain.take()
         self._writer.add_logs(logs)
@@ -234,6 +239,14 @@ class EngineRun:
             self._writer.flush()
         if counts is not None:
             self._check_breaker(counts)
+
+    def _write_counts(self, step: int) -> StepCounts:
+        """``step``'s call counts and ``ctx.metric`` aggregates (and any earlier step's left)."""
+        counts = self.caller.take_counts(step)
+        self._writer.add_metrics(counts.metric_points(step))
+        if self.trackers is not None and counts.plugin_metrics.by_plugin:
+            self.trackers.log(step, counts.plugin_metrics.flat())
+        return counts
 
     def cancel_requested(self) -> bool:
         """Whether the job was cancelled in the console (``plugtune jobs cancel``): looked up in the
@@ -276,7 +289,7 @@ class EngineRun:
             for jf in self.functions:
                 jf.fn.flush_metrics()
             for step in self.caller.pending_steps():  # the last step's counts and ctx.metric values
-                self._writer.add_metrics(self.caller.take_counts(step).metric_points(step))
+                self._write_counts(step)
             self.flush()
             for jf in self.functions:
                 if self.stopped is None or jf.spec.name != self.stopped.plugin:

@@ -648,12 +648,12 @@ def train_job(store: Any, job_id: int, job: ValidatedJob, out: Path) -> None:
     TRL saves a checkpoint (model, optimizer, scheduler, RNG, trainer state) every
     ``save_every_n_steps`` under ``out/trl/checkpoint-N`` and each is recorded in the store, so a
     retried attempt resumes from the newest one (``resume_from_checkpoint``) and the steps after
-    it are forgotten and run again, as for a native job. The attempt process
-    (``plugtune.jobs.attempt``) owns the job's status and classifies errors."""
+    it are forgotten and run again, as for a native job. TRL's metrics and the plugins'
+    ``ctx.metric`` aggregates go to the job's TensorBoard files (and W&B run) as a native job's do.
+    The attempt process (``plugtune.jobs.attempt``) owns the job's status and classifies errors."""
     import os
 
-    from trl import GRPOTrainer
-
+    from plugtune.jobs.attempt import job_trackers
     from plugtune.trainer.model import load_model
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL
@@ -661,7 +661,18 @@ def train_job(store: Any, job_id: int, job: ValidatedJob, out: Path) -> None:
     resume = checkpoint.path if checkpoint is not None and Path(checkpoint.path).is_dir() else None
     store.delete_after_step(job_id, checkpoint.step if resume and checkpoint else -1)
     lm = load_model(job.model_dir)
+    with job_trackers(out, job.spec, job_id) as trackers:
+        _train(store, job_id, job, out, lm, resume, trackers)
+
+
+def _train(
+    store: Any, job_id: int, job: ValidatedJob, out: Path, lm: Any, resume: str | None, trackers: Any
+) -> None:
+    """TRL's training of the job, its metrics also written to ``trackers``."""
+    from trl import GRPOTrainer
+
     run = open_run(job, store=store, job_id=job_id)
+    run.run.trackers = trackers
     try:
         trainer = GRPOTrainer(
             model=lm.model,

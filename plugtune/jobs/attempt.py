@@ -227,7 +227,7 @@ async def _train(
         # This process now exists to train: keep freed memory for the next step, and take what
         # start-up left alive out of the garbage collector's full passes.
         log.info("trainer memory: %s", settle_for_training())
-        with StoreWriter(store, job_id) as writer, spans, _trackers(out, spec, job_id) as trackers:
+        with StoreWriter(store, job_id) as writer, spans, job_trackers(out, spec, job_id) as trackers:
             tail = asyncio.create_task(_drain_every(drain, writer, LIVE_TAIL_S))
             try:
                 loop = _Loop(store, job_id, trainer, caller, drain, writer, hashes, out, gateway, spec)
@@ -240,8 +240,9 @@ async def _train(
         trainer.save_final(out / "final")
 
 
-def _trackers(out: Path, spec: Any, job_id: int) -> Trackers:
-    """TensorBoard event files under the job's folder, and an offline W&B run when asked for."""
+def job_trackers(out: Path, spec: Any, job_id: int) -> Trackers:
+    """TensorBoard event files under the job's folder, and an offline W&B run when asked for (the
+    embedded trainer's and a ``trainer: trl`` job's)."""
     wandb = spec.tracking.wandb
     config = {"model": spec.model, **dataclasses.asdict(spec.hyperparameters)}
     return Trackers(out, f"{spec.name}-{job_id}", wandb.project if wandb else None, config)

@@ -1,5 +1,5 @@
 """``trainer: trl``: every ``ctx.metric`` of the rollout and the graders is aggregated per step,
-plugin and name, as in a native job (issue 24, item 2)."""
+plugin and name, stored and written to TensorBoard, as in a native job (issue 24, item 2)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import pytest
 from plugtune.jobs.report import job_document
 from plugtune.settings import Settings
 from plugtune.store import Store
+from plugtune.trainer.tracking import TENSORBOARD_DIR
 from tests.integrations.conftest import TASK
+from tests.trainer.test_tracking import tensorboard_scalars
 
 pytest.importorskip("trl")
 
@@ -62,5 +64,10 @@ def test_a_trl_job_keeps_its_plugins_metrics_per_step(home: Settings, tmp_path: 
         doc = job_document(store, job.id)
         assert doc["plugin_metrics"]["exact_match"]["answer_chars"]["count"] == 4
         assert doc["plugin_metrics"]["with_tool"]["tool_calls"]["step"] == 2
+        # TensorBoard, as for a native job: TRL's metrics and the plugins' aggregates by step
+        scalars = tensorboard_scalars(home.home / "jobs" / str(job.id) / TENSORBOARD_DIR)
+        assert [v for _, v in scalars["metric/with_tool/tool_calls/count"]] == [4.0, 4.0]
+        assert [s for s, _ in scalars["metric/exact_match/answer_chars/max"]] == [1, 2]
+        assert [s for s, _ in scalars["reward/mean"]] == [1, 2]
     finally:
         store.close()

@@ -1,7 +1,8 @@
 """One error hierarchy for every failure plugtune reports (DESIGN §2, the contract).
 
 Each class says when it is raised. Every instance carries the taxonomy fields a user needs:
-``type`` (exact string), ``owner`` (platform / plugin / data), ``cause``, ``message`` and ``hint``.
+``type`` (exact string), ``owner`` (platform / plugin / data / dependency), ``cause``, ``message``
+and ``hint``.
 Errors are translated once, at the layer boundary where they are detected, with ``raise ... from``.
 """
 
@@ -21,12 +22,14 @@ class ErrorType(str, enum.Enum):
     INVALID_DATA = "Invalid data"
     INVALID_VALUE = "Invalid value"
     LOSS_NAN = "Loss nan"
+    DEPENDENCY = "Dependency error"
 
 
 class Owner(str, enum.Enum):
     PLATFORM = "platform"
     PLUGIN = "plugin"
     DATA = "data"
+    DEPENDENCY = "dependency"  # a service the plugin calls (LLM judge, API): neither its code nor us
 
 
 class Cause(str, enum.Enum):
@@ -50,6 +53,17 @@ class StatusCause(str, enum.Enum):
     RETRY = "Status retry"
 
 
+class DependencyCause(str, enum.Enum):
+    """Why a call failed on a service the plugin calls (found in the failed call's exception chain):
+    the service's fault, not the plugin's code nor the platform."""
+
+    RATE_LIMITED = "rate limited"  # HTTP 429
+    SERVER_ERROR = "server error"  # HTTP 5xx
+    UNREACHABLE = "unreachable"  # connect refused, DNS, TLS, connection reset
+    TIMEOUT = "timeout"  # the client's own timeout on the request
+    BAD_REPLY = "bad reply"  # an answer that does not parse (malformed JSON, wrong shape)
+
+
 OWNERS: dict[ErrorType, Owner] = {
     ErrorType.INTERNAL: Owner.PLATFORM,
     ErrorType.UNKNOWN: Owner.PLATFORM,
@@ -57,9 +71,10 @@ OWNERS: dict[ErrorType, Owner] = {
     ErrorType.INVALID_DATA: Owner.DATA,
     ErrorType.INVALID_VALUE: Owner.DATA,
     ErrorType.LOSS_NAN: Owner.DATA,
+    ErrorType.DEPENDENCY: Owner.DEPENDENCY,
 }
 
-HINTS: dict[ErrorType | Cause | StatusCause, str] = {
+HINTS: dict[ErrorType | Cause | StatusCause | DependencyCause, str] = {
     ErrorType.INTERNAL: (
         "A platform component failed. The job retries by itself from its last checkpoint; "
         "you can also retry it now. If it keeps failing, send the support bundle."
@@ -117,6 +132,33 @@ HINTS: dict[ErrorType | Cause | StatusCause, str] = {
         "The plugin asked for a retry itself (Status.RETRY or `raise Retry(reason)`) on every try, so "
         "the sample was dropped. The message holds its own reason; fix what it reports, or raise "
         "failure_policy.max_attempts if a later try would succeed."
+    ),
+    ErrorType.DEPENDENCY: (
+        "A service the plugin calls failed; the plugin's code is not at fault. The job retries by "
+        "itself after a delay (retry.platform_delay_s); check the service named in the message."
+    ),
+    DependencyCause.RATE_LIMITED: (
+        "The service the plugin calls answered 429 (rate limited): it gets more requests than its "
+        "limit. Lower the job's demand on it (fewer max_instances or max_concurrency for this plugin) "
+        "or raise the service's limit; record its limit as `rpm` under job.yaml `dependencies:`."
+    ),
+    DependencyCause.SERVER_ERROR: (
+        "The service the plugin calls answered with a 5xx server error: it is failing, not your "
+        "code. Check the service (its status page, logs); the job retries by itself."
+    ),
+    DependencyCause.UNREACHABLE: (
+        "The service the plugin calls could not be reached (connection refused, name not found, "
+        "TLS or reset): check that it is up and that its address in job.yaml `dependencies:` is right."
+    ),
+    DependencyCause.TIMEOUT: (
+        "The request to the service the plugin calls timed out on the client's own timeout: the "
+        "service is slow or hanging. Check the service; set a client timeout below runtime.timeout_s "
+        "(job.yaml `dependencies:` `timeout_s` records it)."
+    ),
+    DependencyCause.BAD_REPLY: (
+        "The service the plugin calls answered with something that does not parse (malformed JSON or "
+        "an unexpected shape). Check the service's reply in the plugin's log lines; if the service "
+        "answers that way on purpose, handle it in the plugin and return None (unscorable)."
     ),
     ErrorType.INVALID_DATA: (
         "A data file is missing, unreadable or empty. Fix the path in job.yaml or the file itself."
@@ -194,6 +236,16 @@ class UnknownError(PlugtuneError):
     error_type = ErrorType.UNKNOWN
 
 
+#: The hint of a call that failed because ``network: policy-only`` refused its connection.
+POLICY_REFUSED_HINT = (
+    "The function's network is `policy-only` (the default): it reaches the policy gateway and the "
+    "services declared in job.yaml `dependencies:` only, and this connection went elsewhere. Declare "
+    "the service there (e.g. `dependencies: {judge: http://host:port}`, or `deploy(..., "
+    "dependencies={'judge': 'http://host:port'})` in Python), or set `network: any` in the plugin's "
+    "runtime to use the host's network unrestricted."
+)
+
+
 class PluginCallError(PlugtuneError):
     """Raised when one plugin call fails; ``cause`` is exactly one :class:`Cause` (the runtime's
     finding) or :class:`StatusCause` (the plugin's own verdict, with its reason as the message);
@@ -204,7 +256,7 @@ class PluginCallError(PlugtuneError):
 
     def __init__(
         self,
-        cause: Cause | StatusCause,
+        cause: Cause | StatusCause | DependencyCause,
         message: str,
         *,
         plugin: str = "",
@@ -260,6 +312,23 @@ class PluginCallError(PlugtuneError):
             peak_memory_mb=self.peak_memory_mb,
             code_hash=self.code_hash,
         )
+        return out
+
+
+class DependencyCallError(PluginCallError):
+    """Raised when one plugin call failed on a service the plugin calls (``cause`` is a
+    :class:`DependencyCause`): the owner is the dependency, so the job is retried automatically
+    like a platform error; ``dependency`` names it as job.yaml declares it ("" when undeclared)."""
+
+    error_type = ErrorType.DEPENDENCY
+
+    def __init__(self, cause: DependencyCause, message: str, *, dependency: str = "", **fields: Any) -> None:
+        super().__init__(cause, message, **fields)
+        self.dependency = dependency
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["dependency"] = self.dependency
         return out
 
 

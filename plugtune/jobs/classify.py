@@ -61,5 +61,6 @@ def attempt_died(exitcode: int | None, stderr_tail: str = "") -> dict[str, Any]:
 
 
 def is_platform(error: dict[str, Any]) -> bool:
-    """Platform-owned errors are the ones retried automatically."""
+    """Platform-owned errors (and, through the retry policy, dependency-owned ones: a service the
+    plugins call) are the ones retried automatically."""
     return error.get("owner") == OWNERS[ErrorType.INTERNAL].value

@@ -87,17 +87,18 @@ def plugin_env(job: ValidatedJob, environ: Mapping[str, str] | None = None) -> d
 
 async def deploy_all(rt: BaseRuntime, job: ValidatedJob) -> list[JobFunction]:
     """Deploy the rollout, graders and group graders (in that order) with job.yaml's overrides,
-    ``env`` and ``secrets``.
+    ``env``, ``secrets`` and ``dependencies``.
 
     Raises ``InvalidValueError`` when a function's decorator does not match its place in job.yaml,
     or a secret is missing; ``PluginCallError`` (Create faas fault) naming the plugin by its job.yaml
     name when one cannot be deployed."""
     deployed = []
     env = plugin_env(job)
+    dependencies = job.spec.declared()
     for ref in (job.rollout, *job.graders, *job.group_graders):
         overrides = ref.runtime.given() if ref.runtime is not None else None  # over the decorator's
         try:
-            fn = await rt.deploy(entry_of(ref), runtime=overrides, env=env)
+            fn = await rt.deploy(entry_of(ref), runtime=overrides, env=env, dependencies=dependencies)
         except PluginCallError as exc:  # Create faas fault: named as the store and console name it
             exc.plugin = ref.name
             raise

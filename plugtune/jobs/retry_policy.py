@@ -11,11 +11,14 @@ status_retry       call, same instance        drop the sample
 status_discard     never                      drop the prompt's group
 create_fault       never (same code fails)    fail the job
 platform, unknown  whole job after a delay    stop and write a support bundle
+dependency         whole job after a delay    fail the job (the service is at fault, not plugtune)
 data, loss_nan     never                      fail the job
 =================  =========================  ===================================================
 
 ``attempt`` is the 1-based number of the try that just failed: of the call for plugin kinds,
-of the job for platform kinds.
+of the job for platform and dependency kinds. A call that failed on a dependency is retried as a
+``plugin_error`` call (``kind_of`` says ``plugin_error`` for it); once the job fails with a
+``Dependency error``, the job is retried after a delay like a platform failure.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class FailureKind(str, enum.Enum):
     UNKNOWN = "unknown"
     DATA = "data"
     LOSS_NAN = "loss_nan"
+    DEPENDENCY = "dependency"  # the job failed on a service its plugins call (Dependency error)
 
 
 class Retries(str, enum.Enum):
@@ -112,6 +116,7 @@ RULES: dict[FailureKind, tuple[Retries, Then]] = {
     FailureKind.UNKNOWN: (Retries.JOB, Then.STOP),
     FailureKind.DATA: (Retries.NEVER, Then.FAIL),
     FailureKind.LOSS_NAN: (Retries.NEVER, Then.FAIL),
+    FailureKind.DEPENDENCY: (Retries.JOB, Then.FAIL),
 }
 
 
@@ -149,6 +154,8 @@ def _exhausted(
         return Stop(f"{kind.value}: {retry.max_auto_retries} automatic retries used up")
     if kind in (FailureKind.PLUGIN_ERROR, FailureKind.STATUS_FAILURE):
         return FailJob(f"{kind.value} {tries}")
+    if kind is FailureKind.DEPENDENCY:
+        return FailJob(f"{kind.value}: {retry.max_auto_retries} automatic retries used up")
     return FailJob(f"{kind.value}: retrying cannot help")
 
 

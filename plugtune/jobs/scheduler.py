@@ -54,6 +54,7 @@ _KINDS = {
     "Invalid data": FailureKind.DATA,
     "Invalid value": FailureKind.DATA,
     "Loss nan": FailureKind.LOSS_NAN,
+    "Dependency error": FailureKind.DEPENDENCY,
 }
 
 

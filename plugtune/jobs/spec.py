@@ -17,6 +17,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plugtune.errors import InvalidValueError
+from plugtune.runtime.dependencies import LIMITS as DEPENDENCY_LIMITS
+from plugtune.runtime.dependencies import NAME as DEPENDENCY_NAME
+from plugtune.runtime.dependencies import Dependency, parse_target
 from plugtune.sdk.runtime_spec import LIMITS, Runtime
 from plugtune.trainer.config import TrainerConfig
 
@@ -152,6 +155,59 @@ class RuntimeOverrides(BaseModel):
     def given(self) -> dict[str, Any]:
         """Only the settings written in job.yaml."""
         return self.model_dump(exclude_none=True)
+
+
+def _check_target(value: str) -> str:
+    parse_target(value)  # a ValueError saying what a valid address looks like
+    return value.strip()
+
+
+def _check_dependency_name(value: str) -> str:
+    if not DEPENDENCY_NAME.match(value):
+        raise ValueError(
+            f"dependency name {value!r} must start with a letter and hold only letters, digits, _ and - "
+            "(at most 64)"
+        )
+    return value
+
+
+DependencyName = Annotated[str, AfterValidator(_check_dependency_name)]
+Target = Annotated[str, AfterValidator(_check_target)]
+
+
+class DependencySpec(BaseModel):
+    """A service the job's plugins call (LLM judge, API, sandbox): under `network: policy-only`
+    the instances reach it (and the policy gateway) only; a call failed on it is a `Dependency error`."""
+
+    model_config = _STRICT
+
+    url: Target = Field(
+        ...,
+        description="Where it is: a URL (http://127.0.0.1:8000/v1, https://api.example.com) or host:port.",
+    )
+    rpm: int | None = Field(
+        default=None,
+        ge=DEPENDENCY_LIMITS["rpm"][0],
+        le=DEPENDENCY_LIMITS["rpm"][1],
+        description="Requests per minute it allows (recorded; not enforced yet).",
+    )
+    concurrency: int | None = Field(
+        default=None,
+        ge=DEPENDENCY_LIMITS["concurrency"][0],
+        le=DEPENDENCY_LIMITS["concurrency"][1],
+        description="Requests in flight it allows (recorded; not enforced yet).",
+    )
+    timeout_s: float | None = Field(
+        default=None,
+        ge=DEPENDENCY_LIMITS["timeout_s"][0],
+        le=DEPENDENCY_LIMITS["timeout_s"][1],
+        description="The client timeout its requests should use (recorded; not enforced yet).",
+    )
+
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _whole_seconds(cls, value: Any) -> Any:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 class DataSpec(BaseModel):
@@ -401,6 +457,12 @@ class JobSpec(BaseModel):
         "process that runs the job (`plugtune run`'s shell, or `plugtune serve`'s); never stored. A "
         "name not set there fails the job as Invalid value.",
     )
+    dependencies: dict[DependencyName, DependencySpec] = Field(
+        default_factory=dict,
+        description="Services the plugins call (LLM judge, API): name -> URL or host:port, or "
+        "{url, rpm, concurrency, timeout_s}. Under `network: policy-only` the instances reach these "
+        "and the policy gateway only; a call failed on one is a `Dependency error` (owner dependency).",
+    )
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy, description="Plugin call failures.")  # type: ignore[arg-type]
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Automatic job retries.")  # type: ignore[arg-type]
     circuit_breaker: CircuitBreaker = Field(
@@ -415,6 +477,21 @@ class JobSpec(BaseModel):
         default_factory=EvalSpec,  # type: ignore[arg-type]
         description="Evaluation of data.validation (used only when data.validation is given).",
     )
+
+    def declared(self) -> tuple[Dependency, ...]:
+        """``dependencies:`` as the runtime takes them."""
+        out = []
+        for name, spec in self.dependencies.items():
+            host, port = parse_target(spec.url)
+            out.append(Dependency(name, spec.url, host, port, spec.rpm, spec.concurrency, spec.timeout_s))
+        return tuple(out)
+
+    @field_validator("dependencies", mode="before")
+    @classmethod
+    def _url_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, dict):  # `judge: http://...` is `judge: {url: http://...}`
+            return {k: {"url": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
 
     @field_validator("hyperparameters", mode="before")
     @classmethod

@@ -407,11 +407,14 @@ def _description(loc: Path_) -> str:
 
 def _model_at(loc: Path_) -> type[BaseModel] | None:
     model: type[BaseModel] | None = JobSpec
+    keyed = False  # the previous part was a mapping of name -> model (dependencies:): this part is a name
     for part in loc:
-        if model is None or isinstance(part, int):
+        if model is None or isinstance(part, int) or keyed:
+            keyed = False
             continue
         info = model.model_fields.get(part)
         model = nested_model(info.annotation) if info is not None else None
+        keyed = info is not None and getattr(info.annotation, "__origin__", None) is dict
     return model
 
 

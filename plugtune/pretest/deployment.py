@@ -22,6 +22,9 @@ async def deploy_job(
     deployed = []
     for i, ref in enumerate(refs_of(job)):
         overrides = ref.runtime.given() if ref.runtime is not None else None
-        fn = await rt.deploy(entry_of(ref), runtime=overrides, inject=inject_for(i) if inject_for else None)
+        inject = inject_for(i) if inject_for else None
+        fn = await rt.deploy(
+            entry_of(ref), runtime=overrides, inject=inject, dependencies=job.spec.declared()
+        )
         deployed.append(JobFunction(fn, ref.weight, ref.name))
     return deployed

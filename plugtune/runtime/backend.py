@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from plugtune.runtime.dependencies import Dependency
 from plugtune.sdk import PluginSpec, Runtime
 from plugtune.types import LogLine, MetricPoint
 
@@ -28,6 +29,8 @@ class Happened(str, enum.Enum):
     PIDS_LIMIT = "pids_limit"  # the instance hit its pids limit (fork/thread creation failed)
     DISK_FULL = "disk_full"  # the instance's private temp space is full (ENOSPC/EFBIG)
     NOT_CREATED = "not_created"  # no instance could be created (quota, import, setup, start-up)
+    DEPENDENCY = "dependency"  # a service the function calls failed (429, 5xx, unreachable, ...)
+    POLICY_REFUSED = "policy_refused"  # network policy-only refused a connection the function made
 
 
 @dataclass(slots=True)
@@ -59,6 +62,7 @@ class Failed:
     instance_id: str = ""
     peak_memory_mb: float | None = None
     latency_ms: float = 0.0
+    cause: str = ""  # DEPENDENCY: the DependencyCause's value; POLICY_REFUSED: the refused host:port
 
 
 class DeployFailed(Exception):
@@ -80,6 +84,8 @@ class DeployRequest:
     function: str
     runtime: Runtime | dict[str, Any] | None  # a Runtime replaces the decorator's; a dict overrides fields
     env: dict[str, str]
+    #: The services the plugin calls (job.yaml ``dependencies:``): reachable under policy-only.
+    dependencies: tuple[Dependency, ...] = ()
 
     def effective_runtime(self, decorator: Runtime) -> Runtime:
         """The limits instances get: the decorator's, replaced or overridden by the job's."""

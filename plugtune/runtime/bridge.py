@@ -2,8 +2,9 @@
 
 Each instance's forwarder (``plugtune.runtime.worker.network``) connects to this Unix socket and
 names a target (``"host port\\n"``); the bridge connects there only when one of the function's calls
-was given a policy at that address (``allow``), else it refuses, with a log line. A plugin that
-talks to the socket itself can therefore reach its policy and nothing else.
+was given a policy at that address (``allow``) or the function declared it as a dependency
+(``declare``: job.yaml ``dependencies:``), else it refuses, with a log line. A plugin that talks to
+the socket itself can therefore reach its policy and declared services and nothing else.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from plugtune.runtime.dependencies import Dependency
 from plugtune.runtime.worker.network import HEADER_MAX, Splice
 from plugtune.runtime.zygote_client import worker_env
 from plugtune.sdk import Policy
@@ -60,6 +62,7 @@ class PolicyBridge:
     def __init__(self, log: Log) -> None:
         self.log = log
         self.allowed: set[tuple[str, int]] = set()
+        self.declared: dict[tuple[str, int], str] = {}  # (host, port) -> the dependency's name
         self.seen: set[str] = set()
         self.folder = ""
         self.path = ""
@@ -74,6 +77,12 @@ class PolicyBridge:
         self.server = await loop.create_unix_server(lambda: _Outbound(self), self.path)
         os.chmod(self.path, 0o666)  # instances run as the function's own unprivileged uid
         return self.path
+
+    def declare(self, dependencies: Iterable[Dependency]) -> None:
+        """Let the instances reach the function's declared dependencies (by their real host:port)."""
+        for dep in dependencies:
+            self.declared[(dep.host, dep.port)] = dep.name
+            self.allowed.add((dep.host, dep.port))
 
     def allow_args(self, args: Iterable[Any]) -> None:
         """Let the instances reach the policy a call is given (a set lookup once it is known)."""
@@ -91,7 +100,9 @@ class PolicyBridge:
             self.log(
                 "WARNING",
                 f"network policy-only: refused a connection to {host or '?'}:{port or '?'} "
-                "(only the policy this function's calls were given is reachable)",
+                "(only the policy this function's calls were given and its declared dependencies are "
+                "reachable: declare the service in job.yaml `dependencies:`, e.g. "
+                f"`judge: http://{host or 'host'}:{port or 'port'}`, or set `network: any`)",
             )
             return None
         return target
@@ -138,8 +149,10 @@ class _Outbound(Splice):
         try:
             _, upstream = await loop.create_connection(Splice, target[0], target[1])
         except OSError as exc:
+            name = self.bridge.declared.get(target)
+            what = f"the dependency {name}" if name else "the policy"
             self.bridge.log(
-                "WARNING", f"network policy-only: the policy at {target[0]}:{target[1]} is unreachable: {exc}"
+                "WARNING", f"network policy-only: {what} at {target[0]}:{target[1]} is unreachable: {exc}"
             )
             if self.transport is not None:
                 self.transport.close()

@@ -1,6 +1,7 @@
 """The runtime boundary: backend facts -> the failure taxonomy; return values -> validated outcomes.
 
-This is the one place where a failed call gets its ``Cause`` (DESIGN §2) and where a grader's
+This is the one place where a failed call gets its ``Cause`` (DESIGN §2; a ``DependencyCause`` and
+the ``Dependency error`` type when it failed on a service the plugin called) and where a grader's
 reward is checked, for every backend alike.
 """
 
@@ -9,7 +10,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from plugtune.errors import TIMEOUT_HINTS, Cause, PluginCallError
+from plugtune.errors import (
+    POLICY_REFUSED_HINT,
+    TIMEOUT_HINTS,
+    Cause,
+    DependencyCallError,
+    DependencyCause,
+    PluginCallError,
+)
 from plugtune.runtime.backend import Failed, Happened
 from plugtune.runtime.protocol import TYPE_KEY, is_finite_number
 from plugtune.sdk import Kind
@@ -25,6 +33,7 @@ CAUSES: dict[Happened, Cause] = {
     Happened.DEADLINE: Cause.TIMEOUT,
     Happened.DIED: Cause.EOF,
     Happened.NOT_CREATED: Cause.CREATE_FAULT,
+    Happened.POLICY_REFUSED: Cause.ERROR_500,  # the job's network settings: the plugin's side
 }
 
 STATUSES = ("success", "failure", "retry", "discard")
@@ -80,7 +89,23 @@ def classify(
     code_hash: str,
     is_async: bool | None = None,
 ) -> PluginCallError:
-    return call_error(
+    if failed.happened is Happened.DEPENDENCY:
+        cause, _, name = failed.cause.partition("/")
+        found = DependencyCallError(
+            DependencyCause(cause),
+            failed.message,
+            dependency=name,
+            plugin=plugin,
+            call_id=call_id,
+            instance_id=failed.instance_id,
+            trajectory_id=trajectory_id,
+            traceback=failed.traceback,
+            peak_memory_mb=failed.peak_memory_mb,
+            code_hash=code_hash,
+        )
+        found.logs = list(failed.logs)  # type: ignore[attr-defined]
+        return found
+    error = call_error(
         CAUSES[failed.happened],
         failed.message,
         plugin=plugin,
@@ -93,6 +118,9 @@ def classify(
         logs=failed.logs,
         is_async=is_async,
     )
+    if failed.happened is Happened.POLICY_REFUSED:
+        error._hint = POLICY_REFUSED_HINT
+    return error
 
 
 def validate(kind: Kind, value: Any, group_size: int) -> tuple[str, Any, str]:

@@ -237,7 +237,12 @@ class Instance:
                 # processes or full temp space stay here, so this instance serves no other call.
                 self.retire_when_idle("a call past its deadline then hit its pids or disk limit")
             return
-        happened = KINDS.get(kind, Happened.RAISED)
+        happened, cause = KINDS.get(kind, Happened.RAISED), ""
+        dependency = p.parse_dependency_kind(kind)
+        if dependency is not None:
+            happened, cause = Happened.DEPENDENCY, "/".join(dependency)
+        elif kind == p.POLICY_REFUSED:
+            happened = Happened.POLICY_REFUSED
         if happened is Happened.RAISED and self.hit_pids():
             happened = Happened.PIDS_LIMIT  # it raised because a fork or thread was refused
             text = f"{text} ({self.pids_text()})"
@@ -247,7 +252,7 @@ class Instance:
             self.draining = True
         latency = (time.perf_counter() - pending.started) * 1000
         peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
-        pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency))
+        pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency, cause))
 
     def _settled(self, call_id: str, pending: Pending | None) -> None:
         self.last_used = time.monotonic()

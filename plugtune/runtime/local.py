@@ -10,6 +10,7 @@ import psutil
 
 from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.bridge import PolicyBridge, network_problem
+from plugtune.runtime.dependencies import wire
 from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import RLIMIT, InstanceLimits, Limits, pids_max, rlimits
 from plugtune.runtime.monitor import ProcessTable
@@ -69,6 +70,8 @@ class LocalBackend:
         # The zygote's limits, too: its import runs under the job's (else the default) limits, and
         # under the decorator's once known (started again where they allow more than it had).
         bridge = PolicyBridge(lambda level, text: None)
+        bridge.declare(request.dependencies)
+        config["dependencies"] = wire(request.dependencies)
         asked = request.effective_runtime(Runtime())
         try:
             zygote, raw = await self._start_zygote(config, request.entry, asked, bridge)
@@ -120,9 +123,10 @@ class LocalBackend:
             problem = self.network_problems[mode]
             if problem:
                 raise DeployFailed(problem)
-        network: dict[str, str] = {"mode": mode}
+        network: dict[str, Any] = {"mode": mode}
         if mode == POLICY_ONLY:
             network["bridge"] = bridge.path or await bridge.start()
+            network["dependencies"] = config.get("dependencies") or []
         config["network"] = network
         limits = self._zygote_limits(config, runtime)
         zygote = Zygote(config, entry, limits)

@@ -37,6 +37,23 @@ READY, FATAL, LOG, OK, ERR = "ready", "fatal", "log", "ok", "err"
 # ERR kinds: what the worker saw happen (the supervisor maps them onto the taxonomy).
 RAISED, MEMORY, CANCELLED, BAD_RETURN = "raised", "memory", "cancelled", "bad_return"
 PIDS, DISK = "pids", "disk"  # the call failed on the instance's pids limit / full temp space
+#: A call failed on a service it called: the kind is ``"dependency/<cause>/<declared name>"``.
+DEPENDENCY = "dependency"
+POLICY_REFUSED = "policy_refused"  # network policy-only refused a connection the call made
+
+
+def dependency_kind(cause: str, name: str) -> str:
+    return f"{DEPENDENCY}/{cause}/{name}"
+
+
+def parse_dependency_kind(kind: str) -> tuple[str, str] | None:
+    """``(cause, declared name)`` of a dependency kind (None for any other kind)."""
+    head, _, rest = kind.partition("/")
+    if head != DEPENDENCY or not rest:
+        return None
+    cause, _, name = rest.partition("/")
+    return cause, name
+
 
 TYPE_KEY = "$t"
 

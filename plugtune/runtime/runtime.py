@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -14,6 +15,7 @@ import psutil
 from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime.backend import Backend, DeployFailed, DeployRequest
 from plugtune.runtime.classify import call_error
+from plugtune.runtime.dependencies import Dependency, parse_dependencies
 from plugtune.runtime.faults import FaultInjection
 from plugtune.runtime.function import RUNNING, Function
 from plugtune.runtime.limits import detect
@@ -84,16 +86,24 @@ class BaseRuntime:
         runtime: Runtime | dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         inject: FaultInjection | None = None,
+        dependencies: Mapping[str, Any] | Iterable[Dependency] | None = None,
     ) -> Function:
         """Snapshot the entry's folder and start the function; raises ``PluginCallError`` (Create faas
         fault) naming what is wrong when it cannot.
 
         ``runtime``: a ``Runtime`` replaces the decorator's; a dict (job.yaml's settings) overrides
-        only the fields it names."""
+        only the fields it names. ``dependencies``: the services the plugin calls, as job.yaml's
+        ``dependencies:`` (``{"judge": "http://127.0.0.1:8000/v1"}`` or ``{"judge": {"url": ...,
+        "rpm": 600}}``): under ``network: policy-only`` the instances reach these and the policy
+        only; raises ValueError when one is malformed."""
         if self.backend is None:
             raise RuntimeError("use the runtime as `async with ...` (or await start()) before deploy()")
         path, function = parse_entry(entry)
         _check_options(runtime, env, inject)
+        if dependencies is None or isinstance(dependencies, Mapping):
+            declared = parse_dependencies(dependencies)
+        else:
+            declared = tuple(dependencies)
         live = [f for f in self.functions if f.status == RUNNING]
         if len(live) >= self.quota.max_functions:
             raise create_fault(
@@ -107,7 +117,9 @@ class BaseRuntime:
             snapshot = take(path, self.state_dir)
         except (SnapshotError, OSError) as exc:
             raise create_fault(entry, str(exc)) from None
-        request = DeployRequest(entry, snapshot.root, snapshot.relpath, function, runtime, dict(env or {}))
+        request = DeployRequest(
+            entry, snapshot.root, snapshot.relpath, function, runtime, dict(env or {}), declared
+        )
         try:
             deployment = await self.backend.deploy(request)
         except DeployFailed as exc:

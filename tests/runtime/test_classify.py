@@ -7,7 +7,7 @@ from dataclasses import FrozenInstanceError, fields
 
 import pytest
 
-from plugtune.errors import Cause
+from plugtune.errors import HINTS, Cause, DependencyCallError, DependencyCause
 from plugtune.runtime.backend import Failed, Happened
 from plugtune.runtime.classify import CAUSES, InvalidReturn, classify, validate
 from plugtune.runtime.faults import FaultInjection
@@ -23,7 +23,7 @@ from plugtune.sdk import GraderResult, Kind, Policy, RolloutResult, Sample, Samp
 
 
 def test_every_fact_has_exactly_one_cause() -> None:
-    assert set(CAUSES) == set(Happened)
+    assert set(CAUSES) | {Happened.DEPENDENCY} == set(Happened)  # its cause travels with the fact
     assert set(CAUSES.values()) | {Cause.INVALID_REWARD} == set(Cause)  # that one comes from validate()
     error = classify(
         Failed(
@@ -142,3 +142,24 @@ def test_arguments_survive_the_wire_exactly() -> None:
     assert hash(decoded[0].sampling) == hash(sample.sampling)
     with pytest.raises(FrozenInstanceError):
         decoded[1].trajectory_id = "changed"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("cause", list(DependencyCause))
+def test_a_dependency_fact_is_a_dependency_error_owned_by_the_dependency(cause: DependencyCause) -> None:
+    error = classify(
+        Failed(Happened.DEPENDENCY, "the dependency judge (h:1) ...", cause=f"{cause.value}/judge"),
+        plugin="g.py:score",
+        call_id="c1",
+        trajectory_id="t1",
+        code_hash="abc",
+    )
+    assert isinstance(error, DependencyCallError)
+    assert (error.type, error.owner, error.cause, error.dependency) == (
+        "Dependency error",
+        "dependency",
+        cause.value,
+        "judge",
+    )
+    assert error.hint == HINTS[cause]
+    record = error.record()
+    assert (record.type, record.owner, record.cause) == ("Dependency error", "dependency", cause.value)

@@ -65,7 +65,9 @@ async def test_any_reaches_the_host(rt: LocalRuntime, listener: int) -> None:
 async def test_policy_only_is_the_default_and_reaches_no_other_port(rt: LocalRuntime, listener: int) -> None:
     fn = await rt.deploy(entry("reach.py", "connects"))
     assert fn.runtime.network == "policy-only"
-    with pytest.raises(PluginCallError, match="ConnectionRefusedError"):
+    with pytest.raises(
+        PluginCallError, match=f"network policy-only: refused a connection to 127.0.0.1:{listener}"
+    ):
         await fn.invoke(ctx(), sample(port=listener), trajectory())
 
 
@@ -104,7 +106,9 @@ async def test_bridge_refuses_any_other_address_with_a_log_line(
     refused = [x.message for x in fn.logs() if "refused a connection" in x.message]
     assert refused == [
         f"network policy-only: refused a connection to 127.0.0.1:{listener} "
-        "(only the policy this function's calls were given is reachable)"
+        "(only the policy this function's calls were given and its declared dependencies are reachable: "
+        f"declare the service in job.yaml `dependencies:`, e.g. `judge: http://127.0.0.1:{listener}`, "
+        "or set `network: any`)"
     ]
 
 

@@ -15,13 +15,16 @@ from plugtune.runtime.protocol import (
     ERR,
     MEMORY,
     OK,
+    POLICY_REFUSED,
     RAISED,
     decode_args,
     decode_context,
+    dependency_kind,
     encode_result,
     encode_status,
 )
 from plugtune.runtime.worker.channel import CURRENT_CALL, Channel
+from plugtune.runtime.worker.dependency import find
 from plugtune.runtime.worker.loader import Plugin, signal_error_in, user_traceback
 from plugtune.runtime.worker.network import PolicyForwarder
 from plugtune.runtime.worker.sandbox import limit_hint, limit_kind
@@ -41,6 +44,7 @@ class CallRunner:
         self.memory_mb = memory_mb
         self.logger = logging.getLogger(f"plugtune.plugin.{plugin.spec.name}")
         self.forwarder: PolicyForwarder | None = None  # network policy-only: the way to the policy
+        self.declared: dict[tuple[str, int], str] = {}  # (host, port) -> declared dependency's name
 
     def _decode(self, args_raw: list[Any]) -> tuple[Any, Any]:
         if self.forwarder is not None and self.kind is Kind.ROLLOUT:
@@ -87,6 +91,17 @@ class CallRunner:
             self._exit_like(exc)
         kind = MEMORY if isinstance(exc, MemoryError) else (limit_kind(exc) or RAISED)
         message = f"{type(exc).__name__}: {exc}" + _signal_hint(exc) + limit_hint(exc)
+        if kind == RAISED:
+            try:
+                finding = find(exc, self.code_root, self.declared)
+            except Exception:  # noqa: BLE001 - reading a strange exception must not lose the failure
+                finding = None
+            if finding is not None and finding.policy_refused:
+                kind = POLICY_REFUSED
+                if "network policy-only" not in message:  # a client that hid the cause's text
+                    message = f"{message} — {finding.message()}"
+            elif finding is not None:
+                kind, message = dependency_kind(finding.cause, finding.dependency), finding.message()
         return [ERR, call_id, kind, message, user_traceback(exc, self.code_root), metrics]
 
     def _exit_like(self, exc: BaseException) -> None:

@@ -11,9 +11,13 @@ and are counted there.
 from __future__ import annotations
 
 import asyncio
+import functools
+import ipaddress
+import socket
 from collections.abc import Callable
 from typing import Any
 
+from plugtune.runtime.worker import network
 from plugtune.runtime.worker.watch import INET, count_outbound
 
 try:  # imported in the zygote, so a forked instance does not pay for it
@@ -30,7 +34,27 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def _counting_loop(base: type) -> type:
     class CountingLoop(base):  # type: ignore[valid-type, misc]
+        async def getaddrinfo(
+            self,
+            host: Any,
+            port: Any,
+            *,
+            family: int = 0,
+            type: int = 0,
+            proto: int = 0,
+            flags: int = 0,  # noqa: A002
+        ) -> Any:
+            if network.GUARD is None:
+                return await super().getaddrinfo(
+                    host, port, family=family, type=type, proto=proto, flags=flags
+                )
+            # policy-only: through the guard's getaddrinfo (declared names), as asyncio's loop does
+            call = functools.partial(network.GUARD.getaddrinfo, host, port, family, type, proto, flags)
+            return await self.run_in_executor(None, call)
+
         async def create_connection(self, protocol_factory: Any, *args: Any, **kwargs: Any) -> Any:
+            if network.GUARD is not None and kwargs.get("sock") is None:
+                args, kwargs = await self._guarded(args, kwargs)
             made: list[CountingTransport] = []
             transport, protocol = await super().create_connection(
                 _counted(protocol_factory, made), *args, **kwargs
@@ -39,6 +63,25 @@ def _counting_loop(base: type) -> type:
 
         async def create_server(self, protocol_factory: Any, *args: Any, **kwargs: Any) -> Any:
             return await super().create_server(_counted(protocol_factory, None), *args, **kwargs)
+
+        async def _guarded(
+            self, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            """The host resolved by the guard and checked as the audit hook checks a Python connect
+            (uvloop connects in C): a refused address raises PolicyRefused."""
+            host = args[0] if args else kwargs.pop("host", None)
+            port = args[1] if len(args) > 1 else kwargs.pop("port", None)
+            if host is None or port is None or network.GUARD is None:
+                return args, kwargs
+            address = str(host)
+            if not _numeric(address):
+                family = kwargs.get("family", 0)
+                infos = await self.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM)
+                address = str(infos[0][4][0])
+                if kwargs.get("ssl") and not kwargs.get("server_hostname"):
+                    kwargs["server_hostname"] = host  # TLS still checks the name, not the address
+            network.GUARD.check(address, int(port))
+            return (address, port, *args[2:]), kwargs
 
         async def connect_accepted_socket(self, protocol_factory: Any, *args: Any, **kwargs: Any) -> Any:
             made: list[CountingTransport] = []
@@ -90,6 +133,14 @@ def _counted(factory: Callable[[], Any], made: list[CountingTransport] | None) -
         return protocol
 
     return make
+
+
+def _numeric(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    return True
 
 
 class CountingTransport(asyncio.Transport, asyncio.DatagramTransport):

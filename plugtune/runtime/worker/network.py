@@ -11,6 +11,23 @@ the instance (after the fork: threads do not survive one) listens on 127.0.0.1 i
 and relays each connection over a Unix socket (those cross namespaces) to the supervisor's
 ``PolicyBridge``, which only connects to the policy addresses the function's calls were given.
 The rollout's ``policy.base_url`` is rewritten to the forwarder's address.
+
+Declared dependencies (job.yaml ``dependencies:``) are reached at their real URL, unchanged in the
+plugin's code, by a per-dependency listener in the namespace plus name rewriting (no proxy
+variables): the forwarder listens at the dependency's own ``host:port`` when its host is a loopback
+address (``http://127.0.0.1:8000`` is ``127.0.0.1:8000`` inside the namespace too), and at an
+address of its own in 127.77.0.0/16 for a host name, which ``socket.getaddrinfo`` (patched in the
+instance only; every Python client resolves through it: httpx, openai, requests, urllib, aiohttp's
+default resolver) answers for that name; each listener relays to the bridge naming the real
+``host port``, and the bridge (outside the namespace) resolves and connects. TLS is end to end: the
+plugin's client still verifies the real name. A dependency given by a non-loopback IP address has no
+such address inside the namespace: declare it by a host name. Ports below 1024 are made bindable
+in the namespace where it allows (ip_unprivileged_port_start).
+
+Anything else a plugin connects to over TCP (a host that is neither the policy nor declared, an
+unknown name, a loopback port nothing in the instance listens on) is refused at ``connect``
+(an audit hook) with :class:`PolicyRefused`, whose message names the ``host:port`` and how to
+declare it; the first refusal of each target is also a WARNING in the plugin's log.
 """
 
 from __future__ import annotations
@@ -19,11 +36,14 @@ import asyncio
 import ctypes
 import errno
 import fcntl
+import ipaddress
 import os
 import socket
 import struct
+import sys
 import threading
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from plugtune.runtime.worker.loader import LoadError
@@ -53,6 +73,18 @@ def enter_network(config: dict[str, Any]) -> None:
         return
     unshare_network(mode)
     _loopback_up()
+    if mode == POLICY_ONLY:
+        _low_ports_bindable()
+
+
+def _low_ports_bindable() -> None:
+    """Let the instance's uid listen on a declared dependency's port below 1024 (443, 80) inside
+    its own namespace (a per-namespace setting; best effort: older kernels keep it fixed)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_unprivileged_port_start", "w") as f:
+            f.write("0")
+    except OSError:
+        pass
 
 
 def unshare_network(mode: str) -> None:
@@ -91,7 +123,132 @@ def policy_router(config: dict[str, Any]) -> PolicyForwarder | None:
     network = config.get("network") or {}
     if network.get("mode") != POLICY_ONLY or not network.get("bridge"):
         return None
-    return PolicyForwarder(str(network["bridge"]))
+    forwarder = PolicyForwarder(str(network["bridge"]))
+    for name, host, port in network.get("dependencies") or []:
+        forwarder.declare(str(name), str(host), int(port))
+    return forwarder
+
+
+REFUSAL = (
+    "network policy-only: refused a connection to {target}: it is neither the policy nor a declared "
+    "dependency of this function. Declare the service in job.yaml `dependencies:` (e.g. "
+    "`dependencies: {{judge: {example}}}`; in Python: deploy(..., dependencies={{'judge': '{example}'}})), "
+    "or set `network: any` in the plugin's runtime"
+)
+
+
+class PolicyRefused(ConnectionRefusedError):
+    """A connection ``network: policy-only`` refused; ``target`` is the ``host:port`` it went to."""
+
+    def __init__(self, target: str, example: str) -> None:
+        super().__init__(errno.ECONNREFUSED, REFUSAL.format(target=target, example=example))
+        self.target = target
+        self.policy_refused = target
+
+
+class NameRefused(socket.gaierror):
+    """A host name that is not declared and cannot be resolved inside the namespace."""
+
+    def __init__(self, target: str, example: str) -> None:
+        super().__init__(socket.EAI_NONAME, REFUSAL.format(target=target, example=example))
+        self.target = target
+        self.policy_refused = target
+
+
+class Guard:
+    """The instance's side of ``policy-only`` for the plugin's own connections: declared names
+    resolve to the forwarder's listeners, every other TCP connection is refused."""
+
+    def __init__(self, forwarder: PolicyForwarder, warn: Callable[[str], None]) -> None:
+        self.forwarder = forwarder
+        self.warn = warn
+        self.real = socket.getaddrinfo
+        self.warned: set[str] = set()
+
+    def refuse(self, error: PolicyRefused | NameRefused) -> None:
+        if error.target not in self.warned and len(self.warned) < 64:
+            self.warned.add(error.target)
+            self.warn(str(error.args[1]))
+        raise error
+
+    def getaddrinfo(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode("idna") if isinstance(host, bytes) else host
+        alias = self.forwarder.names.get(name.lower()) if isinstance(name, str) else None
+        if alias is not None:
+            kwargs.pop("family", None)
+            return self.real(alias, port, socket.AF_INET, *args[1:], **kwargs)
+        try:
+            return self.real(host, port, *args, **kwargs)
+        except socket.gaierror:
+            if not isinstance(name, str) or _is_ip(name):
+                raise
+            self.refuse(NameRefused(f"{name}:{port}", f"http://{name}:{port}"))
+            raise
+
+    def check(self, host: str, port: int) -> None:
+        """Raise :class:`PolicyRefused` unless a TCP connection to ``host:port`` (an address) is allowed."""
+        if (host, port) in self.forwarder.listening:
+            return
+        if _is_loopback(host) and _listened(port):
+            return  # the plugin's own server inside its instance
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.refuse(PolicyRefused(target, f"http://{target}"))
+
+    def hook(self, event: str, args: tuple[Any, ...]) -> None:
+        if event != "socket.connect":
+            return
+        sock, address = args
+        if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
+            return
+        if getattr(sock, "type", None) != socket.SOCK_STREAM or not isinstance(address, tuple):
+            return
+        self.check(str(address[0]), int(address[1]))
+
+
+#: The instance's guard once ``guard`` installed it (``loops`` asks it: uvloop resolves and connects
+#: in C, past ``socket.getaddrinfo`` and the audit hook).
+GUARD: Guard | None = None
+
+
+def guard(forwarder: PolicyForwarder, warn: Callable[[str], None]) -> Guard:
+    """Install, in this instance only, the name rewriting of the declared dependencies and the
+    refusal of any other connection (see the module's docstring)."""
+    global GUARD
+    GUARD = Guard(forwarder, warn)
+    socket.getaddrinfo = GUARD.getaddrinfo  # type: ignore[assignment]
+    sys.addaudithook(GUARD.hook)
+    return GUARD
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _listened(port: int) -> bool:
+    """Whether a TCP socket in this network namespace listens on ``port`` (unknown: True)."""
+    wanted = f":{port:04X}"
+    try:
+        for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A" and fields[1].endswith(wanted):
+                        return True
+    except OSError:
+        return True
+    return False
 
 
 class PolicyForwarder:
@@ -103,6 +260,29 @@ class PolicyForwarder:
         self.ports: dict[tuple[str, int], int] = {}
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.names: dict[str, str] = {}  # a declared dependency's host name -> its address in here
+        self.listening: set[tuple[str, int]] = set()  # every (address, port) the forwarder listens on
+        self.problems: list[str] = []  # declared dependencies that could not be given an address
+
+    def declare(self, name: str, host: str, port: int) -> None:
+        """Listen for the dependency at its own ``host:port`` as this namespace sees it."""
+        host = host.lower()
+        if host == "localhost":
+            local = self.names["localhost"] = "127.0.0.1"
+        elif _is_ip(host):
+            local = host
+        else:
+            local = self.names.get(host) or f"127.77.{len(self.names) // 250}.{len(self.names) % 250 + 1}"
+            self.names[host] = local
+        try:
+            with self.lock:
+                self._listen(host, port, local, port)
+        except OSError as exc:
+            self.problems.append(
+                f"network policy-only: the dependency {name} ({host}:{port}) cannot be reached from "
+                f"this instance: listening at {local}:{port} in its network failed ({exc})"
+                + ("; declare it by a host name, not an IP address" if not _is_loopback(local) else "")
+            )
 
     def route(self, base_url: str) -> str:
         """``base_url`` as this instance reaches it: through a forwarder port (one dict lookup when known)."""
@@ -121,9 +301,16 @@ class PolicyForwarder:
             )
         return routed
 
-    def _listen(self, host: str, port: int) -> int:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
+    def _listen(self, host: str, port: int, local: str = "127.0.0.1", local_port: int = 0) -> int:
+        family = socket.AF_INET6 if ":" in local else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            if local_port:  # a dependency's own port: every instance of the function listens on it
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((local, local_port))
+        except OSError:
+            sock.close()
+            raise
         sock.listen(256)
         sock.setblocking(False)
         loop = self._running_loop()
@@ -133,7 +320,9 @@ class PolicyForwarder:
             await loop.create_server(lambda: _Inbound(self.bridge_path, header), sock=sock)
 
         asyncio.run_coroutine_threadsafe(serve(), loop)
-        return int(sock.getsockname()[1])
+        bound = int(sock.getsockname()[1])
+        self.listening.add((local, bound))
+        return bound
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:

@@ -42,7 +42,7 @@ from plugtune.runtime.worker.eager import start_eagerly
 from plugtune.runtime.worker.loader import Plugin, install_hint, user_line, user_traceback
 from plugtune.runtime.worker.loops import new_event_loop
 from plugtune.runtime.worker.mainthread import MainThreadServer
-from plugtune.runtime.worker.network import policy_router
+from plugtune.runtime.worker.network import guard, policy_router
 from plugtune.runtime.worker.threads import SyncServer
 from plugtune.runtime.worker.watch import LoopWatchdog, outbound_bytes
 
@@ -97,6 +97,13 @@ def serve(plugin: Plugin, sock: socket.socket, config: dict[str, Any]) -> None:
     code_root = config["code_root"]
     runner = CallRunner(plugin, channel, code_root, int(config["memory_mb"]))
     runner.forwarder = policy_router(config)
+    runner.declared = {
+        (str(host), int(port)): str(name) for name, host, port in config.get("dependencies") or []
+    }
+    if runner.forwarder is not None:
+        guard(runner.forwarder, lambda text: channel.log("WARNING", text, "runtime"))
+        for problem in runner.forwarder.problems:
+            channel.log("WARNING", problem, "runtime")
     concurrency = int(config["max_concurrency"])
     gc.freeze()  # what the zygote built stays shared (no copy-on-write from GC) and is never rescanned
     if plugin.spec.is_async:

@@ -1,0 +1,80 @@
+"""A judge (an LLM-judge-like HTTP service) on 127.0.0.1 for the dependency tests.
+
+The first path segment picks the mode: ``/ok``, ``/429`` (with ``Retry-After: 1``), ``/500``,
+``/malformed`` (a 200 whose body is not JSON); ``.../chat/completions`` answers in the OpenAI
+shape. ``dead_port()`` is a port nothing listens on (the judge is down).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class _Judge(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(min(length, 1 << 20))
+        self.server.requests += 1  # type: ignore[attr-defined]
+        mode = self.path.strip("/").split("/")[0]
+        if mode == "429":
+            self._send(429, b'{"error": {"message": "rate limited"}}', {"Retry-After": "1"})
+        elif mode == "500":
+            self._send(500, b'{"error": {"message": "the judge broke"}}')
+        elif mode == "malformed":
+            self._send(200, b"<html>not json")
+        elif self.path.endswith("/chat/completions"):
+            body = {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "judge",
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "0.75"}}
+                ],
+            }
+            self._send(200, json.dumps(body).encode())
+        else:
+            self._send(200, b'{"score": 0.75}')
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
+        pass
+
+
+@contextmanager
+def judge() -> Iterator[ThreadingHTTPServer]:
+    """The judge, listening on 127.0.0.1 (``server.server_address[1]``) until the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+    server.daemon_threads = True
+    server.requests = 0  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def dead_port() -> int:
+    """A port on 127.0.0.1 that refuses connections (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

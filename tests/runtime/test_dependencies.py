@@ -1,0 +1,165 @@
+"""Declared dependencies under ``network: policy-only``, and a judge's failures classified to the judge.
+
+A real judge (tests/judge_server.py) on this host's 127.0.0.1, real graders calling it with httpx
+(sync and async), the openai client and urllib, through the real LocalRuntime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import AsyncIterator, Iterator
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from plugtune.errors import HINTS, POLICY_REFUSED_HINT, DependencyCause, PluginCallError
+from plugtune.runtime import LocalRuntime
+from plugtune.runtime.function import Function
+from tests.judge_server import dead_port, judge
+from tests.runtime.helpers import FIXTURES, ctx, entry, sample, trajectory
+
+GRADERS = ["asks_judge", "asks_judge_async", "asks_judge_openai", "asks_judge_urllib"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ThreadingHTTPServer]:
+    with judge() as running:
+        yield running
+
+
+@pytest.fixture
+async def rt() -> AsyncIterator[LocalRuntime]:
+    async with LocalRuntime() as runtime:
+        yield runtime
+
+
+def _port(server: ThreadingHTTPServer) -> int:
+    return int(server.server_address[1])
+
+
+async def _fails(fn: Function, url: str) -> PluginCallError:
+    with pytest.raises(PluginCallError) as info:
+        await asyncio.wait_for(fn.invoke(ctx(), sample(url=url), trajectory()), 30)
+    return info.value
+
+
+@pytest.mark.parametrize("grader", GRADERS)
+async def test_a_declared_judge_is_reached_at_its_own_url_under_policy_only(
+    rt: LocalRuntime, server: ThreadingHTTPServer, grader: str
+) -> None:
+    port = _port(server)
+    fn = await rt.deploy(entry("judge.py", grader), dependencies={"judge": f"http://127.0.0.1:{port}"})
+    assert fn.runtime.network == "policy-only"
+    for _ in range(2):  # a second call too (a kept-alive or a new connection)
+        out = await asyncio.wait_for(
+            fn.invoke(ctx(), sample(url=f"http://127.0.0.1:{port}/ok"), trajectory()), 30
+        )
+        assert (out.status, out.value) == ("success", 0.75)
+
+
+async def test_a_declared_host_name_resolves_inside_the_instance(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    """DNS for a declared name: the instance has no resolver of its own, yet the URL is unchanged."""
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        pytest.skip(f"this host's own name {name!r} does not resolve")
+    if not address.startswith("127."):
+        pytest.skip(f"this host's name resolves to {address}, where the test judge does not listen")
+    port = _port(server)
+    for grader in ("asks_judge", "asks_judge_async"):
+        fn = await rt.deploy(entry("judge.py", grader), dependencies={"judge": f"http://{name}:{port}"})
+        out = await asyncio.wait_for(
+            fn.invoke(ctx(), sample(url=f"http://{name}:{port}/ok"), trajectory()), 30
+        )
+        assert out.value == 0.75
+
+
+# (mode, the declared dependency it reaches, cause, what the message says)
+MODES = [
+    ("429", "judge", DependencyCause.RATE_LIMITED, "answered HTTP 429 (rate limited), Retry-After: 1"),
+    ("500", "judge", DependencyCause.SERVER_ERROR, "answered HTTP 500 (server error)"),
+    ("malformed", "judge", DependencyCause.BAD_REPLY, "sent a reply that does not parse (bad reply)"),
+    ("down", "down", DependencyCause.UNREACHABLE, "could not be reached (unreachable)"),
+    ("unknown host", "ghost", DependencyCause.UNREACHABLE, "could not be reached (unreachable)"),
+]
+
+
+@pytest.mark.parametrize("grader", GRADERS)
+async def test_a_judges_failure_is_a_dependency_error_naming_it_and_the_plugins_line(
+    rt: LocalRuntime, server: ThreadingHTTPServer, grader: str
+) -> None:
+    port, dead = _port(server), dead_port()
+    addresses = {"judge": f"127.0.0.1:{port}", "down": f"127.0.0.1:{dead}", "ghost": f"judge.invalid:{port}"}
+    fn = await rt.deploy(
+        entry("judge.py", grader), dependencies={k: f"http://{v}" for k, v in addresses.items()}
+    )
+    request_line = _line_of(grader)
+    for mode, dependency, cause, said in MODES:
+        path = "ok" if dependency != "judge" else mode
+        error = await _fails(fn, f"http://{addresses[dependency]}/{path}")
+        if grader == "asks_judge_urllib" and mode == "malformed":
+            # json.loads on bytes urllib returned: nothing ties the parse error to the judge
+            assert (error.type, error.owner, error.cause) == ("Call plugin error", "plugin", "500")
+            continue
+        assert (error.type, error.owner, error.cause) == ("Dependency error", "dependency", cause.value), (
+            mode,
+            error.message,
+        )
+        assert error.message.startswith(f"the dependency {dependency} ({addresses[dependency]}) {said}"), (
+            error.message
+        )
+        lines = "|".join(str(request_line + i) for i in range(3))  # the request, raise_for_status, .json()
+        assert re.search(rf"at judge\.py:({lines})\b", error.message), error.message
+        assert error.hint == HINTS[cause]
+        assert error.to_dict()["dependency"] == dependency
+
+
+def _line_of(grader: str) -> int:
+    """The line of the fixture's grader that sends the judge its request."""
+    lines = (FIXTURES / "judge.py").read_text().splitlines()
+    start = next(i for i, text in enumerate(lines) if re.match(rf"(async )?def {grader}\(", text))
+    markers = ("httpx.post", "client.post", "completions.create", "urlopen")
+    return next(i + 1 for i in range(start, len(lines)) if any(m in lines[i] for m in markers))
+
+
+async def test_a_grader_that_catches_the_judges_failure_and_returns_none_stays_unscorable(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    port = _port(server)
+    fn = await rt.deploy(entry("judge.py", "asks_judge_or_none"), dependencies={"judge": f"127.0.0.1:{port}"})
+    for mode in ("429", "500"):
+        out = await asyncio.wait_for(
+            fn.invoke(ctx(), sample(url=f"http://127.0.0.1:{port}/{mode}"), trajectory()), 30
+        )
+        assert (out.status, out.value) == ("success", None)  # unscorable, never 0
+
+
+async def test_an_undeclared_judge_is_refused_with_a_log_line_naming_it_and_how_to_declare_it(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    port = _port(server)
+    before = server.requests  # type: ignore[attr-defined]
+    for grader in ("asks_judge", "asks_judge_async", "asks_judge_openai"):
+        fn = await rt.deploy(entry("judge.py", grader))
+        error = await _fails(fn, f"http://127.0.0.1:{port}/ok")
+        assert (error.type, error.owner, error.cause) == ("Call plugin error", "plugin", "500")
+        assert f"network policy-only refused the connection to 127.0.0.1:{port}" in error.message or (
+            f"network policy-only: refused a connection to 127.0.0.1:{port}" in error.message
+        ), error.message
+        assert error.hint == POLICY_REFUSED_HINT
+        await asyncio.sleep(0.1)  # the log line travels on the instance's channel
+        refused = [x.message for x in fn.logs() if "refused a connection" in x.message]
+        assert refused and refused[0].startswith(
+            f"network policy-only: refused a connection to 127.0.0.1:{port}: it is neither the policy "
+            "nor a declared dependency of this function. Declare the service in job.yaml `dependencies:`"
+        ), refused
+        assert f"judge: http://127.0.0.1:{port}" in refused[0]
+    unknown = await rt.deploy(entry("judge.py", "asks_judge"))
+    error = await _fails(unknown, f"http://judge.invalid:{port}/ok")
+    assert f"refused a connection to judge.invalid:{port}" in error.message
+    assert server.requests == before  # type: ignore[attr-defined]  # nothing reached the judge

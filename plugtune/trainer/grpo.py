@@ -33,6 +33,7 @@ from plugtune.trainer.health import (
     SIGNAL_WINDOW,
     StepSignal,
     StepWarning,
+    exploding_warnings,
     logprob_noise,
     signal_warnings,
     step_signal,
@@ -152,6 +153,7 @@ class GRPOTrainer:
 
         signal = step_signal(step, records)
         metrics = _metrics(records, parts, grad_norm, signal)
+        metrics["weights/max_abs"] = _largest_trained_weight(self.model)
         ended = time.perf_counter()
         began = self._last_end if prefetched and self._last_end is not None else called
         self._last_end = ended
@@ -164,7 +166,11 @@ class GRPOTrainer:
             }
         )
         noise = logprob_noise(next(self.model.parameters()).dtype)
-        warnings = step_warnings(step, metrics, noise, self.config.top_p) + self._signal_warnings(signal)
+        warnings = [
+            *step_warnings(step, metrics, noise, self.config.top_p),
+            *exploding_warnings(step, metrics, self.config.learning_rate),
+            *self._signal_warnings(signal),
+        ]
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
     def _signal_warnings(self, signal: StepSignal) -> list[StepWarning]:
@@ -395,6 +401,13 @@ def _metrics(
             }
         )
     return out
+
+
+def _largest_trained_weight(model: PreTrainedModel) -> float:
+    """The largest magnitude among the weights the optimizer trains (LoRA: the adapters')."""
+    with torch.no_grad():
+        peaks = [p.detach().abs().max() for p in model.parameters() if p.requires_grad and p.numel()]
+        return float(torch.stack(peaks).max().item()) if peaks else 0.0
 
 
 def _frozen_copy(model: PreTrainedModel) -> PreTrainedModel:

@@ -1,5 +1,6 @@
 """Warnings about steps that trained, but not on what the user thinks: pure functions of their
-metrics and records (off-policy samples, dropped tokens, groups without a gradient, cut replies).
+metrics and records (off-policy samples, dropped tokens, exploding weights or gradients, groups
+without a gradient, cut replies).
 
 Each warning has a key (the jobs layer shows a key once per attempt) and a message that says what
 was measured, why it matters and what to do.
@@ -23,7 +24,7 @@ HALF_PRECISION_NOISE = 2e-2
 
 @dataclass(frozen=True)
 class StepWarning:
-    key: str  # logprob_gap | history_rewrites | no_gradient | truncated
+    key: str  # logprob_gap | history_rewrites | exploding | no_gradient | truncated
     message: str
 
 
@@ -65,6 +66,35 @@ def step_warnings(step: int, metrics: dict[str, float], noise: float, top_p: flo
             )
         )
     return out
+
+
+#: A trained weight's magnitude, or a gradient norm (before clipping), past which a step is no
+#: longer training but blowing the model up: a model's weights are of order 1 (a learning rate of
+#: 1e30 puts them near 1e30 after one step, and the replies, then the rewards, fall apart).
+EXPLODING = 1e4
+
+
+def exploding_warnings(step: int, metrics: dict[str, float], learning_rate: float) -> list[StepWarning]:
+    """A warning (key ``exploding``) when the step left a trained weight, or met a gradient norm,
+    past ``EXPLODING`` (metrics ``weights/max_abs`` and ``grad_norm``)."""
+    weight = metrics.get("weights/max_abs", 0.0)
+    grad = metrics.get("grad_norm", 0.0)
+    seen = [
+        *([f"the largest trained weight is {weight:.3g}"] if not weight <= EXPLODING else []),
+        *([f"the gradient norm before clipping is {grad:.3g}"] if not grad <= EXPLODING else []),
+    ]
+    if not seen:
+        return []
+    return [
+        StepWarning(
+            "exploding",
+            f"step {step}: {' and '.join(seen)} (above {EXPLODING:g}): the weights are exploding, so "
+            "the model is being destroyed rather than trained and its replies and rewards will fall "
+            f"apart. Lower hyperparameters.learning_rate (now {learning_rate:g}; full fine-tuning "
+            "usually takes 1e-6 to 1e-5) or grad_clip, and start again from the base model; see the "
+            "metrics weights/max_abs and grad_norm.",
+        )
+    ]
 
 
 #: How many steps the no-signal warnings look back over (all of a shorter run's steps), and the

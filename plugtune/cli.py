@@ -677,10 +677,24 @@ def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JS
             if points:
                 peak = max(pt["value"] for pt in points)
                 typer.echo(f"  {name}: last {points[-1]['value']:.4g}, peak {peak:.4g} (last 10 min)")
+        _echo_loss_nan_batch(doc)
         for t in doc["failed_trajectories"]:
             typer.echo(f"  failed trajectory {t['trajectory_id']} (step {t['step']})")
         for line in doc["recent_logs"][-10:]:
             typer.echo(f"  log {line['level']} {line['plugin']}: {line['message']}")
+
+
+def _echo_loss_nan_batch(doc: dict[str, Any], most: int = 10) -> None:
+    batch = doc["loss_nan_batch"]
+    if not batch:
+        return
+    step = (doc["error"].get("evidence") or {}).get("step", "?")
+    typer.echo(f"  the {len(batch)} trajectories of step {step}, the largest rewards first:")
+    for b in batch[:most]:
+        reward = "not stored" if not b["stored"] else f"reward {b['reward']}"
+        typer.echo(f"    {b['trajectory_id']} ({reward})")
+    if len(batch) > most:
+        typer.echo(f"    ... and {len(batch) - most} more (doctor --json lists them all)")
 
 
 @app.command()
@@ -745,6 +759,8 @@ def _print_functions(view: Any) -> None:
         )
         for f in (r for r in view.functions if r.job_id == use.job_id and r.attempt == use.attempt):
             typer.echo(f"  {_function_line(f)}")
+            for proc in f.processes:
+                typer.echo(f"    pid {proc.pid} {proc.role}: {proc.rss_mb:g} MiB resident")
     if not view.functions:
         typer.echo("\nno function is in use (no job is deploying or running plugins)")
     for note in view.notes:

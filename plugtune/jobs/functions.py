@@ -12,7 +12,9 @@ What is true across processes is read from where the attempts put it:
 * the machine (:mod:`plugtune.runtime.leftovers`): uid leases under ``/run/plugtune/uids`` and
   instance cgroups, both naming the runtime process that made them. One whose process is gone is a
   leftover of a killed attempt: its function's processes (a daemon a plugin started) may still run.
-  The attempt's pid names the job (the store keeps each attempt's pid).
+  The attempt's pid names the job (the store keeps each attempt's pid). A running attempt's leases
+  also give each of its functions' processes (zygote, instances, what they started) and their
+  resident memory; without root there is no uid per function, and so no such list.
 
 The quota holds each runtime (each attempt, each ``plugtune test --faas``) on its own; it is the
 settings of this process (``plugtune serve --max-functions/--max-instances/--total-memory-mb``, or
@@ -22,17 +24,29 @@ PLUGTUNE_MAX_FUNCTIONS / _MAX_INSTANCES / _TOTAL_MEMORY_MB), which the attempts 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from plugtune.jobs.plugin_names import named_entries
 from plugtune.runtime import leftovers
 from plugtune.runtime.quota import Quota
+from plugtune.runtime.sandbox import group_of
 from plugtune.settings import Settings
 from plugtune.store import Store
-from plugtune.store.records import Attempt
+from plugtune.store.records import Attempt, Job, Plugin
 
 #: The newest samples of a plugin that say how many instances it runs and how full the fullest is.
 INSTANCES, MEMORY_PERCENT = "instances", "memory_percent"
 ENDED_JOB = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class FunctionProcess:
+    """One process of a function now: its zygote, an instance, or a process an instance started."""
+
+    pid: int
+    role: str  # "zygote" | "instance" | "started by it"
+    rss_mb: float
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,7 @@ class FunctionInUse:
     memory_used_mb: float | None  # the fullest instance's use at the newest sample
     memory_reserved_mb: int  # what the quota counts: instances x memory_mb
     sampled_at: float | None
+    processes: list[FunctionProcess] = field(default_factory=list)  # root only (a uid per function)
 
 
 @dataclass(frozen=True)
@@ -111,35 +126,14 @@ def functions_view(store: Store, settings: Settings) -> FunctionsView:
     plugins = [p for p in found_plugins if p.job_id in jobs]  # a queued job's wait for its next attempt
     running_attempts = {j: _running(store.list_attempts(j)) for j in jobs}
     latest = _latest(store, list(jobs))
-    rows = []
-    for p in plugins:
-        job = jobs[p.job_id]
-        attempt = running_attempts[p.job_id]  # None: being started (its plugins wait to deploy)
-        instances = latest.get((p.job_id, p.name, INSTANCES))
-        percent = latest.get((p.job_id, p.name, MEMORY_PERCENT))
-        memory_mb = int(p.runtime["memory_mb"]) if "memory_mb" in p.runtime else None
-        count = int(instances[0]) if instances is not None else None
-        rows.append(
-            FunctionInUse(
-                job_id=p.job_id,
-                job_name=job.name,
-                job_status=job.status,
-                attempt=attempt.number if attempt else None,
-                attempt_pid=attempt.pid if attempt else None,
-                attempt_alive=bool(attempt and attempt.pid and leftovers.is_alive(attempt.pid)),
-                plugin=p.name,
-                role=p.role,
-                status=p.status,
-                entry=p.entry,
-                limits=dict(p.runtime),
-                instances=count,
-                memory_mb=memory_mb,
-                memory_used_mb=round(percent[0] * memory_mb / 100, 1) if percent and memory_mb else None,
-                memory_reserved_mb=(count or 0) * (memory_mb or 0),
-                sampled_at=instances[1] if instances is not None else None,
-            )
-        )
     found = leftovers.find()
+    state = settings.home / "runtime"
+    rows = []
+    for job_id, job in jobs.items():
+        attempt = running_attempts[job_id]  # None: being started (its plugins wait to deploy)
+        its = {p.name: p for p in plugins if p.job_id == job_id}
+        named = _processes_by_plugin(found, attempt, job, its, state)
+        rows += [_row(p, job, attempt, latest, named.get(p.name, [])) for p in its.values()]
     return FunctionsView(
         quota={
             "max_functions": quota.max_functions,
@@ -154,6 +148,76 @@ def functions_view(store: Store, settings: Settings) -> FunctionsView:
         live_leases=sum(1 for lease in found.leases if lease.holder_alive),
         notes=_notes(rows),
     )
+
+
+def _row(
+    p: Plugin,
+    job: Job,
+    attempt: Attempt | None,
+    latest: dict[tuple[int, str, str], tuple[float, float]],
+    processes: list[leftovers.FunctionProcess],
+) -> FunctionInUse:
+    instances = latest.get((p.job_id, p.name, INSTANCES))
+    percent = latest.get((p.job_id, p.name, MEMORY_PERCENT))
+    memory_mb = int(p.runtime["memory_mb"]) if "memory_mb" in p.runtime else None
+    count = int(instances[0]) if instances is not None else None
+    return FunctionInUse(
+        job_id=p.job_id,
+        job_name=job.name,
+        job_status=job.status,
+        attempt=attempt.number if attempt else None,
+        attempt_pid=attempt.pid if attempt else None,
+        attempt_alive=bool(attempt and attempt.pid and leftovers.is_alive(attempt.pid)),
+        plugin=p.name,
+        role=p.role,
+        status=p.status,
+        entry=p.entry,
+        limits=dict(p.runtime),
+        instances=count,
+        memory_mb=memory_mb,
+        memory_used_mb=round(percent[0] * memory_mb / 100, 1) if percent and memory_mb else None,
+        memory_reserved_mb=(count or 0) * (memory_mb or 0),
+        sampled_at=instances[1] if instances is not None else None,
+        processes=_roles(processes, attempt.pid if attempt else None),
+    )
+
+
+def _processes_by_plugin(
+    found: leftovers.Leftovers, attempt: Attempt | None, job: Job, plugins: dict[str, Plugin], state: Path
+) -> dict[str, list[leftovers.FunctionProcess]]:
+    """Each plugin's processes (root only: a uid per function). An attempt deploys its plugins one
+    after another in job.yaml's order (rollout, graders, group graders), leasing each one's uid as it
+    does, so the attempt's leases by time are its plugins in that order; a uid is named only when its
+    processes run with that plugin's snapshot gid (so a wrong guess names nothing)."""
+    if attempt is None or not attempt.pid:
+        return {}
+    leased = sorted((x for x in found.leases if x.holder == attempt.pid), key=lambda x: x.leased_at_ns)
+    order = [e.name for e in named_entries(job.spec.get("plugins"), {})]
+    if not leased or len(leased) > len(order):
+        return {}
+    procs = leftovers.processes_of({x.uid for x in leased})
+    out = {}
+    for name, lease in zip(order, leased, strict=False):  # the first ones, while it deploys
+        plugin = plugins.get(name)
+        mine = [x for x in procs if x.uid == lease.uid]
+        gid = group_of(state / "code" / plugin.code_hash) if plugin and plugin.code_hash else None
+        if mine and all(x.gid == gid for x in mine):
+            out[name] = mine
+    return out
+
+
+def _roles(processes: list[leftovers.FunctionProcess], runtime_pid: int | None) -> list[FunctionProcess]:
+    """Each process as its function's zygote (started by the attempt's runtime), an instance (forked
+    by the zygote) or a process one of them started (a daemon, a subprocess)."""
+    zygotes = {p.pid for p in processes if p.ppid == runtime_pid}
+    return [
+        FunctionProcess(
+            pid=p.pid,
+            role="zygote" if p.pid in zygotes else "instance" if p.ppid in zygotes else "started by it",
+            rss_mb=p.rss_mb,
+        )
+        for p in processes
+    ]
 
 
 def end_stale(store: Store) -> tuple[list[Leftover], leftovers.Ended]:

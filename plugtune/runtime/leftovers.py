@@ -35,6 +35,7 @@ class Lease:
     holder: int
     holder_alive: bool
     processes: tuple[int, ...]
+    leased_at_ns: int = 0  # when its file was written: a runtime leases its functions' uids in deploy order
 
     @property
     def is_stale(self) -> bool:
@@ -102,10 +103,12 @@ def leases(root: Path = LEASES) -> list[Lease]:
             continue
         try:
             holder = int(path.read_text() or "0")
+            written = path.stat().st_mtime_ns
         except (OSError, ValueError):
             continue  # being written by a runtime right now
         uid = int(path.name)
-        out.append(Lease(uid, holder, is_alive(holder), tuple(sorted(by_uid.get(uid, [])))))
+        procs = tuple(sorted(by_uid.get(uid, [])))
+        out.append(Lease(uid, holder, is_alive(holder), procs, written))
     return sorted(out, key=lambda lease: lease.uid)
 
 
@@ -230,3 +233,30 @@ def _parents() -> list[Path]:
     if (unified / "cgroup.controllers").exists():
         out += [unified / own.get("", "/").lstrip("/"), unified]
     return list(dict.fromkeys(p for p in out if p.is_dir()))
+
+
+@dataclass(frozen=True)
+class FunctionProcess:
+    """A process of a plugin uid (a zygote, an instance, or what one started), with its gid (its
+    snapshot's: :func:`plugtune.runtime.sandbox.group_of`) and resident memory."""
+
+    pid: int
+    ppid: int
+    uid: int
+    gid: int
+    rss_mb: float
+
+
+def processes_of(uids: set[int]) -> list[FunctionProcess]:
+    """The running processes (not zombies) whose real uid is one of ``uids``, by pid."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["pid", "ppid", "uids", "gids", "memory_info", "status"]):
+        info = proc.info
+        uids_, gids, memory = info.get("uids"), info.get("gids"), info.get("memory_info")
+        if uids_ is None or gids is None or uids_.real not in uids or info.get("status") == "zombie":
+            continue
+        rss = memory.rss / (1 << 20) if memory is not None else 0.0
+        out.append(FunctionProcess(info["pid"], info["ppid"], uids_.real, gids.real, round(rss, 1)))
+    return sorted(out, key=lambda p: p.pid)

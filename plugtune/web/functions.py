@@ -30,7 +30,8 @@ def _store(request: Request) -> Store:
 @router.get("/api/functions", tags=["functions"])
 def api_functions(request: Request) -> dict[str, Any]:
     """The functions in use (each one's job, attempt, status, effective limits, newest instance
-    count and memory), the quota each job's runtime gets and how much of it each attempt uses, the
+    count and memory, and, where plugins run as their own uid, each of its processes with its resident
+    memory), the quota each job's runtime gets and how much of it each attempt uses, the
     monitoring retention, and ``leftovers``: uid leases and cgroups of killed attempts' runtimes, with
     the processes of theirs that still run (``POST /api/functions/end-stale`` ends them)."""
     return functions_view(_store(request), Settings.from_env()).to_dict()

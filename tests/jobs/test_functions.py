@@ -150,6 +150,16 @@ def test_functions_shows_a_running_jobs_functions_and_ends_what_its_killed_attem
         )
 
         (daemon,) = _named(token_name)
+        now = json.loads(runner.invoke(app, ["functions", "--json"]).output)["functions"]
+        procs = {f["plugin"]: f["processes"] for f in now if f["job_id"] == job_id}  # as root: per uid
+        for plugin in ("answer", "exact"):
+            roles = [p["role"] for p in procs[plugin]]
+            assert roles.count("zygote") == 1 and "instance" in roles, procs
+            assert all(p["rss_mb"] > 1 for p in procs[plugin]), procs
+        assert [p["role"] for p in procs["exact"] if p["pid"] == daemon] == ["started by it"]
+        assert not [p for p in procs["answer"] if p["pid"] == daemon]
+        assert f"pid {daemon} started by it" in runner.invoke(app, ["functions"]).output
+        assert f"pid {daemon} started by it" in client.get("/functions").text
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from plugtune.jobs.plugin_metrics import latest_stats
@@ -70,6 +71,7 @@ def doctor_document(store: Store, job_id: int) -> dict[str, Any]:
             window[name] = [p.to_dict() for p in points.get(name, [])][-20:]
     logs = store.logs(job_id, plugin=plugin["name"] if plugin else None, limit=20)
     return {
+        "loss_nan_batch": _loss_nan_batch(store, job_id, evidence),
         "job": {k: doc[k] for k in ("id", "name", "status", "steps_done", "steps_total")},
         "error": error or None,
         "traceback": evidence.get("traceback") or error.get("traceback") or "",
@@ -79,3 +81,17 @@ def doctor_document(store: Store, job_id: int) -> dict[str, Any]:
         "metrics_window": window,
         "recent_logs": [line.to_dict() for line in reversed(logs)],
     }
+
+
+def _loss_nan_batch(store: Store, job_id: int, evidence: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Loss nan step's trajectories, the largest rewards (by magnitude) first: the likeliest causes."""
+    ids = [str(t) for t in evidence.get("trajectory_ids") or []]
+    rewards = {r.trajectory_id: r.reward for r in store.trajectory_records(job_id, ids)} if ids else {}
+    batch = [{"trajectory_id": t, "reward": rewards.get(t), "stored": t in rewards} for t in ids]
+    return sorted(batch, key=lambda b: -_magnitude(b["reward"]))
+
+
+def _magnitude(reward: float | None) -> float:
+    if reward is None:
+        return 0.0
+    return math.inf if math.isnan(reward) else abs(reward)

@@ -257,6 +257,18 @@
         if (id === "failure-hint") dd.className = "hint";
         list.append(dd);
       }
+      // A Loss nan step's trajectories (its evidence), as the server renders them.
+      const batch = (e.evidence && e.evidence.trajectory_ids) || [];
+      if (batch.length) {
+        const links = batch.slice(0, 10).flatMap((t, i) => [
+          i ? ", " : "",
+          PT.el("a", { class: "mono", href: `/jobs/${job}/trajectories?t=${encodeURIComponent(t)}`, text: t }),
+        ]);
+        const more = batch.length > 10 ? ` and ${batch.length - 10} more (plugtune doctor ${this.id} lists them)` : "";
+        const message = list.querySelector("#failure-message").previousElementSibling; // its <dt>
+        list.insertBefore(PT.el("dt", { text: "Step's trajectories" }), message);
+        list.insertBefore(PT.el("dd", { id: "failure-trajectories" }, [`step ${e.evidence.step ?? "?"}: `, ...links, more]), message);
+      }
       const banner = PT.el("section", { class: "banner", id: "failure-banner" }, [
         PT.el("div", { class: "title", text: e.type }),
         list,

@@ -37,7 +37,6 @@ from plugtune.store.records import Attempt, Job, Plugin
 
 #: The newest samples of a plugin that say how many instances it runs and how full the fullest is.
 INSTANCES, MEMORY_PERCENT = "instances", "memory_percent"
-ENDED_JOB = ("succeeded", "failed", "cancelled")
 
 
 @dataclass(frozen=True)

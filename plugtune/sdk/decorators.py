@@ -10,7 +10,7 @@ import enum
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from plugtune.sdk.runtime_spec import Runtime
 
@@ -96,17 +96,35 @@ def _decorate(kind: Kind, fn: F | None, runtime: Runtime | None, weight: float) 
     return wrap(fn) if fn is not None else wrap
 
 
-def rollout(fn: F | None = None, *, runtime: Runtime | None = None) -> Any:
+@overload
+def rollout(fn: F, *, runtime: Runtime | None = None) -> F: ...
+@overload
+def rollout(fn: None = None, *, runtime: Runtime | None = None) -> Callable[[F], F]: ...
+def rollout(fn: F | None = None, *, runtime: Runtime | None = None) -> F | Callable[[F], F]:
     """Mark ``fn(ctx, policy, sample) -> RolloutResult | None`` as the job's rollout."""
     return _decorate(Kind.ROLLOUT, fn, runtime, 1.0)
 
 
-def grader(fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None) -> Any:
+@overload
+def grader(fn: F, *, weight: float = 1.0, runtime: Runtime | None = None) -> F: ...
+@overload
+def grader(fn: None = None, *, weight: float = 1.0, runtime: Runtime | None = None) -> Callable[[F], F]: ...
+def grader(
+    fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None
+) -> F | Callable[[F], F]:
     """Mark ``fn(ctx, sample, trajectory) -> float | None`` as a grader (``None`` = unscorable)."""
     return _decorate(Kind.GRADER, fn, runtime, weight)
 
 
-def group_grader(fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None) -> Any:
+@overload
+def group_grader(fn: F, *, weight: float = 1.0, runtime: Runtime | None = None) -> F: ...
+@overload
+def group_grader(
+    fn: None = None, *, weight: float = 1.0, runtime: Runtime | None = None
+) -> Callable[[F], F]: ...
+def group_grader(
+    fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None
+) -> F | Callable[[F], F]:
     """Mark ``fn(ctx, sample, trajectories) -> list[float | None]`` as a group grader."""
     return _decorate(Kind.GROUP_GRADER, fn, runtime, weight)
 

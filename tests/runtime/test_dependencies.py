@@ -20,7 +20,14 @@ from plugtune.runtime.function import Function
 from tests.judge_server import dead_port, judge
 from tests.runtime.helpers import FIXTURES, ctx, entry, sample, trajectory
 
-GRADERS = ["asks_judge", "asks_judge_async", "asks_judge_openai", "asks_judge_urllib"]
+GRADERS = [
+    "asks_judge",
+    "asks_judge_async",
+    "asks_judge_openai",
+    "asks_judge_urllib",
+    "asks_judge_requests",
+    "asks_judge_aiohttp",
+]
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +130,7 @@ def _line_of(grader: str) -> int:
     """The line of the fixture's grader that sends the judge its request."""
     lines = (FIXTURES / "judge.py").read_text().splitlines()
     start = next(i for i, text in enumerate(lines) if re.match(rf"(async )?def {grader}\(", text))
-    markers = ("httpx.post", "client.post", "completions.create", "urlopen")
+    markers = ("httpx.post", "client.post", "completions.create", "urlopen", "requests.post", "session.post")
     return next(i + 1 for i in range(start, len(lines)) if any(m in lines[i] for m in markers))
 
 

@@ -1,8 +1,9 @@
 """``plugtune test``: the job's plugins in this process on a few dataset rows, fast enough for every edit.
 
 No isolation and no memory limit here (``--faas`` has both); a plugin that calls ``os._exit`` or
-``sys.exit`` is reported as EOF and the test goes on; a sync call that never returns is reported
-as ``Timeout`` after its ``timeout_s`` and left behind on its daemon thread, so the test still ends.
+``sys.exit`` is reported as EOF and the test goes on; a sync call runs in a forked child of this
+process, killed at its ``timeout_s`` and reported as ``Timeout`` even when it is stuck in C code that
+holds the GIL, so the test always ends (see :mod:`plugtune.runtime.inprocess`).
 """
 
 from __future__ import annotations

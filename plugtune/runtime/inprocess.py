@@ -1,15 +1,14 @@
 """``InProcessRuntime``: the same deploy/invoke/close surface, running plugins in the caller.
 
-For fast local tests and ``plugtune test``: no isolation and no memory limit, but the same
-validation, statuses and failure causes (``sys.exit`` and injected crashes are reported as EOF,
-without ending the caller). A sync function runs on a daemon thread of its own, so a call that
-never returns is reported as ``Timeout`` after ``timeout_s`` and abandoned: the caller goes on
-and can exit (a thread cannot be killed; a pool's threads would be joined at exit).
-
-Running a sync call on the caller's main thread instead would block its event loop and leave no
-way to abandon a hung call, so signal handlers (``signal.signal``: math-verify's default timeouts)
-cannot be installed here, although they work in the function runtime with ``max_concurrency: 1``:
-such a failure's message says so and points to ``plugtune test --faas``.
+For fast local tests, ``plugtune test`` and ``plugtune replay --in-process``: no isolation and no
+memory limit, but the same validation, statuses and failure causes (``sys.exit`` and injected
+crashes are reported as EOF, without ending the caller). The module is imported and ``setup()``
+runs in the caller; each sync call runs in a forked child of it (:mod:`.forked`), so a call past
+``timeout_s`` is killed and reported as ``Timeout`` even when it is stuck in C code that holds the
+GIL (which would stop the caller's event loop, and its timeouts, if the call ran on a thread here).
+As in the function runtime, the child runs the call on its main thread with ``max_concurrency: 1``
+(signal handlers work: math-verify's timeouts) and on a thread otherwise. ``async def`` calls run
+on the caller's event loop.
 """
 
 from __future__ import annotations
@@ -20,10 +19,12 @@ import inspect
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
+from plugtune.runtime.forked import ChildDied, ChildError, Send, run_forked
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.runtime.worker.loader import LoadError, Plugin, load, signal_error_in, user_traceback
 from plugtune.sdk import Discard, Kind, PluginSpec, Retry, Runtime
@@ -33,15 +34,17 @@ MAX_LOG_LINES = 20_000
 
 
 class _ListHandler(logging.Handler):
-    def __init__(self, sink: list[LogLine], plugin: str, call_id: str, trajectory_id: str) -> None:
+    def __init__(
+        self, sink: Callable[[LogLine], None], plugin: str, call_id: str, trajectory_id: str
+    ) -> None:
         super().__init__(logging.DEBUG)
-        self.sink = sink
+        self.sink = sink  # the call's list; in a forked child, the pipe back to the caller
         self.plugin = plugin
         self.call_id = call_id
         self.trajectory_id = trajectory_id
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.sink.append(
+        self.sink(
             LogLine(
                 record.created,
                 record.levelname,
@@ -71,47 +74,21 @@ def _exit_safe(fn: Any, ctx: Any, args: tuple[Any, ...]) -> Any:
         raise PluginExit(exc) from None
 
 
-async def run_on_daemon_thread(fn: Any, ctx: Any, args: tuple[Any, ...], name: str) -> Any:
-    """``fn(ctx, *args)`` on a new daemon thread; cancelling the await abandons the thread."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[Any] = loop.create_future()
-
-    def settle(value: Any, exc: BaseException | None) -> None:
-        if done.done():  # timed out (cancelled) before the function returned
-            return
-        if exc is not None:
-            done.set_exception(exc)
-        else:
-            done.set_result(value)
-
-    def work() -> None:
-        value, error = None, None
-        try:
-            value = _exit_safe(fn, ctx, args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            error = exc
-        try:
-            loop.call_soon_threadsafe(settle, value, error)
-        except RuntimeError:  # the caller's loop is closed: nobody waits for this call any more
-            pass
-
-    threading.Thread(target=work, name=name, daemon=True).start()
-    return await done
+def _returned(value: Any, ctx: Any) -> Returned:
+    return Returned(p.encode_result(value), ctx.metrics, [], "in-process", 0.0)
 
 
-def signal_hint(max_concurrency: int) -> str:
-    """What a sync plugin that installs signal handlers should know about in-process tests."""
-    where = (
-        "in the function runtime (`plugtune test --faas` and jobs) this plugin runs every call on its "
-        "instance's main thread (max_concurrency: 1), where it works: check it with `plugtune test --faas`"
-        if max_concurrency == 1
-        else f"in the function runtime it fails too, with max_concurrency: {max_concurrency} (pool "
-        "threads): set max_concurrency: 1 so that every call runs on the instance's main thread, scale "
-        "with max_instances, and check it with `plugtune test --faas`"
-    )
+def signal_hint(exc: BaseException, max_concurrency: int) -> str:
+    """What a sync plugin that installs signal handlers off the main thread should do about it."""
+    found = signal_error_in(exc)
+    if found is None or max_concurrency == 1:
+        return ""
+    cause = "" if found is exc else f"; the error's cause: {type(found).__name__}: {found}"
     return (
-        " (in-process `plugtune test` runs sync plugins on threads of its own, where Python cannot "
-        f"install signal handlers, e.g. signal-based timeouts such as math-verify's; {where})"
+        f" (this sync plugin has max_concurrency: {max_concurrency}, so its calls run on pool threads, "
+        "here as in the function runtime, where Python cannot install signal handlers, e.g. "
+        "signal-based timeouts such as math-verify's: set max_concurrency: 1 in its Runtime so that "
+        f"every call runs on the instance's main thread, and scale with max_instances instead{cause})"
     )
 
 
@@ -130,8 +107,9 @@ class InProcessDeployment:
         p.encode_args(self.spec.kind, request.args)  # the same argument checks as the local backend
         ctx = request.context
         logs: list[LogLine] = []
+        handler = _ListHandler(logs.append, self.entry, request.call_id, ctx.trajectory_id)
         logger = logging.Logger(f"plugtune.plugin.{self.spec.name}")
-        logger.addHandler(_ListHandler(logs, self.entry, request.call_id, ctx.trajectory_id))
+        logger.addHandler(handler)
         call_ctx = type(ctx)(**{**ctx.info(), "call_id": request.call_id, "plugin": self.entry})
         call_ctx.deadline = time.time() + request.timeout_s
         call_ctx.logger = logger
@@ -139,10 +117,7 @@ class InProcessDeployment:
         self.in_flight += 1
         try:
             async with self.semaphore:
-                value = await asyncio.wait_for(self._run(call_ctx, request), request.timeout_s)
-            result: Returned | Failed = Returned(
-                p.encode_result(value), call_ctx.metrics, logs, "in-process", 0.0
-            )
+                result = await asyncio.wait_for(self._run(call_ctx, request, handler), request.timeout_s)
         except asyncio.TimeoutError:
             result = Failed(Happened.DEADLINE, f"the call ran past timeout_s={request.timeout_s:g}", logs)
         except BaseException as exc:  # noqa: BLE001 - every failure is classified
@@ -155,9 +130,8 @@ class InProcessDeployment:
             return Returned(result.value, result.metrics, logs, "in-process", latency)
         return Failed(result.happened, result.message, logs, result.traceback, "in-process", None, latency)
 
-    async def _run(self, ctx: Any, request: CallRequest) -> Any:
+    async def _run(self, ctx: Any, request: CallRequest, handler: _ListHandler) -> Returned | Failed:
         fault = request.fault
-        fn = self.plugin.function
         if fault == "timeout":
             await asyncio.sleep(request.timeout_s + 1.0)
         elif fault == "eof":
@@ -168,13 +142,56 @@ class InProcessDeployment:
             raise RuntimeError("injected fault: 500 (FaultInjection)")
         elif fault == "nan" and self.spec.kind is not Kind.ROLLOUT:
             n = len(request.args[1]) if self.spec.kind is Kind.GROUP_GRADER else 0
-            return [float("nan")] * n if n else float("nan")
-        if self.spec.is_async:
+            return _returned([float("nan")] * n if n else float("nan"), ctx)
+        if not self.spec.is_async:
+            return await self._call_in_child(ctx, request.args, handler)
+        try:
+            return _returned(await self.plugin.function(ctx, *request.args), ctx)
+        except (SystemExit, KeyboardInterrupt) as exc:  # must not end the caller's event loop
+            raise PluginExit(exc) from None
+
+    async def _call_in_child(
+        self, ctx: Any, args: tuple[Any, ...], handler: _ListHandler
+    ) -> Returned | Failed:
+        """A sync call in a forked child, its log lines sent back as they are written."""
+        logs = handler.sink
+
+        def work(send: Send) -> Returned | Failed:
+            handler.sink = send
             try:
-                return await fn(ctx, *request.args)
-            except (SystemExit, KeyboardInterrupt) as exc:  # must not end the caller's event loop
-                raise PluginExit(exc) from None
-        return await run_on_daemon_thread(fn, ctx, request.args, f"plugtune-inproc-{request.call_id}")
+                return _returned(self._call_sync(ctx, args), ctx)
+            except BaseException as exc:  # noqa: BLE001 - every failure is classified
+                return self._failure(exc, ctx.metrics, [])
+
+        try:
+            outcome: Returned | Failed = await run_forked(work, logs)
+        except ChildDied as exc:
+            return Failed(Happened.DIED, str(exc), [])
+        except ChildError as exc:
+            return Failed(Happened.RAISED, str(exc), [])
+        return outcome
+
+    def _call_sync(self, ctx: Any, args: tuple[Any, ...]) -> Any:
+        """On this (the child's main) thread with max_concurrency: 1, else on a thread of its own:
+        where the function runtime runs it, so that signal handlers work, or fail, as they will there."""
+        fn = self.plugin.function
+        if self.runtime.max_concurrency == 1:
+            return _exit_safe(fn, ctx, args)
+        ended: list[tuple[bool, Any]] = []
+
+        def call() -> None:
+            try:
+                ended.append((True, _exit_safe(fn, ctx, args)))
+            except BaseException as exc:  # noqa: BLE001 - raised again below
+                ended.append((False, exc))
+
+        thread = threading.Thread(target=call, name="plugtune-inproc-call")
+        thread.start()
+        thread.join()
+        returned, value = ended[0]
+        if not returned:
+            raise value
+        return value
 
     def _failure(
         self, exc: BaseException, metrics: dict[str, float], logs: list[LogLine]
@@ -189,8 +206,8 @@ class InProcessDeployment:
             return Failed(Happened.DIED, f"the plugin called sys.exit({exc.code!r})", logs, tb)
         if isinstance(exc, MemoryError):
             return Failed(Happened.MEMORY_ERROR, text, logs, tb)
-        if not self.spec.is_async and signal_error_in(exc) is not None:
-            text += signal_hint(self.runtime.max_concurrency)
+        if not self.spec.is_async:
+            text += signal_hint(exc, self.runtime.max_concurrency)
         return Failed(Happened.RAISED, text, logs, tb)
 
     async def scale(self, instances: int) -> None:

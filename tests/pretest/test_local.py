@@ -112,9 +112,10 @@ def test_plugin_that_cannot_load_is_create_faas_fault() -> None:
     assert result.exit_code == 1 and "Create faas fault" in result.output and "what to do" in result.output
 
 
-@pytest.mark.parametrize("job", ["hangs_grader", "spins_grader"])
+@pytest.mark.parametrize("job", ["hangs_grader", "spins_grader", "backtracks_grader"])
 def test_hung_sync_grader_is_timeout_and_the_cli_exits(job: str) -> None:
-    """A sync grader that never returns (sleep, busy loop) is reported as Timeout and the command ends."""
+    """A sync grader that never returns (sleep, busy loop, a C call that holds the GIL for hours) is
+    reported as Timeout and the command ends."""
     unused = "http://127.0.0.1:9/v1"  # the rollout never calls the policy: no model to load
     cli = "from plugtune.cli import app; app()"
     command = [sys.executable, "-c", cli, "test", str(FAULTY / f"{job}.yaml"), "--samples", "2"]
@@ -126,6 +127,9 @@ def test_hung_sync_grader_is_timeout_and_the_cli_exits(job: str) -> None:
     failed = {c["name"]: c["error"]["cause"] for c in doc["calls"] if c["error"]}
     assert len(doc["calls"]) == 4 and failed == {job.split("_")[0]: "Timeout"}
     assert "timeout_s=0.5" in doc["summary"]["errors_by_cause"]["Timeout"]["message"]
+    if job == "backtracks_grader":  # what it logged before it was killed is kept
+        logs = [line["message"] for t in doc["trajectories"] for line in t["logs"]]
+        assert logs.count("about to match") == 2, logs
 
 
 def test_group_grader_gets_the_jobs_group_size() -> None:
@@ -140,17 +144,25 @@ def test_group_grader_gets_the_jobs_group_size() -> None:
         assert any("ranking a group of 3" in line["message"] for t in group for line in t["logs"])
 
 
-def test_a_grader_with_signal_timeouts_points_to_faas(tmp_path: Path) -> None:
-    """math-verify-style signal timeouts cannot run on the in-process test's threads: the 500 says
-    why and that `plugtune test --faas` runs the grader as the job does (on the main thread)."""
+def test_a_grader_with_signal_timeouts_runs_as_in_the_function_runtime(tmp_path: Path) -> None:
+    """math-verify-style signal timeouts work in-process with max_concurrency: 1 (each call on its
+    process's main thread, as an instance runs it); with max_concurrency: 2 they fail as in a job
+    (pool threads), and the 500 says to set max_concurrency: 1."""
     shutil.copytree(FAULTY / "plugins", tmp_path / "plugins")
     shutil.copy(Path(__file__).parents[1] / "fixtures" / "plugins" / "signals.py", tmp_path / "plugins")
     shutil.copytree(FAULTY / "data", tmp_path / "data")
+    text = (FAULTY / "ok.yaml").read_text()
     job = tmp_path / "job.yaml"
-    job.write_text((FAULTY / "ok.yaml").read_text().replace("graders.py:exact", "signals.py:verify"))
-    result = CliRunner().invoke(app, ["test", str(job), "--policy-url", "http://127.0.0.1:9/v1"])
+    job.write_text(text.replace("graders.py:exact}", "signals.py:verify}"))
+    unused = "http://127.0.0.1:9/v1"
+    passed = CliRunner().invoke(app, ["test", str(job), "--policy-url", unused, "--json"])
+    assert passed.exit_code == 0, passed.output
+    calls = json.loads(passed.stdout)["calls"]
+    assert [c["metrics"] for c in calls if c["name"] == "verify"] == [{"main_thread": 1.0}] * 4, calls
+    job.write_text(text.replace("graders.py:exact}", "signals.py:verify, runtime: {max_concurrency: 2}}"))
+    result = CliRunner().invoke(app, ["test", str(job), "--policy-url", unused])
     assert result.exit_code == 1, result.output
     said = " ".join(result.output.split())
     assert "signal only works in main thread" in said
-    assert "in-process `plugtune test` runs sync plugins on threads" in said
-    assert "check it with `plugtune test --faas`" in said
+    assert "max_concurrency: 2, so its calls run on pool threads" in said
+    assert "set max_concurrency: 1 in its Runtime" in said

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,6 +182,34 @@ def test_the_replay_is_the_recorded_trajectory_with_its_rollout_index(store: Sto
     assert {line["trajectory_id"] for line in doc["trajectory"]["logs"]} == {"s3-p1-r2"}
     text = CliRunner().invoke(app, ["replay", str(job_id), "s3-p1-r2"])
     assert text.exit_code == 0 and "s3-p1-r2" in text.output and "-r0" not in text.output, text.output
+
+
+def test_an_in_process_replay_of_a_call_that_holds_the_gil_ends_as_timeout(store: Store) -> None:
+    """The job's grader timed out in C code that holds the GIL (catastrophic backtracking, as
+    math-verify on a huge power); in-process, the replay kills the call at its timeout_s and ends."""
+    job_id = recorded_job(store, "answers", "backtracks")
+    entry = f"{FAULTY / 'plugins' / 'graders.py'}:backtracks"
+    code_hash = store.list_plugins(job_id)[1].code_hash
+    store.upsert_plugin(  # the limits it ran with in the job
+        job_id, "backtracks", "grader", entry, code_hash=code_hash, runtime=Runtime(timeout_s=0.5).to_dict()
+    )
+    error = ErrorRecord(
+        type="Call plugin error",
+        owner="plugin",
+        cause="Timeout",
+        message="the call ran past timeout_s=0.5",
+        plugin=entry,
+    )
+    recorded = [QUESTION, {"role": "assistant", "content": "12"}]
+    store.upsert_trajectories(job_id, [trajectory(recorded, "failed", None, errors=[error])])
+    cli = "from plugtune.cli import app; app()"
+    flags = ["--in-process", "--unsandboxed-as-root", "--json"]
+    command = [sys.executable, "-c", cli, "replay", str(job_id), "s3-p1-r2", *flags]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)  # it hung for good before
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["verdict"] == "reproduced" and doc["replayed"]["error"]["cause"] == "Timeout", doc
+    assert any("about to match" in line["message"] for line in doc["trajectory"]["logs"])
 
 
 def test_missing_trajectory_is_named(store: Store) -> None:

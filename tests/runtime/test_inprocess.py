@@ -92,28 +92,34 @@ async def test_a_timeouts_hint_fits_a_sync_or_an_async_plugin(
     assert error.record().hint == error.hint and error.to_dict()["hint"] == error.hint  # what the job keeps
 
 
-@pytest.mark.parametrize(
-    ("limits", "advice"), [(None, "where it works"), ({"max_concurrency": 2}, "set max_concurrency: 1")]
-)
-async def test_signal_handlers_off_the_main_thread_say_to_test_with_faas(
-    limits: dict[str, int] | None, advice: str
-) -> None:
-    """A sync grader that times itself out with signals (as math-verify does) cannot in-process."""
+async def test_signal_handlers_work_with_max_concurrency_1_as_in_the_function_runtime() -> None:
+    """A sync grader that times itself out with signals (as math-verify does) runs on the main
+    thread of its call's process with max_concurrency: 1, as an instance runs it: it works."""
     async with InProcessRuntime() as rt:
-        fn = await rt.deploy(entry("signals.py", "verify"), runtime=limits)
+        fn = await rt.deploy(entry("signals.py", "verify"))
+        out = await fn.invoke(ctx(), sample(), trajectory())
+        assert (out.status, out.value, out.metrics) == ("success", 1.0, {"main_thread": 1.0})
+        timed_out = await fn.invoke(ctx(), sample(work_s=2.0, within_s=0.2), trajectory())
+        assert timed_out.value == 0.0  # its own SIGALRM ended the slow work
+
+
+async def test_signal_handlers_with_max_concurrency_2_fail_as_in_the_function_runtime() -> None:
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("signals.py", "verify"), runtime={"max_concurrency": 2})
         with pytest.raises(PluginCallError) as info:
             await fn.invoke(ctx(), sample(), trajectory())
     message = info.value.message
     assert info.value.cause == Cause.ERROR_500.value and "signal only works in main thread" in message
-    assert "in-process `plugtune test` runs sync plugins on threads" in message
-    assert "`plugtune test --faas`" in message and advice in message
+    assert "max_concurrency: 2, so its calls run on pool threads" in message
+    assert "set max_concurrency: 1 in its Runtime" in message
 
 
 async def test_a_signal_error_in_the_cause_chain_gets_the_same_hint() -> None:
     async with InProcessRuntime() as rt:
-        fn = await rt.deploy(entry("signals.py", "verify_wrapped"))
+        fn = await rt.deploy(entry("signals.py", "verify_wrapped"), runtime={"max_concurrency": 2})
         with pytest.raises(PluginCallError) as info:
             await fn.invoke(ctx(), sample(), trajectory())
     message = info.value.message
     assert message.startswith("VerificationError: could not verify the answer")
-    assert "in-process `plugtune test` runs sync plugins on threads" in message
+    assert "set max_concurrency: 1 in its Runtime" in message
+    assert "the error's cause: ValueError: signal only works in main thread" in message

@@ -1,8 +1,9 @@
 """A judge (an LLM-judge-like HTTP service) on 127.0.0.1 for the dependency tests.
 
 The first path segment picks the mode: ``/ok``, ``/429`` (with ``Retry-After: 1``), ``/500``,
-``/malformed`` (a 200 whose body is not JSON); ``.../chat/completions`` answers in the OpenAI
-shape. ``dead_port()`` is a port nothing listens on (the judge is down).
+``/malformed`` (a 200 whose body is not JSON), ``/slow`` (answers after 2 s);
+``.../chat/completions`` answers in the OpenAI shape. ``dead_port()`` is a port nothing listens
+on (the judge is down).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +26,8 @@ class _Judge(BaseHTTPRequestHandler):
             self.rfile.read(min(length, 1 << 20))
         self.server.requests += 1  # type: ignore[attr-defined]
         mode = self.path.strip("/").split("/")[0]
+        if mode == "slow":
+            time.sleep(2.0)
         if mode == "429":
             self._send(429, b'{"error": {"message": "rate limited"}}', {"Retry-After": "1"})
         elif mode == "500":

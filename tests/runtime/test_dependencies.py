@@ -134,6 +134,19 @@ def _line_of(grader: str) -> int:
     return next(i + 1 for i in range(start, len(lines)) if any(m in lines[i] for m in markers))
 
 
+async def test_a_slow_judge_past_the_clients_timeout_is_a_dependency_timeout(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    port = _port(server)
+    fn = await rt.deploy(entry("judge.py", "asks_judge_briefly"), dependencies={"judge": f"127.0.0.1:{port}"})
+    error = await _fails(fn, f"http://127.0.0.1:{port}/slow")
+    assert (error.type, error.owner, error.cause) == ("Dependency error", "dependency", "timeout")
+    assert error.message.startswith(
+        f"the dependency judge (127.0.0.1:{port}) did not answer in time (timeout: the client's own)"
+    ), error.message
+    assert "ReadTimeout" in error.message
+
+
 async def test_a_grader_that_catches_the_judges_failure_and_returns_none_stays_unscorable(
     rt: LocalRuntime, server: ThreadingHTTPServer
 ) -> None:

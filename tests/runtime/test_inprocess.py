@@ -32,6 +32,8 @@ async def test_same_results_statuses_and_logs() -> None:
         ("returns_bool", Cause.INVALID_REWARD),
         ("awaits_forever", Cause.TIMEOUT),
         ("calls_sys_exit", Cause.EOF),
+        ("exits_hard", Cause.EOF),  # in the call's own process: this one goes on
+        ("segfaults", Cause.EOF),
         ("raises_memory_error", Cause.OOM),
     ],
 )

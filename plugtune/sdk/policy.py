@@ -11,7 +11,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from plugtune.sdk import transport
+from plugtune.sdk import _transport as transport
 
 
 class PolicyError(RuntimeError):
@@ -24,7 +24,7 @@ class Policy:
 
     ``chat()`` / ``achat()`` are the cheapest path: they need no extra package and keep HTTP
     connections open between calls (``chat`` one per thread and server, ``achat`` a few per event
-    loop and server: see ``plugtune.sdk.transport``), so a rollout's calls, and the next
+    loop and server: see ``plugtune.sdk._transport``), so a rollout's calls, and the next
     rollouts', skip the TCP handshake. ``openai()`` / ``async_openai()`` return the official
     client; building one costs tens of ms, so one base client is kept per process and server
     (and, for ``async_openai``, per event loop), and each trajectory gets a cheap copy with its

@@ -89,6 +89,7 @@ class EngineRun:
         self._writer = StoreWriter(store, job_id)
         self._closed = False
         self._cancelled, self._cancel_checked = False, 0.0
+        self._steps_total = job.spec.hyperparameters.steps if job is not None else 0
         self.trackers: Trackers | None = None  # when set, training and plugin metrics go there too
         atexit.register(self.close)  # a run whose engine never said it ended still ends in the store
 
@@ -240,6 +241,13 @@ class EngineRun:
         if counts is not None:
             self._check_breaker(counts)
 
+    def expect_steps(self, total: int) -> None:
+        """The engine's own step count (TRL's ``max_steps``), for a run without a job.yaml (which
+        would have given it): the job shows steps done out of it, not out of 0."""
+        if self.job is None and total > 0 and not self._steps_total:
+            self._steps_total = total
+            self.store.update_job(self.job_id, steps_total=total)
+
     def _write_counts(self, step: int) -> StepCounts:
         """``step``'s call counts and ``ctx.metric`` aggregates (and any earlier step's left)."""
         counts = self.caller.take_counts(step)
@@ -300,6 +308,9 @@ class EngineRun:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._owns_job:
             exc, reason = failure if failure is not None else (None, "")
+            done = self.store.get_job(self.job_id)
+            if exc is None and not self._steps_total and done is not None and done.steps_done:
+                self.store.update_job(self.job_id, steps_total=done.steps_done)  # all it was to run
             _end_job(self.store, self.job_id, self._attempt, exc, reason)
 
 

@@ -153,6 +153,7 @@ class TRLRun:
         self, prompts: list[Any], completions: list[Any], ids: list[list[int]], kwargs: dict[str, Any]
     ) -> dict[str, list[float | None]]:
         step = _step(kwargs)
+        self.run.expect_steps(int(getattr(kwargs.get("trainer_state"), "max_steps", 0) or 0))
         slots = prompt_groups([_prompt_key(p, kwargs, i) for i, p in enumerate(prompts)], self.group_size)
         episodes = [
             self._episode_for(step, i, slots[i], prompts, completions, kwargs) for i in range(len(prompts))

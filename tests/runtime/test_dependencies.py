@@ -183,3 +183,5 @@ async def test_an_undeclared_judge_is_refused_with_a_log_line_naming_it_and_how_
     error = await _fails(unknown, f"http://judge.invalid:{port}/ok")
     assert f"refused a connection to judge.invalid:{port}" in error.message
     assert server.requests == before  # type: ignore[attr-defined]  # nothing reached the judge
+    own = await rt.deploy(entry("judge.py", "asks_own_server"))  # what is refused: not its own server
+    assert (await asyncio.wait_for(own.invoke(ctx(), sample(), trajectory()), 30)).value == 1.0

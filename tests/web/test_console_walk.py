@@ -160,4 +160,4 @@ def test_no_plugin_stays_running_after_its_attempt_ended(store: Store) -> None:
     store.end_attempt(job, number, "failed", {**crash, "evidence": {"plugin": "plugins/grader.py:exact"}})
     plugins = {p.name: p for p in store.list_plugins(job)}
     assert plugins["exact"].status == "failed" and "import failed" in plugins["exact"].failure_reason
-    assert plugins["solve"].status == "waiting"  # never deployed: not "completed"
+    assert plugins["solve"].status == "not started"  # never deployed: not "completed", not left "waiting"

@@ -587,6 +587,11 @@ def spec_reference(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[F
             continue
         nested = nested_model(info.annotation)
         default = "required" if info.is_required() else _default_text(info)
+        keyed = nested is not None and getattr(info.annotation, "__origin__", None) is dict
+        if keyed and nested is not None:  # a mapping of name -> section (dependencies:)
+            rows.append(FieldDoc(path, f"mapping of name -> {nested.__name__}", "{}", info.description or ""))
+            rows.extend(spec_reference(nested, path + ".<name>."))
+            continue
         rows.append(FieldDoc(path, _type_text(info.annotation), default, info.description or ""))
         if nested is not None:
             suffix = "[]." if _is_list(info.annotation) else "."

@@ -9,7 +9,7 @@ import pytest
 
 from plugtune.errors import InvalidValueError
 from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryJobAfter, decide
-from plugtune.jobs.spec import RetryPolicy
+from plugtune.jobs.spec import RetryPolicy, spec_reference
 from plugtune.jobs.validation import validate_job
 from plugtune.runtime.dependencies import Dependency
 from tests.jobs.jobkit import make_job
@@ -68,3 +68,12 @@ def test_a_dependency_error_is_retried_as_a_job_after_a_delay_then_fails() -> No
     assert decide(FailureKind.DEPENDENCY, 2, retry=retry) == FailJob(
         "dependency: 1 automatic retries used up"
     )
+
+
+def test_the_job_yaml_reference_documents_each_dependencys_keys() -> None:
+    rows = {row.path: row for row in spec_reference()}
+    assert rows["dependencies"].type == "mapping of name -> DependencySpec"
+    assert {"dependencies.<name>.url", "dependencies.<name>.rpm", "dependencies.<name>.timeout_s"} <= set(
+        rows
+    )
+    assert "not enforced yet" in rows["dependencies.<name>.rpm"].description

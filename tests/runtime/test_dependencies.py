@@ -17,6 +17,7 @@ import pytest
 from plugtune.errors import HINTS, POLICY_REFUSED_HINT, DependencyCause, PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.function import Function
+from plugtune.sdk import Policy
 from tests.judge_server import dead_port, judge
 from tests.runtime.helpers import FIXTURES, ctx, entry, sample, trajectory
 
@@ -145,6 +146,16 @@ async def test_a_slow_judge_past_the_clients_timeout_is_a_dependency_timeout(
         f"the dependency judge (127.0.0.1:{port}) did not answer in time (timeout: the client's own)"
     ), error.message
     assert "ReadTimeout" in error.message
+
+
+@pytest.mark.parametrize("rollout", ["asks_policy_sdk", "asks_policy_openai"])
+async def test_a_policy_that_fails_is_never_read_as_a_dependency(rt: LocalRuntime, rollout: str) -> None:
+    """The policy gateway is the platform's: the same client errors on it are not a Dependency error."""
+    policy = Policy(base_url=f"http://127.0.0.1:{dead_port()}/v1", api_key="k", timeout_s=3)
+    fn = await rt.deploy(entry("judge.py", rollout), dependencies={"judge": "http://127.0.0.1:9"})
+    with pytest.raises(PluginCallError) as info:
+        await asyncio.wait_for(fn.invoke(ctx(), policy, sample()), 30)
+    assert (info.value.type, info.value.owner) == ("Call plugin error", "plugin"), info.value.message
 
 
 async def test_a_grader_that_catches_the_judges_failure_and_returns_none_stays_unscorable(

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+import urllib.parse
 from typing import Any
 
 from plugtune.runtime.protocol import (
@@ -45,10 +46,13 @@ class CallRunner:
         self.logger = logging.getLogger(f"plugtune.plugin.{plugin.spec.name}")
         self.forwarder: PolicyForwarder | None = None  # network policy-only: the way to the policy
         self.declared: dict[tuple[str, int], str] = {}  # (host, port) -> declared dependency's name
+        self.policy: set[tuple[str, int]] = set()  # where this instance's rollouts reach their policy
 
     def _decode(self, args_raw: list[Any]) -> tuple[Any, Any]:
         if self.forwarder is not None and self.kind is Kind.ROLLOUT:
             args_raw[0]["base_url"] = self.forwarder.route(args_raw[0]["base_url"])
+        if self.kind is Kind.ROLLOUT and len(self.policy) < 64:
+            self.policy.add(_address(str(args_raw[0].get("base_url") or "")))
         return decode_args(self.kind, args_raw)
 
     def run_sync(self, call_id: str, ctx_raw: list[Any], args_raw: list[Any], fault: str | None) -> None:
@@ -93,7 +97,7 @@ class CallRunner:
         message = f"{type(exc).__name__}: {exc}" + _signal_hint(exc) + limit_hint(exc)
         if kind == RAISED:
             try:
-                finding = find(exc, self.code_root, self.declared)
+                finding = find(exc, self.code_root, self.declared, self.policy)
             except Exception:  # noqa: BLE001 - reading a strange exception must not lose the failure
                 finding = None
             if finding is not None and finding.policy_refused:
@@ -142,6 +146,15 @@ class CallRunner:
         if self.kind is Kind.GRADER:
             return float("nan")
         return None  # a rollout has no reward to poison
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    return (parts.hostname or "").lower(), port
 
 
 def _signal_hint(exc: BaseException) -> str:

@@ -220,9 +220,19 @@ def _cause(exc: BaseException) -> tuple[str, int | None] | None:
     return None
 
 
-def find(exc: BaseException, code_root: str, declared: dict[tuple[str, int], str]) -> Finding | None:
-    """What the failed call's exception chain says about a dependency (None: the plugin's own)."""
+def find(
+    exc: BaseException,
+    code_root: str,
+    declared: dict[tuple[str, int], str],
+    policy: set[tuple[str, int]] | None = None,
+) -> Finding | None:
+    """What the failed call's exception chain says about a dependency (None: the plugin's own).
+
+    The policy is no dependency: a failure raised in the SDK's policy client, or on a request to
+    one of the ``policy`` addresses (``host, port`` the call's policy was reached at), is not one."""
     links = chain(exc)
+    if any(_in_policy_client(item) for item in links):
+        return None
     found: Finding | None = None
     for item in links:  # outermost first: openai's RateLimitError before httpx's HTTPStatusError
         got = _cause(item)
@@ -259,8 +269,19 @@ def find(exc: BaseException, code_root: str, declared: dict[tuple[str, int], str
             break
         found.url = _url_of(item) or _from_frames(item)
     _address(found, declared)
+    if policy and found.port is not None and (found.host, found.port) in policy:
+        return None
     found.where = _where(exc, code_root)
     return found
+
+
+def _in_policy_client(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("plugtune.sdk"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _bad_json(links: list[BaseException]) -> Finding | None:

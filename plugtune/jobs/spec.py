@@ -139,8 +139,9 @@ class RuntimeOverrides(BaseModel):
     )
     network: Literal["none", "policy-only", "any"] | None = Field(
         default=None,
-        description="What the instances can reach: `policy-only` (the policy gateway only; the "
-        "default), `none` (nothing but their own loopback) or `any` (the host's network).",
+        description="What the instances can reach: `policy-only` (the policy gateway and the job's "
+        "`dependencies:` only; the default), `none` (nothing but their own loopback) or `any` (the "
+        "host's network).",
     )
 
     @model_validator(mode="after")

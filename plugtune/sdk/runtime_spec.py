@@ -33,7 +33,9 @@ class Runtime:
     min_instances / max_instances: the autoscaler's bounds.
     cpu: CPU quota per instance in cores, where the host lets the runtime set one.
     network: what the instances can reach: ``"policy-only"`` (the default: the policy gateway
-        the rollout is given, nothing else — no other port of this host, no internet),
+        the rollout is given and the services declared as the job's dependencies (job.yaml
+        ``dependencies:``, or ``deploy(..., dependencies=...)``), nothing else — no other port of
+        this host, no internet),
         ``"none"`` (only the instance's own loopback) or ``"any"`` (the host's network).
     tmp_mb: size of the instance's private temp space ($TMPDIR and $HOME, removed when the
         instance ends); filling it is ``FaaS disk limit``.

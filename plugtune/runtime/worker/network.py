@@ -1,4 +1,4 @@
-"""An instance's network: ``none``, ``policy-only`` (the policy gateway and nothing else) or ``any``.
+"""An instance's network: ``none``, ``policy-only`` (the policy gateway and declared dependencies) or ``any``.
 
 ``enter_network(config)`` runs once at a zygote's (or fresh-spawned worker's) start, after the
 environment is scrubbed, while the process is still privileged and before the user's code is

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 ASYNC_CANCEL_GRACE_S = 1.0
 DEADLINE_SLOT_S = 0.005  # calls' deadlines are kept in slots this long (one timer per slot)
+ENDS_INSTANCE = ("eof", "oom")  # injected faults that end their instance (FaultInjection)
+ALONE_POLL_S = 0.02
 MAX_LOG_LINES = 20_000
 
 
@@ -425,6 +427,11 @@ class LocalDeployment:
             if isinstance(got, Failed):
                 return got
             instance = got
+        if request.fault in ENDS_INSTANCE:
+            alone = await self._alone_on(instance, deadline)
+            if isinstance(alone, Failed):
+                return alone
+            instance = alone
         pending = instance.start_call(request.call_id, trajectory_id, message)
         watched = self._watch_deadline(deadline - time.monotonic(), instance, request, started)
         try:
@@ -440,6 +447,23 @@ class LocalDeployment:
             what = "pids limit" if result.happened is Happened.PIDS_LIMIT else "temp space is full"
             self._recycle(instance, f"it hit its {what}")
         return result
+
+    async def _alone_on(self, instance: Instance, deadline: float) -> Instance | Failed:
+        """An instance for an injected fault that ends it (``ENDS_INSTANCE``): it gets no new call
+        and the fault waits until its other calls are done, so they are not failed with it and
+        each fault is classified as itself. Bounded: after half the call's time it goes ahead."""
+        for _ in range(3):
+            instance.draining = True
+            until = time.monotonic() + (deadline - time.monotonic()) / 2
+            while instance.in_flight and not instance.ended and time.monotonic() < until:
+                await asyncio.sleep(ALONE_POLL_S)
+            if not instance.ended:
+                return instance
+            got = await self._acquire(deadline)  # it ended meanwhile (another fault): another one
+            if isinstance(got, Failed):
+                return got
+            instance = got
+        return instance
 
     def _watch_deadline(
         self, remaining_s: float, instance: Instance, request: CallRequest, started: float

@@ -175,6 +175,29 @@ async def test_fault_injection_really_fails_the_worker() -> None:
         FaultInjection({"eof": 0.7, "500": 0.7})
 
 
+async def test_injected_faults_at_concurrency_each_fail_only_their_own_call() -> None:
+    """An injected OOM or exit ends its instance: it waits until its instance runs no other call
+    (and gets no new one), so the calls that shared the instance keep their own outcome; an async
+    plugin's injected OOM does not block its event loop (no warning blaming plugtune's frames)."""
+    rates = {"oom": 0.2, "eof": 0.2, "500": 0.2}
+    draws = FaultInjection(rates, seed=6)
+    expected = [draws.draw() for _ in range(12)]  # the same draws, in the order the calls start
+    assert {"oom", "eof", "500", None} <= set(expected)
+    limits = Runtime(memory_mb=128, timeout_s=30, max_concurrency=4, max_instances=2)
+    async with LocalRuntime() as rt:
+        fn = await rt.deploy(
+            entry("basic.py", "sleepy"), runtime=limits, inject=FaultInjection(rates, seed=6)
+        )
+        outs = await asyncio.gather(
+            *(fn.invoke(ctx(), sample(sleep=0.5), trajectory()) for _ in range(12)), return_exceptions=True
+        )
+        logs = fn.logs()
+    want = {None: "success", "oom": "FaaS OOM", "eof": "EOF", "500": "500"}
+    got = [o.cause if isinstance(o, PluginCallError) else getattr(o, "status", o) for o in outs]
+    assert got == [want[f] for f in expected]
+    assert not [line.message for line in logs if "blocked its event loop" in line.message]
+
+
 async def test_injected_timeout_and_oom() -> None:
     inject = FaultInjection({"timeout": 0.5, "oom": 0.5}, seed=3)
     async with LocalRuntime() as rt:

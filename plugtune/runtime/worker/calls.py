@@ -136,7 +136,10 @@ class CallRunner:
             self.channel.log("WARNING", "injecting fault 'timeout' (FaultInjection)", "runtime")
             await asyncio.sleep(ctx.remaining_s + 1.0)
             return await self.plugin.function(ctx, *args)
-        if fault in ("eof", "oom", "500", "nan"):
+        if fault == "oom":  # off the event loop: its watchdog would blame this frame, not the plugin
+            self.channel.log("WARNING", "injecting fault 'oom' (FaultInjection)", "runtime")
+            await asyncio.to_thread(allocate_past, self.memory_mb)
+        if fault in ("eof", "500", "nan"):
             return self._sync_fault(fault, ctx, args)
         return await self.plugin.function(ctx, *args)
 

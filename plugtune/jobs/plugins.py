@@ -74,7 +74,8 @@ def plugin_env(job: ValidatedJob, environ: Mapping[str, str] | None = None) -> d
         elif name not in source:
             message = (
                 f"secret {name} is not set in the environment that runs the job; export it there "
-                f"(e.g. `export {name}=...` before `plugtune run`, or before `plugtune serve`)"
+                f"(e.g. `export {name}=...` before `plugtune run` or `plugtune test`, or before "
+                "`plugtune serve`)"
             )
         else:
             env[name] = source[name]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from plugtune.jobs.plugins import JobFunction, entry_of
+from plugtune.jobs.plugins import JobFunction, entry_of, plugin_env
 from plugtune.jobs.validation import PluginRef, ValidatedJob
 from plugtune.runtime import FaultInjection
 from plugtune.runtime.runtime import BaseRuntime
@@ -18,13 +18,16 @@ def refs_of(job: ValidatedJob) -> list[PluginRef]:
 async def deploy_job(
     rt: BaseRuntime, job: ValidatedJob, inject_for: Callable[[int], FaultInjection | None] | None = None
 ) -> list[JobFunction]:
-    """Deploy every plugin of ``job`` as a job would; ``inject_for(i)`` is the i-th one's fault injection."""
+    """Deploy every plugin of ``job`` as a job would, with job.yaml's ``env`` and ``secrets`` (from this
+    process's environment; ``InvalidValueError`` names a missing one); ``inject_for(i)`` is the i-th
+    one's fault injection."""
+    env = plugin_env(job)
     deployed = []
     for i, ref in enumerate(refs_of(job)):
         overrides = ref.runtime.given() if ref.runtime is not None else None
         inject = inject_for(i) if inject_for else None
         fn = await rt.deploy(
-            entry_of(ref), runtime=overrides, inject=inject, dependencies=job.spec.declared()
+            entry_of(ref), runtime=overrides, env=env, inject=inject, dependencies=job.spec.declared()
         )
         deployed.append(JobFunction(fn, ref.weight, ref.name))
     return deployed

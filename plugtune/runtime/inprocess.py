@@ -17,9 +17,11 @@ import asyncio
 import collections
 import inspect
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from plugtune.runtime import protocol as p
@@ -27,6 +29,7 @@ from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, F
 from plugtune.runtime.forked import ChildDied, ChildError, Send, run_forked
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.runtime.worker.loader import LoadError, Plugin, load, signal_error_in, user_traceback
+from plugtune.runtime.worker.zygote import is_loader_variable
 from plugtune.sdk import Discard, Kind, PluginSpec, Retry, Runtime
 from plugtune.types import LogLine
 
@@ -92,9 +95,77 @@ def signal_hint(exc: BaseException, max_concurrency: int) -> str:
     )
 
 
+class SharedEnviron:
+    """The functions' ``env`` (job.yaml ``env:``/``secrets:``) in this process while their code runs
+    here (the import, ``setup()``, ``async def`` calls), put back as it was once none runs: the
+    caller keeps its own environment. A sync call sets it in its forked child only."""
+
+    def __init__(self) -> None:
+        self.holders: dict[str, int] = {}
+        self.saved: dict[str, str | None] = {}
+        self.values: dict[str, str] = {}  # what each name was given: every function must agree
+
+    def check(self, env: Mapping[str, str]) -> None:
+        """DeployFailed when ``env`` gives a name another value than a function deployed before."""
+        clash = sorted(k for k, v in env.items() if self.values.get(k, v) != v)
+        if clash:
+            raise DeployFailed(
+                f"env: {', '.join(clash)} differs from another function's: in-process, every function "
+                "shares this process's environment; give them the same env, or use the function "
+                "runtime (`plugtune test --faas`)"
+            )
+        self.values.update(env)
+
+    @contextmanager
+    def held(self, env: Mapping[str, str]) -> Iterator[None]:
+        for name, value in env.items():
+            if not self.holders.get(name):
+                self.saved[name] = os.environ.get(name)
+            self.holders[name] = self.holders.get(name, 0) + 1
+            os.environ[name] = value
+        try:
+            yield
+        finally:
+            for name in env:
+                self.holders[name] -= 1
+                if self.holders[name] == 0:
+                    del self.holders[name]
+                    old = self.saved.pop(name)
+                    if old is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = old
+
+
+def function_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a function's ``env`` sets, as the function runtime's worker applies it: never HOME,
+    TMPDIR or PLUGTUNE_*; DeployFailed naming loader and interpreter variables (LD_*, PYTHON*)."""
+    refused = sorted(name for name in env if is_loader_variable(name))
+    if refused:
+        raise DeployFailed(
+            f"env: {', '.join(refused)} refused: loader and interpreter variables (LD_*, PYTHON*, "
+            "MALLOC_*, GCONV_PATH, GLIBC_TUNABLES, ...) change how the platform's own processes run; "
+            "remove them from job.yaml env:/secrets: (or deploy(env=...)) and set what the plugin "
+            "needs in its own code"
+        )
+    return {
+        k: str(v) for k, v in env.items() if k not in ("HOME", "TMPDIR") and not k.startswith("PLUGTUNE_")
+    }
+
+
 class InProcessDeployment:
-    def __init__(self, plugin: Plugin, runtime: Runtime, entry: str, code_root: str) -> None:
+    def __init__(
+        self,
+        plugin: Plugin,
+        runtime: Runtime,
+        entry: str,
+        code_root: str,
+        env: dict[str, str],
+        environ: SharedEnviron,
+    ) -> None:
         self.plugin = plugin
+        self.env = env
+        self.environ = environ
         self.spec: PluginSpec = plugin.spec
         self.runtime = runtime
         self.entry = entry
@@ -146,7 +217,8 @@ class InProcessDeployment:
         if not self.spec.is_async:
             return await self._call_in_child(ctx, request.args, handler)
         try:
-            return _returned(await self.plugin.function(ctx, *request.args), ctx)
+            with self.environ.held(self.env):
+                return _returned(await self.plugin.function(ctx, *request.args), ctx)
         except (SystemExit, KeyboardInterrupt) as exc:  # must not end the caller's event loop
             raise PluginExit(exc) from None
 
@@ -158,6 +230,7 @@ class InProcessDeployment:
 
         def work(send: Send) -> Returned | Failed:
             handler.sink = send
+            os.environ.update(self.env)
             try:
                 return _returned(self._call_sync(ctx, args), ctx)
             except BaseException as exc:  # noqa: BLE001 - every failure is classified
@@ -229,28 +302,39 @@ class InProcessDeployment:
 class InProcessBackend:
     limits_mechanism = "none (in-process)"
 
+    def __init__(self) -> None:
+        self.environ = SharedEnviron()
+
     async def deploy(self, request: DeployRequest) -> InProcessDeployment:
-        root = str(request.code_root)
-        try:
-            plugin = load(root, request.relpath, request.function)
-        except LoadError as exc:
-            raise DeployFailed(exc.message, exc.traceback) from None
-        if plugin.setup is not None:
-            try:
-                result = plugin.setup()
-                if inspect.isawaitable(result):
-                    await result
-            except Exception as exc:  # noqa: BLE001
-                raise DeployFailed(
-                    f"{request.relpath}: setup() failed: {type(exc).__name__}: {exc}",
-                    user_traceback(exc, root),
-                ) from None
-        return InProcessDeployment(
-            plugin, request.effective_runtime(plugin.spec.runtime), request.entry, root
-        )
+        """Import the plugin and run its ``setup()`` here, with its ``env`` set while they run."""
+        env = function_env(request.env)
+        self.environ.check(env)
+        with self.environ.held(env):
+            plugin = await _load(request)
+        runtime = request.effective_runtime(plugin.spec.runtime)
+        return InProcessDeployment(plugin, runtime, request.entry, str(request.code_root), env, self.environ)
 
     async def close(self) -> None:
         return None
+
+
+async def _load(request: DeployRequest) -> Plugin:
+    root = str(request.code_root)
+    try:
+        plugin = load(root, request.relpath, request.function)
+    except LoadError as exc:
+        raise DeployFailed(exc.message, exc.traceback) from None
+    if plugin.setup is not None:
+        try:
+            result = plugin.setup()
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:  # noqa: BLE001
+            raise DeployFailed(
+                f"{request.relpath}: setup() failed: {type(exc).__name__}: {exc}",
+                user_traceback(exc, root),
+            ) from None
+    return plugin
 
 
 class InProcessRuntime(BaseRuntime):

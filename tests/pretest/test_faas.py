@@ -32,6 +32,16 @@ def test_init_project_passes_in_the_runtime(tmp_path: Path) -> None:
     assert demand["driven_concurrency"] == 4 and "note" in demand
 
 
+def test_the_jobs_env_and_secrets_reach_the_plugins_in_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a job: job.yaml's env and secrets reach the instances (set after the sandbox's uid drop)."""
+    monkeypatch.setenv("JUDGE_KEY", "k-123")
+    monkeypatch.delenv("JUDGE_URL", raising=False)
+    doc = faas_test(options("judged", samples=2, concurrency=2, policy_url="http://127.0.0.1:9/v1"))
+    assert doc["summary"]["ok"], doc.get("error") or doc["summary"]["errors_by_cause"]
+    graded = [c["metrics"] for c in doc["calls"] if c["kind"] == "grader"]
+    assert graded == [{"key_length": 5.0}] * 4, doc["calls"]  # len("k-123"); JUDGE_URL at import
+
+
 CASES = [
     ("raising_grader", "raises", "500", "ValueError: grader bug"),
     ("nan_grader", "nan", "Invalid reward", "NaN"),

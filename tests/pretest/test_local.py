@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -166,3 +167,28 @@ def test_a_grader_with_signal_timeouts_runs_as_in_the_function_runtime(tmp_path:
     assert "signal only works in main thread" in said
     assert "max_concurrency: 2, so its calls run on pool threads" in said
     assert "set max_concurrency: 1 in its Runtime" in said
+
+
+def test_the_jobs_env_and_secrets_reach_the_plugins_and_this_process_keeps_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """job.yaml's env (read at import and in setup()) and secrets (from this environment) reach a
+    sync and an async grader as in a job; after the test this process's environment is as it was."""
+    monkeypatch.setenv("JUDGE_KEY", "k-123")
+    monkeypatch.delenv("JUDGE_URL", raising=False)
+    before = dict(os.environ)
+    doc = local_test(options("judged", samples=2, policy_url="http://127.0.0.1:9/v1"))
+    assert doc["summary"]["ok"], doc.get("error") or doc["summary"]["errors_by_cause"]
+    logs = [line["message"] for t in doc["trajectories"] for line in t["logs"]]
+    assert logs.count("judge http://judge.example/v1, key k-123") == 4, logs
+    assert dict(os.environ) == before
+
+
+def test_a_missing_secret_is_named_with_its_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JUDGE_KEY", raising=False)
+    job = FAULTY / "judged.yaml"
+    result = CliRunner().invoke(app, ["test", str(job), "--policy-url", "http://127.0.0.1:9/v1"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "secret JUDGE_KEY is not set in the environment" in said and "`plugtune test`" in said
+    assert f"{job}:6" in said and "secrets[0]" in said, said

@@ -125,3 +125,10 @@ async def test_a_signal_error_in_the_cause_chain_gets_the_same_hint() -> None:
     assert message.startswith("VerificationError: could not verify the answer")
     assert "set max_concurrency: 1 in its Runtime" in message
     assert "the error's cause: ValueError: signal only works in main thread" in message
+
+
+async def test_loader_variables_in_env_are_refused_as_in_the_function_runtime() -> None:
+    async with InProcessRuntime() as rt:
+        with pytest.raises(PluginCallError) as info:
+            await rt.deploy(entry("basic.py", "exact"), env={"LD_PRELOAD": "/tmp/evil.so"})
+    assert info.value.cause == Cause.CREATE_FAULT.value and "LD_PRELOAD refused" in info.value.message

@@ -58,6 +58,10 @@ def test_a_judges_500_fails_the_run_as_a_dependency_error_retried_automatically(
     ), error["message"]
     store = Store.open(home.database_url)
     try:
+        job = store.get_job(1)
+        assert job is not None  # the declaration is stored with the job
+        stored = {"url": f"http://127.0.0.1:{port}", "rpm": 60, "concurrency": None, "timeout_s": None}
+        assert job.spec["dependencies"] == {"judge": stored}
         attempts = store.list_attempts(1)
         assert [a.status for a in attempts] == ["failed", "failed"]  # retried automatically once
         assert all(a.error is not None and a.error["owner"] == "dependency" for a in attempts)

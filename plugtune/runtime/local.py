@@ -10,7 +10,7 @@ import psutil
 
 from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.bridge import PolicyBridge, network_problem
-from plugtune.runtime.dependencies import wire
+from plugtune.runtime.dependencies import Dependency, parse_dependencies, wire
 from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import RLIMIT, InstanceLimits, Limits, pids_max, rlimits
 from plugtune.runtime.monitor import ProcessTable
@@ -68,7 +68,9 @@ class LocalBackend:
         # The network is entered before the plugin is imported, so before its decorator's Runtime is
         # known: the job's setting, else the default; a decorator asking otherwise costs a restart.
         # The zygote's limits, too: its import runs under the job's (else the default) limits, and
-        # under the decorator's once known (started again where they allow more than it had).
+        # under the decorator's once known (started again where they allow more than it had). A
+        # decorator that declares dependencies the job does not costs a restart too (the instances'
+        # network is made for them).
         bridge = PolicyBridge(lambda level, text: None)
         bridge.declare(request.dependencies)
         config["dependencies"] = wire(request.dependencies)
@@ -77,7 +79,15 @@ class LocalBackend:
             zygote, raw = await self._start_zygote(config, request.entry, asked, bridge)
             spec = spec_from(raw)
             runtime = request.effective_runtime(spec.runtime)
-            if runtime.network != asked.network or self._allows_more(runtime, asked):
+            declared = _with_decorators(request.dependencies, spec.runtime)
+            if declared != request.dependencies:  # the decorator names more: the instances must know
+                bridge.declare(declared)
+                config["dependencies"] = wire(declared)
+            if (
+                runtime.network != asked.network
+                or self._allows_more(runtime, asked)
+                or declared != request.dependencies
+            ):
                 await zygote.aclose()
                 zygote, raw = await self._start_zygote(config, request.entry, runtime, bridge)
             else:
@@ -234,6 +244,19 @@ def _zygote_pids(runtime: Runtime) -> int:
     """An instance's pids limit, plus room for the instances it forked that have not yet moved to
     their own cgroups."""
     return pids_max(runtime.max_pids, runtime.max_concurrency) + runtime.max_instances + 2
+
+
+def _with_decorators(declared: tuple[Dependency, ...], runtime: Runtime) -> tuple[Dependency, ...]:
+    """The job's dependencies plus those the plugin's decorator names (the job's win on a name);
+    raises DeployFailed when the decorator's are malformed."""
+    if not runtime.dependencies:
+        return declared
+    try:
+        own = parse_dependencies(runtime.dependencies)
+    except ValueError as exc:
+        raise DeployFailed(f"Runtime.dependencies: {exc}") from None
+    names = {d.name for d in declared}
+    return declared + tuple(d for d in own if d.name not in names)
 
 
 async def _hold_zygote(zygote: Zygote, runtime: Runtime) -> None:

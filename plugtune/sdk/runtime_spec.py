@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 #: Upper bounds that catch typos (``memory_mb=20480000``) before they reach the runtime.
@@ -41,6 +42,10 @@ class Runtime:
         instance ends); filling it is ``FaaS disk limit``.
     max_pids: processes and threads the plugin's code may start in one instance (on top of one
         per ``max_concurrency`` the runtime itself uses); going over it is ``FaaS pids limit``.
+    dependencies: the services this plugin calls, as job.yaml's ``dependencies:`` (``{"judge":
+        "http://127.0.0.1:8000/v1"}`` or ``{"judge": {"url": ..., "rpm": 600}}``): under
+        ``policy-only`` its instances reach them at their own URL; a call that fails on one is a
+        ``Dependency error``. The job's ``dependencies:`` add to these (the job's win on a name).
     """
 
     memory_mb: int = 1024
@@ -52,6 +57,7 @@ class Runtime:
     network: str = "policy-only"
     tmp_mb: int = 512
     max_pids: int = 256
+    dependencies: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         for problem in self.problems():
@@ -61,6 +67,16 @@ class Runtime:
         out: list[str] = []
         if self.network not in NETWORKS:
             out.append(f"Runtime.network={self.network!r} must be one of: {', '.join(NETWORKS)}")
+        if self.dependencies is not None and not (
+            isinstance(self.dependencies, Mapping)
+            and all(
+                isinstance(k, str) and isinstance(v, (str, Mapping)) for k, v in self.dependencies.items()
+            )
+        ):
+            out.append(
+                f"Runtime.dependencies={self.dependencies!r} must map names to a URL or host:port "
+                "(or to {'url': ..., 'rpm': ...})"
+            )
         for f in fields(self):
             if f.name not in LIMITS:
                 continue

@@ -17,7 +17,7 @@ import pytest
 from plugtune.errors import HINTS, POLICY_REFUSED_HINT, DependencyCause, PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.function import Function
-from plugtune.sdk import Policy
+from plugtune.sdk import Policy, Runtime
 from tests.judge_server import dead_port, judge
 from tests.runtime.helpers import FIXTURES, ctx, entry, sample, trajectory
 
@@ -65,6 +65,22 @@ async def test_a_declared_judge_is_reached_at_its_own_url_under_policy_only(
             fn.invoke(ctx(), sample(url=f"http://127.0.0.1:{port}/ok"), trajectory()), 30
         )
         assert (out.status, out.value) == ("success", 0.75)
+
+
+async def test_a_plugins_decorator_declares_the_judge_it_calls(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    port = _port(server)
+    fn = await rt.deploy(
+        entry("judge.py", "declares_its_judge"), env={"JUDGE_URL": f"http://127.0.0.1:{port}"}
+    )
+    assert fn.runtime.dependencies == {"judge": f"http://127.0.0.1:{port}"}
+    out = await asyncio.wait_for(
+        fn.invoke(ctx(), sample(url=f"http://127.0.0.1:{port}/ok"), trajectory()), 30
+    )
+    assert out.value == 0.75
+    error = await _fails(fn, f"http://127.0.0.1:{port}/429")
+    assert (error.cause, error.to_dict()["dependency"]) == ("rate limited", "judge")
 
 
 async def test_a_declared_host_name_resolves_inside_the_instance(
@@ -196,3 +212,13 @@ async def test_an_undeclared_judge_is_refused_with_a_log_line_naming_it_and_how_
     assert server.requests == before  # type: ignore[attr-defined]  # nothing reached the judge
     own = await rt.deploy(entry("judge.py", "asks_own_server"))  # what is refused: not its own server
     assert (await asyncio.wait_for(own.invoke(ctx(), sample(), trajectory()), 30)).value == 1.0
+
+
+def test_runtime_dependencies_are_checked_at_the_decorator() -> None:
+    assert Runtime(dependencies={"judge": "http://127.0.0.1:8000"}).dependencies == {
+        "judge": "http://127.0.0.1:8000"
+    }
+    with pytest.raises(
+        ValueError, match=r"Runtime.dependencies=\['judge'\] must map names to a URL or host:port"
+    ):
+        Runtime(dependencies=["judge"])  # type: ignore[arg-type]

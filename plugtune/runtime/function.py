@@ -66,6 +66,10 @@ class Function:
                 is_async=self.spec.is_async,
             )
             self.recorder.record(result.latency_ms or (time.perf_counter() - started) * 1000, error.cause)
+            if result.peak_memory_mb:  # its instance died: the peak it reached, not the last sample's
+                self.recorder.record_point(
+                    "memory_percent", 100.0 * result.peak_memory_mb / self.runtime.memory_mb
+                )
             raise error
         group = len(args[1]) if self.spec.kind is Kind.GROUP_GRADER else 0
         try:

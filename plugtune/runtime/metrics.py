@@ -1,4 +1,8 @@
-"""Per-function metrics, sampled every ``period_s`` (names as in the console, DESIGN §6)."""
+"""Per-function metrics, sampled every ``period_s`` (names as in the console, DESIGN §6).
+
+A function is sampled every second (at most) while it is young (its first minute) or failing (for
+half a minute after a failed call), so a plugin that lived 10–30 s, or the moments before a
+failure, have a point a second; the peak memory of an instance that died is a point of its own."""
 
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ from plugtune.types import MetricPoint
 
 MIB = 1 << 20
 MAX_POINTS = 50_000
+FINE_PERIOD_S = 1.0  # the period while a function is young or failing
+YOUNG_S = 60.0
+FAILING_S = 30.0
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -34,6 +41,7 @@ class MetricsRecorder:
         self._latencies: list[float] = []
         self._errors: collections.Counter[str] = collections.Counter()
         self._since = time.monotonic()
+        self._fine_until = self._since + YOUNG_S
         self._outbound: float | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -41,6 +49,17 @@ class MetricsRecorder:
         self._latencies.append(latency_ms)
         if cause is not None:
             self._errors[cause] += 1
+            self._fine_until = max(self._fine_until, time.monotonic() + FAILING_S)
+
+    def record_point(self, name: str, value: float) -> None:
+        """A value measured now, outside the sampling (an instance's peak memory when it died)."""
+        self.points.append(MetricPoint(time.time(), self.plugin, name, float(value)))
+
+    def period(self) -> float:
+        """The sampling period now: ``FINE_PERIOD_S`` (or less) while young or failing."""
+        if time.monotonic() < self._fine_until:
+            return min(self.period_s, FINE_PERIOD_S)
+        return self.period_s
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -52,9 +71,11 @@ class MetricsRecorder:
         self.flush()
 
     async def _run(self) -> None:
+        tick = min(self.period_s, FINE_PERIOD_S)  # a failure switches to the fine period within a tick
         while True:
-            await asyncio.sleep(self.period_s)
-            self.flush()
+            await asyncio.sleep(tick)
+            if time.monotonic() - self._since >= self.period() - tick / 2:
+                self.flush()
 
     def flush(self) -> None:
         now_mono = time.monotonic()

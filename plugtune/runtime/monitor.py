@@ -39,6 +39,8 @@ class ResourceMonitor:
             self._cpu[instance.pid] = (now, cpu_s)
             if before is not None and now > before[0]:
                 cpu_total += (cpu_s - before[1]) / (now - before[0])
+            else:  # its first sample: the average since it started, not a made-up 0
+                cpu_total += cpu_s / max(process_age_s(instance.pid), 0.05)
         n = len(live)
         in_flight = sum(i.in_flight for i in live)
         return {
@@ -117,6 +119,13 @@ def folder_mb(path: Path, max_entries: int = 100_000) -> float:
 def rss_mb(pid: int) -> float:
     try:
         return float(psutil.Process(pid).memory_info().rss) / (1 << 20)
+    except psutil.Error:
+        return 0.0
+
+
+def process_age_s(pid: int) -> float:
+    try:
+        return max(0.0, time.time() - psutil.Process(pid).create_time())
     except psutil.Error:
         return 0.0
 

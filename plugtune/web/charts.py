@@ -190,8 +190,9 @@ def _plugin_metric_charts(
 
 def window(range_name: str, start: float | None, end: float | None, plugin: Plugin) -> tuple[float, float]:
     """The time window a range shows: custom start/end; ``life``, the plugin's lifetime (its start
-    to its end, or now); else the range up to now (or to the plugin's end). An ended plugin's last
-    points are written as the attempt closes, just after its end: the window keeps them."""
+    to its end, or now; a plugin that never started lived no time: the moment it ended, or now);
+    else the range up to now (or to the plugin's end). An ended plugin's last points are written as
+    the attempt closes, just after its end: the window keeps them."""
     if range_name == "custom":
         if start is None or end is None or end <= start:
             raise ValueError("a custom range needs start < end (epoch seconds)")
@@ -203,7 +204,7 @@ def window(range_name: str, start: float | None, end: float | None, plugin: Plug
         stop = min(now, plugin.ended_at + END_SLACK_S) if plugin.ended_at is not None else now
         return stop - RANGES[range_name], stop
     stop = plugin.ended_at if plugin.ended_at is not None else now
-    begin = plugin.started_at if plugin.started_at is not None else stop - RANGES["1h"]
+    begin = plugin.started_at if plugin.started_at is not None else stop
     margin = max(MIN_MARGIN_S, (stop - begin) * 0.05)
     return begin - margin, min(now, stop + margin)
 

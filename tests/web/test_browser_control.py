@@ -277,6 +277,36 @@ def test_a_failure_banner_appears_live_when_the_event_stream_is_refused(
     page.problems[:] = [p for p in page.problems if "503" not in p]  # the refused stream is logged
 
 
+HUGE_GRADER = """
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    return 1e308 if ctx.rollout_index == 0 else 0.0
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@needs_chromium
+def test_a_loss_nan_banner_links_its_steps_trajectories_live(serve: str, page: Any, tmp_path: Path) -> None:
+    """The live banner (job.js) links a Loss nan step's trajectories, as the server-rendered one does."""
+    folder = _project(tmp_path / "nan", grader=textwrap.dedent(HUGE_GRADER))
+    spec = yaml.safe_load((folder / "job.yaml").read_text())
+    spec["plugins"]["graders"][0]["weight"] = 10.0  # the summed reward overflows to inf
+    (folder / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    job = _create_from_page(page, serve, folder)
+    _mark_loaded(page)
+    page.wait_for_selector("#failure-banner #failure-trajectories", timeout=JOB_TIMEOUT_MS)
+    _assert_not_reloaded(page)
+    assert "Loss nan" in page.locator("#failure-banner").inner_text()
+    ids = _api(serve, f"/api/jobs/{job}")["job"]["error"]["evidence"]["trajectory_ids"]
+    links = page.locator("#failure-trajectories a")
+    assert links.all_inner_texts() == ids[:10] and ids
+    assert links.first.get_attribute("href") == f"/jobs/{job}/trajectories?t={ids[0]}"
+    assert page.locator("#failure-trajectories").inner_text().startswith("step 1: ")
+
+
 @pytest.mark.browser
 @needs_chromium
 def test_new_job_page_fits_a_phone_in_dark_mode(serve: str, browser: Any, tmp_path: Path) -> None:

@@ -216,6 +216,7 @@ async def _train(
             config,
             caller=caller,
             job_id=str(job_id),
+            signal=spec.signal.thresholds(),
         )
         checkpoint = store.latest_checkpoint(job_id)
         if checkpoint is not None:

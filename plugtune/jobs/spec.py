@@ -22,6 +22,7 @@ from plugtune.runtime.dependencies import NAME as DEPENDENCY_NAME
 from plugtune.runtime.dependencies import Dependency, parse_target
 from plugtune.sdk.runtime_spec import LIMITS, Runtime
 from plugtune.trainer.config import TrainerConfig
+from plugtune.trainer.health import SignalThresholds
 
 #: The rollout used when ``plugins.rollout`` is absent: one chat call, the reply is the trajectory.
 BUILTIN_ROLLOUT = "plugtune.jobs.builtin_rollout:single_turn"
@@ -417,6 +418,26 @@ class CircuitBreaker(BaseModel):
     )
 
 
+class SignalSpec(BaseModel):
+    """When the reward-signal health checks warn (each warning is also a per-step metric; see
+    README, Signal health). A check looks at the last 10 steps (all of a shorter run's)."""
+
+    model_config = _STRICT
+
+    unscorable_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Warn (`unscorable`) when a grader returns None for more than this share of the "
+        "successful trajectories it scores (metric `grader/<name>/unscorable_share`).",
+    )
+
+    def thresholds(self) -> SignalThresholds:
+        """The thresholds as the trainer takes them."""
+        return SignalThresholds(**self.model_dump())
+
+
 class JobSpec(BaseModel):
     """A training job, as written in ``job.yaml``."""
 
@@ -477,6 +498,10 @@ class JobSpec(BaseModel):
     eval: EvalSpec = Field(
         default_factory=EvalSpec,  # type: ignore[arg-type]
         description="Evaluation of data.validation (used only when data.validation is given).",
+    )
+    signal: SignalSpec = Field(
+        default_factory=SignalSpec,  # type: ignore[arg-type]
+        description="Thresholds of the reward-signal health warnings.",
     )
 
     def declared(self) -> tuple[Dependency, ...]:

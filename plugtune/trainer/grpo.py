@@ -31,6 +31,7 @@ from plugtune.trainer.data import DataCursor
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
 from plugtune.trainer.health import (
     SIGNAL_WINDOW,
+    SignalThresholds,
     StepSignal,
     StepWarning,
     exploding_warnings,
@@ -38,6 +39,7 @@ from plugtune.trainer.health import (
     signal_warnings,
     step_signal,
     step_warnings,
+    unscorable_warnings,
 )
 from plugtune.trainer.objective import LossParts
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
@@ -86,8 +88,10 @@ class GRPOTrainer:
         *,
         caller: Caller = call_once,
         job_id: str = "",
+        signal: SignalThresholds | None = None,
     ) -> None:
         self.model, self.tokenizer, self.server, self.config = model, tokenizer, server, config
+        self.thresholds = signal if signal is not None else SignalThresholds()  # job.yaml's signal:
         self.rows = rows
         self.runner = GroupRunner(server=server, plugins=plugins, caller=caller, job_id=job_id)
         self.cursor = DataCursor(len(rows), config.seed)
@@ -174,15 +178,19 @@ class GRPOTrainer:
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
     def _signal_warnings(self, signal: StepSignal) -> list[StepWarning]:
-        """The no-gradient and cut-reply warnings, once the window holds SIGNAL_WINDOW steps (or
-        every step this trainer runs, when it runs fewer)."""
+        """The reward-signal warnings over the last steps (no gradient, cut replies, unscorable), once
+        the window holds SIGNAL_WINDOW steps (or every step this trainer runs, when it runs fewer)."""
         self.signals.append(signal)
         if self._first_step is None:
             self._first_step = signal.step
         runs = self.config.steps - self._first_step + 1
         if len(self.signals) < min(SIGNAL_WINDOW, runs):
             return []
-        return signal_warnings(list(self.signals), self.config.max_new_tokens)
+        window = list(self.signals)
+        return [
+            *signal_warnings(window, self.config.max_new_tokens),
+            *unscorable_warnings(window, self.thresholds),
+        ]
 
     async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:
         """Run the remaining steps, writing a checkpoint every ``save_every_n_steps``."""
@@ -387,6 +395,8 @@ def _metrics(
     }
     for name in sorted({n for r in records for n in r.reward_components}):
         out[f"reward/{name}"] = summary([r.reward_components.get(name) for r in records])["mean"]
+    for g in signal.graders:
+        out[f"grader/{g.name}/unscorable_share"] = g.unscorable_share
     for cause, count in Counter(e.cause for r in records for e in r.errors).items():
         out[f"plugin/errors/{cause}"] = float(count)
     if parts is not None:

@@ -106,6 +106,28 @@ _EXAMPLES_SAID = "Example trajectories: "
 
 
 @dataclass(frozen=True)
+class SignalThresholds:
+    """When the reward-signal checks warn: job.yaml's ``signal:`` block (``plugtune.jobs.spec.SignalSpec``
+    documents each field); the defaults are the ones job.yaml documents."""
+
+    unscorable_share: float = 0.5  # a grader's share of None over the window above which it warns
+
+
+@dataclass(frozen=True)
+class GraderScores:
+    """How often one grader found the step's trajectories unscorable (returned ``None``)."""
+
+    name: str
+    graded: int  # successful trajectories the grader was asked about
+    unscorable: int  # of those, scored None
+    examples: tuple[str, ...] = ()  # the first unscorable ones
+
+    @property
+    def unscorable_share(self) -> float:
+        return self.unscorable / self.graded if self.graded else 0.0
+
+
+@dataclass(frozen=True)
 class StepSignal:
     """How much of a step's batch could teach the policy anything (see ``step_signal``)."""
 
@@ -118,6 +140,7 @@ class StepSignal:
     flat_examples: tuple[str, ...] = ()  # a trajectory of each of the first flat groups
     unscored_examples: tuple[str, ...] = ()
     truncated_examples: tuple[str, ...] = ()
+    graders: tuple[GraderScores, ...] = ()  # per grader (by name), of the successful trajectories
 
     @property
     def zero_variance_share(self) -> float:
@@ -142,6 +165,12 @@ def step_signal(step: int, records: Sequence[TrajectoryRecord]) -> StepSignal:
         (flat if scored else unscored).append((scored or members)[0].trajectory_id)
     replies = [r for r in records if any(r.response_mask)]
     cut = [r.trajectory_id for r in replies if r.stop_reason == "length"]
+    graded = [r for r in records if r.status == "success"]
+    graders = []
+    for name in sorted({n for r in graded for n in r.reward_components}):
+        asked = [r for r in graded if name in r.reward_components]
+        none = [r.trajectory_id for r in asked if r.reward_components[name] is None]
+        graders.append(GraderScores(name, len(asked), len(none), tuple(none[:EXAMPLES])))
     return StepSignal(
         step=step,
         groups=len(groups),
@@ -152,7 +181,43 @@ def step_signal(step: int, records: Sequence[TrajectoryRecord]) -> StepSignal:
         flat_examples=tuple(flat[:EXAMPLES]),
         unscored_examples=tuple(unscored[:EXAMPLES]),
         truncated_examples=tuple(cut[:EXAMPLES]),
+        graders=tuple(graders),
     )
+
+
+def _span(window: Sequence[StepSignal]) -> str:
+    return f"step {window[0].step}" if len(window) == 1 else f"steps {window[0].step}-{window[-1].step}"
+
+
+def unscorable_warnings(window: Sequence[StepSignal], thresholds: SignalThresholds) -> list[StepWarning]:
+    """A warning (key ``unscorable``) when, over ``window``, a grader returned ``None`` (unscorable)
+    for more than ``thresholds.unscorable_share`` of the successful trajectories it was asked about."""
+    graded: dict[str, int] = {}
+    none: dict[str, int] = {}
+    examples: dict[str, list[str]] = {}
+    for s in window:
+        for g in s.graders:
+            graded[g.name] = graded.get(g.name, 0) + g.graded
+            none[g.name] = none.get(g.name, 0) + g.unscorable
+            examples.setdefault(g.name, []).extend(g.examples)
+    over = [n for n in sorted(graded) if graded[n] and none[n] / graded[n] > thresholds.unscorable_share]
+    if not over:
+        return []
+    said = "; ".join(
+        f"grader {n} found {none[n]} of {graded[n]} trajectories ({none[n] / graded[n]:.0%}) unscorable"
+        for n in over
+    )
+    metrics = ", ".join(f"grader/{n}/unscorable_share" for n in over)
+    return [
+        StepWarning(
+            "unscorable",
+            f"{_span(window)}: {said} (it returned None, above signal.unscorable_share "
+            f"{thresholds.unscorable_share:g}), so its part of the reward is missing there and those "
+            "trajectories are scored by the other graders alone, or not at all. Check why it returns None "
+            "(a missing field in the rows' extra, an answer format it cannot parse, a judge that fails "
+            f"quietly); see the metric {metrics}. {_examples([t for n in over for t in examples[n]])}",
+        )
+    ]
 
 
 def signal_warnings(window: Sequence[StepSignal], max_new_tokens: int) -> list[StepWarning]:

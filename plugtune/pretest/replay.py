@@ -1,8 +1,9 @@
 """``plugtune replay JOB TRAJECTORY``: re-run one recorded trajectory on this machine, without the model.
 
 The rollout and graders run from the exact code that ran in the job (the store's files for each
-plugin's code hash), with the recorded trajectory's id and rollout index in their ``ctx``, and the
-policy's recorded assistant turns are played back, in order, by a local OpenAI-compatible server.
+plugin's code hash), with the recorded trajectory's id and rollout index in their ``ctx`` and the
+job's ``env`` (its ``secrets`` from this process's environment), and the policy's recorded
+assistant turns are played back, in order, by a local OpenAI-compatible server.
 That code is whoever submitted the job's, so by default it runs in the function runtime's sandbox
 (its own uid, limits, scrubbed environment: ``rt.isolation``), as ``plugtune test --faas`` does;
 ``in_process=True`` runs it in this process instead (a debugger works), with no sandbox, which is
@@ -143,6 +144,21 @@ def materialize(store: Store, plugin: Plugin, root: Path) -> str:
     return f"{target / Path(file).name}:{function}"
 
 
+def recorded_env(job_id: int, spec: dict[str, Any]) -> dict[str, str]:
+    """What the job's plugins got: job.yaml's ``env`` as the job recorded it, and its ``secrets``
+    (never stored) from this process's environment; ReplayError naming a secret not set here."""
+    env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+    secrets = [str(name) for name in spec.get("secrets") or []]
+    missing = [name for name in secrets if name not in os.environ]
+    if missing:
+        names = ", ".join(missing)
+        raise ReplayError(
+            f"job {job_id}'s plugins get the secret(s) {names} (job.yaml secrets:), which are not set "
+            f"here: export them (e.g. `export {missing[0]}=...`) and replay again"
+        )
+    return {**env, **{name: os.environ[name] for name in secrets}}
+
+
 async def deploy_recorded(
     rt: BaseRuntime,
     store: Store,
@@ -150,14 +166,16 @@ async def deploy_recorded(
     root: Path,
     weights: dict[str, float],
     entries: dict[str, str],
+    env: dict[str, str] | None = None,
 ) -> list[JobFunction]:
-    """Deploy each plugin from its stored code; ``entries`` gets replay entry -> the job's entry."""
+    """Deploy each plugin from its stored code with the job's ``env``; ``entries`` gets replay
+    entry -> the job's entry."""
     deployed: list[JobFunction] = []
     for plugin in plugins:
         runtime = Runtime(**plugin.runtime) if plugin.runtime else None
         entry = materialize(store, plugin, root)
         entries[entry] = plugin.entry
-        fn = await rt.deploy(entry, runtime=runtime)
+        fn = await rt.deploy(entry, runtime=runtime, env=env)
         if fn.code_hash != plugin.code_hash:
             raise ReplayError(
                 f"plugin {plugin.name}: the stored code does not hash to {plugin.code_hash[:12]}"
@@ -231,8 +249,9 @@ def replay(
     sample = sample_of(job.spec, record)
     playback = Playback(record.messages, "policy")
     weights = grader_weights(job.spec)
+    env = recorded_env(job_id, job.spec)
     result, entries, sandbox = asyncio.run(
-        _run(store, plugins, weights, record, sample, playback, in_process)
+        _run(store, plugins, weights, env, record, sample, playback, in_process)
     )
     trial_id = result.trajectories[0].trajectory_id
     replayed = as_recorded(result.trajectories[0], record)
@@ -274,6 +293,7 @@ async def _run(
     store: Store,
     plugins: list[Plugin],
     weights: dict[str, float],
+    env: dict[str, str],
     record: TrajectoryRecord,
     sample: Sample,
     playback: Playback,
@@ -285,13 +305,13 @@ async def _run(
     with tempfile.TemporaryDirectory(prefix="plugtune-replay-") as tmp:
         if in_process:
             async with InProcessRuntime() as rt:
-                deployed = await deploy_recorded(rt, store, plugins, Path(tmp), weights, entries)
+                deployed = await deploy_recorded(rt, store, plugins, Path(tmp), weights, entries, env)
                 functions = [AsRecorded(jf, record) for jf in deployed]
                 with PolicyRelay(playback) as relay, exits_raise():
                     result = await run_trial(functions, relay, [(record.step, sample)], concurrency=1)
             return result, entries, IN_PROCESS
         async with LocalRuntime(spare_instances=False) as sandboxed:
-            deployed = await deploy_recorded(sandboxed, store, plugins, Path(tmp), weights, entries)
+            deployed = await deploy_recorded(sandboxed, store, plugins, Path(tmp), weights, entries, env)
             functions = [AsRecorded(jf, record) for jf in deployed]
             with PolicyRelay(playback) as relay:
                 result = await run_trial(functions, relay, [(record.step, sample)], concurrency=1)

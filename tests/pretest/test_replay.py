@@ -4,6 +4,7 @@ recorded answers played back, and ends as it did in the job (or the report says 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -210,6 +211,41 @@ def test_an_in_process_replay_of_a_call_that_holds_the_gil_ends_as_timeout(store
     doc = json.loads(done.stdout)
     assert doc["verdict"] == "reproduced" and doc["replayed"]["error"]["cause"] == "Timeout", doc
     assert any("about to match" in line["message"] for line in doc["trajectory"]["logs"])
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_a_replay_gets_the_jobs_env_and_secrets(
+    store: Store, monkeypatch: pytest.MonkeyPatch, in_process: bool
+) -> None:
+    """A judge grader reads job.yaml's env (at import) and a secret: replayed as in the job."""
+    files = collect(FAULTY / "plugins")
+    code_hash = content_hash(files)
+    store.put_code(code_hash, files)
+    spec = {
+        "job_file": str(FAULTY / "judged.yaml"),
+        "data": {"train": "data/train.jsonl"},
+        "env": {"JUDGE_URL": "http://judge.example/v1"},
+        "secrets": ["JUDGE_KEY"],
+        "plugins": {"graders": [{"entry": "plugins/judged.py:judged", "weight": 1.0}]},
+    }
+    job_id = store.create_job("judged", spec)
+    for name, role, file in (("answers", "rollout", "rollouts.py"), ("judged", "grader", "judged.py")):
+        entry = f"{FAULTY / 'plugins' / file}:{name}"
+        store.upsert_plugin(job_id, name, role, entry, code_hash=code_hash, runtime=Runtime().to_dict())
+    recorded = [QUESTION, {"role": "assistant", "content": "12"}]
+    store.upsert_trajectories(
+        job_id, [trajectory(recorded, "success", 1.0, reward_components={"judged": 1.0})]
+    )
+    monkeypatch.delenv("JUDGE_KEY", raising=False)
+    monkeypatch.delenv("JUDGE_URL", raising=False)
+    with pytest.raises(ReplayError, match="secret.s. JUDGE_KEY .* not set here: export them"):
+        replay(store, job_id, "s3-p1-r2", in_process=in_process, unsandboxed_as_root=True)
+    monkeypatch.setenv("JUDGE_KEY", "k-123")
+    doc = replay(store, job_id, "s3-p1-r2", in_process=in_process, unsandboxed_as_root=True)
+    assert doc["reproduced"], doc
+    said = [line["message"] for line in doc["trajectory"]["logs"]]
+    assert "judge http://judge.example/v1, key k-123" in said, said
+    assert "JUDGE_URL" not in os.environ
 
 
 def test_missing_trajectory_is_named(store: Store) -> None:

@@ -318,13 +318,23 @@ class PluginCallError(PlugtuneError):
 class DependencyCallError(PluginCallError):
     """Raised when one plugin call failed on a service the plugin calls (``cause`` is a
     :class:`DependencyCause`): the owner is the dependency, so the job is retried automatically
-    like a platform error; ``dependency`` names it as job.yaml declares it ("" when undeclared)."""
+    like a platform error; ``dependency`` names it as job.yaml declares it ("" when undeclared);
+    ``retry_after_s`` is the service's ``Retry-After`` in seconds (None when it sent none)."""
 
     error_type = ErrorType.DEPENDENCY
 
-    def __init__(self, cause: DependencyCause, message: str, *, dependency: str = "", **fields: Any) -> None:
+    def __init__(
+        self,
+        cause: DependencyCause,
+        message: str,
+        *,
+        dependency: str = "",
+        retry_after_s: float | None = None,
+        **fields: Any,
+    ) -> None:
         super().__init__(cause, message, **fields)
         self.dependency = dependency
+        self.retry_after_s = retry_after_s
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

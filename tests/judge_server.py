@@ -1,9 +1,13 @@
 """A judge (an LLM-judge-like HTTP service) on 127.0.0.1 for the dependency tests.
 
 The first path segment picks the mode: ``/ok``, ``/429`` (with ``Retry-After: 1``), ``/500``,
-``/malformed`` (a 200 whose body is not JSON), ``/slow`` (answers after 2 s);
-``.../chat/completions`` answers in the OpenAI shape. ``dead_port()`` is a port nothing listens
-on (the judge is down).
+``/malformed`` (a 200 whose body is not JSON), ``/slow`` (answers after 2 s), ``/wait/<s>``
+(answers after ``s`` seconds, at most 10), ``/flaky/<key>/<n>`` (the first ``n`` requests for
+``key`` answer 429 with ``Retry-After: 1``, then 200); ``.../chat/completions`` answers in the
+OpenAI shape. ``dead_port()`` is a port nothing listens on (the judge is down).
+
+The server counts ``requests``, the requests in progress (``active``) and their most at once
+(``peak``), and keeps ``log``: ``(time.monotonic(), path)`` per request, in arrival order.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 class _Judge(BaseHTTPRequestHandler):
@@ -24,10 +29,29 @@ class _Judge(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(min(length, 1 << 20))
-        self.server.requests += 1  # type: ignore[attr-defined]
-        mode = self.path.strip("/").split("/")[0]
+        server: Any = self.server
+        with server.lock:
+            server.requests += 1
+            server.active += 1
+            server.peak = max(server.peak, server.active)
+            server.log.append((time.monotonic(), self.path))
+        try:
+            self._answer(server)
+        finally:
+            with server.lock:
+                server.active -= 1
+
+    def _answer(self, server: Any) -> None:
+        parts = self.path.strip("/").split("/")
+        mode = parts[0]
         if mode == "slow":
             time.sleep(2.0)
+        if mode == "wait":
+            time.sleep(min(float(parts[1]), 10.0))
+        if mode == "flaky":
+            with server.lock:
+                seen = server.flaky[parts[1]] = server.flaky.get(parts[1], 0) + 1
+            mode = "429" if seen <= int(parts[2]) else "ok"
         if mode == "429":
             self._send(429, b'{"error": {"message": "rate limited"}}', {"Retry-After": "1"})
         elif mode == "500":
@@ -67,6 +91,10 @@ def judge() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
     server.daemon_threads = True
     server.requests = 0  # type: ignore[attr-defined]
+    server.active = server.peak = 0  # type: ignore[attr-defined]
+    server.log = []  # type: ignore[attr-defined]
+    server.flaky = {}  # type: ignore[attr-defined]
+    server.lock = threading.Lock()  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     try:

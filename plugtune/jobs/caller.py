@@ -5,20 +5,29 @@ The trainer calls ``await caller(fn, ctx, *args)``. Retries follow ``retry_polic
 decision to fail the job raises :class:`JobStop`, which the trainer does not catch, so the
 attempt ends with that classified error. A dropped sample comes back to the trainer as the
 failed call (its trajectory is marked failed, left out of the loss and counted).
+
+A call that failed on a dependency (``DependencyCallError``: the service's fault, not the plugin's)
+is retried under ``failure_policy.dependency`` instead: on the same instance (``PREFER_INSTANCE``),
+after an exponential backoff with jitter never shorter than the reply's ``Retry-After``, apart
+from ``max_attempts``; the circuit breaker does not count it. Once its tries or ``max_wait_s`` are
+used up the job fails with that error, which the scheduler retries like a platform error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import random
 import time
 from collections import Counter
 from typing import Any
 
-from plugtune.errors import Cause, PluginCallError, StatusCause
+from plugtune.errors import Cause, DependencyCallError, PluginCallError, StatusCause
 from plugtune.jobs.plugin_metrics import MAX_NAMES, PluginMetrics
 from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, breaker, decide
-from plugtune.jobs.spec import CircuitBreaker, FailurePolicy
+from plugtune.jobs.spec import CircuitBreaker, DependencyRetry, FailurePolicy
+from plugtune.runtime.backend import PREFER_INSTANCE
 from plugtune.sdk import Context, Status
 from plugtune.trainer.protocols import PluginFunction
 from plugtune.trainer.tracking import CallSpans
@@ -55,6 +64,7 @@ class StepCounts:
     def __init__(self) -> None:
         self.calls = 0
         self.errors: Counter[str] = Counter()
+        self.dependency_errors: Counter[str] = Counter()  # by cause; also in errors, not in the breaker
         self.by_plugin: Counter[str] = Counter()
         self.examples: dict[str, PluginCallError] = {}
         self.plugin_metrics = PluginMetrics()
@@ -88,8 +98,12 @@ class StepCounts:
 
     def breaker_error(self, config: CircuitBreaker) -> PluginCallError | None:
         """The classified error the job's circuit breaker fails the job with after these calls
-        (cause: the dominant one, with its first example's evidence), or None when it holds."""
-        decision = breaker(self.calls, dict(self.errors), config)
+        (cause: the dominant one, with its first example's evidence), or None when it holds.
+        Calls that failed on a dependency are left out (of the calls too): the service's trouble is
+        not the plugin's, and ``failure_policy.dependency`` bounds it."""
+        plugin_errors = self.errors - self.dependency_errors
+        calls = self.calls - sum(self.dependency_errors.values())
+        decision = breaker(calls, dict(plugin_errors), config)
         if not decision.trip:
             return None
         causes: dict[str, Cause | StatusCause] = {c.value: c for c in (*Cause, *StatusCause)}
@@ -115,10 +129,14 @@ class PolicyCaller:
     Every call (each retry too) is a span in ``spans`` when the job exports traces.
     """
 
-    def __init__(self, failure: FailurePolicy, spans: CallSpans | None = None) -> None:
+    def __init__(
+        self, failure: FailurePolicy, spans: CallSpans | None = None, rng: random.Random | None = None
+    ) -> None:
         self.failure = failure
         self.spans = spans or CallSpans()
         self.retries = 0
+        self.dependency_waited_s = 0.0  # all backoff waits of this job's calls, in seconds
+        self._rng = rng or random.Random()
         self._steps: dict[int, StepCounts] = {}
 
     def counts(self, step: int) -> StepCounts:
@@ -136,6 +154,7 @@ class PolicyCaller:
             c = self._steps.pop(s)
             total.calls += c.calls
             total.errors.update(c.errors)
+            total.dependency_errors.update(c.dependency_errors)
             total.by_plugin.update(c.by_plugin)
             for cause, error in c.examples.items():
                 total.examples.setdefault(cause, error)
@@ -149,13 +168,70 @@ class PolicyCaller:
         if error is not None:
             counts.examples.setdefault(cause, error)
 
+    def dependency_delay(self, error: DependencyCallError, tries: int, spent_s: float) -> float | None:
+        """Seconds to wait before retrying a call whose ``tries``-th try failed on a dependency
+        (``spent_s`` since its first failure), or None when ``failure_policy.dependency`` is used up:
+        ``backoff_s * 2**(tries-1)`` capped at ``max_backoff_s``, drawn in its upper half (jitter),
+        at least the reply's ``Retry-After``."""
+        policy: DependencyRetry = self.failure.dependency
+        if tries >= policy.max_attempts:
+            return None
+        step = min(policy.backoff_s * 2 ** min(tries - 1, 60), policy.max_backoff_s)
+        delay = step * (0.5 + 0.5 * self._rng.random())
+        if error.retry_after_s is not None:
+            delay = max(delay, error.retry_after_s)
+        if spent_s + delay > policy.max_wait_s:
+            return None
+        return delay
+
     async def __call__(self, fn: PluginFunction, ctx: Context, *args: Any) -> CallOutcome:
-        attempt = 1
+        attempt, plugin_try, dependency_tries = 1, 1, 0
+        first_dependency_failure = 0.0
+        prefer = ""  # the instance a retry after a dependency failure goes back to
         while True:
             self.counts(ctx.step).calls += 1
             call_ctx, started_ns = dataclasses.replace(ctx, attempt=attempt), time.time_ns()
+            token = PREFER_INSTANCE.set(prefer)
             try:
                 outcome = await fn.invoke(call_ctx, *args)
+            except DependencyCallError as exc:
+                self.spans.record(
+                    fn.spec.name,
+                    call_ctx,
+                    started_ns,
+                    status="error",
+                    cause=exc.cause,
+                    call_id=exc.call_id,
+                    message=str(exc),
+                )
+                self._count_error(ctx.step, exc.plugin or fn.spec.name, exc.cause, exc)
+                self.counts(ctx.step).dependency_errors[exc.cause] += 1
+                now = time.monotonic()
+                if dependency_tries == 0:
+                    first_dependency_failure = now
+                dependency_tries += 1
+                delay = self.dependency_delay(exc, dependency_tries, now - first_dependency_failure)
+                if delay is None:
+                    policy = self.failure.dependency
+                    reason = (
+                        f"dependency {exc.dependency or '?'}: {dependency_tries} tries in "
+                        f"{now - first_dependency_failure:.0f} s (failure_policy.dependency: max_attempts "
+                        f"{policy.max_attempts}, max_wait_s {policy.max_wait_s:g})"
+                    )
+                    raise JobStop(exc, reason, ctx, args) from exc
+                log.info(
+                    "retrying %s in %.2f s on instance %s after dependency %s: %s (try %d)",
+                    fn.spec.name,
+                    delay,
+                    exc.instance_id or "?",
+                    exc.dependency or "?",
+                    exc.cause,
+                    attempt + 1,
+                )
+                await asyncio.sleep(delay)
+                self.dependency_waited_s += delay
+                attempt, self.retries, prefer = attempt + 1, self.retries + 1, exc.instance_id
+                continue
             except PluginCallError as exc:
                 self.spans.record(
                     fn.spec.name,
@@ -172,14 +248,17 @@ class PolicyCaller:
                     if exc.cause_enum is Cause.CREATE_FAULT
                     else FailureKind.PLUGIN_ERROR
                 )
-                decision = decide(kind, attempt, self.failure)
+                decision = decide(kind, plugin_try, self.failure)
                 if isinstance(decision, RetryCall):
-                    log.info("retrying %s after %s (try %d)", fn.spec.name, exc.cause, decision.attempt)
-                    attempt, self.retries = decision.attempt, self.retries + 1
+                    log.info("retrying %s after %s (try %d)", fn.spec.name, exc.cause, attempt + 1)
+                    attempt, plugin_try, self.retries = attempt + 1, decision.attempt, self.retries + 1
+                    prefer = ""
                     continue
                 if isinstance(decision, FailJob):
                     raise JobStop(exc, decision.reason, ctx, args) from exc
                 raise  # DropSample: the trainer marks the trajectory failed and counts it
+            finally:
+                PREFER_INSTANCE.reset(token)
             self.spans.record(
                 fn.spec.name, call_ctx, started_ns, status=outcome.status, call_id=outcome.call_id
             )
@@ -189,11 +268,12 @@ class PolicyCaller:
             if reported is None:
                 return outcome
             kind_of_status, cause = reported
-            error = status_error(cause, fn.spec.name, outcome, (attempt, self.failure.max_attempts), ctx)
+            error = status_error(cause, fn.spec.name, outcome, (plugin_try, self.failure.max_attempts), ctx)
             self._count_error(ctx.step, fn.spec.name, cause.value, error)
-            decision = decide(kind_of_status, attempt, self.failure)
+            decision = decide(kind_of_status, plugin_try, self.failure)
             if isinstance(decision, RetryCall):
-                attempt, self.retries = decision.attempt, self.retries + 1
+                attempt, plugin_try, self.retries = attempt + 1, decision.attempt, self.retries + 1
+                prefer = ""
                 continue
             if isinstance(decision, FailJob):
                 raise JobStop(error, decision.reason, ctx, args)

@@ -16,9 +16,10 @@ data, loss_nan     never                      fail the job
 =================  =========================  ===================================================
 
 ``attempt`` is the 1-based number of the try that just failed: of the call for plugin kinds,
-of the job for platform and dependency kinds. A call that failed on a dependency is retried as a
-``plugin_error`` call (``kind_of`` says ``plugin_error`` for it); once the job fails with a
-``Dependency error``, the job is retried after a delay like a platform failure.
+of the job for platform and dependency kinds. A call that failed on a dependency is not decided
+here: the job's caller (``plugtune.jobs.caller``) retries it on the same instance with backoff under
+``failure_policy.dependency``, and the breaker does not count it; once those retries are used up the
+job fails with the ``Dependency error`` and is retried after a delay like a platform failure.
 """
 
 from __future__ import annotations

@@ -379,6 +379,39 @@ class PluginsSpec(BaseModel):
         return self
 
 
+class DependencyRetry(BaseModel):
+    """How a call that failed on a service its plugin calls (a `Dependency error`: 429, 5xx,
+    unreachable, timeout, bad reply) is retried: on the same instance (it is fine), after an
+    exponential backoff with jitter that is never shorter than the service's `Retry-After`."""
+
+    model_config = _STRICT
+
+    max_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="Tries per call that fails on a dependency (the first included).",
+    )
+    backoff_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=3600,
+        description="Wait before the first retry; doubled after each failed try (up to max_backoff_s), "
+        "each wait drawn between half and all of it (jitter), and at least the reply's Retry-After.",
+    )
+    max_backoff_s: float = Field(
+        default=30.0, gt=0, le=3600, description="Longest wait between two tries (a longer Retry-After wins)."
+    )
+    max_wait_s: float = Field(
+        default=120.0,
+        ge=0,
+        le=7 * 86_400,
+        description="A call stops retrying once its tries and waits on the dependency took this long; "
+        "the job then fails as the dependency's (owner dependency) and is retried automatically "
+        "like a platform error (`retry:`).",
+    )
+
+
 class FailurePolicy(BaseModel):
     """What happens when a plugin call fails (status `failure` or an exception)."""
 
@@ -389,6 +422,11 @@ class FailurePolicy(BaseModel):
     )
     on_exhausted: Literal["fail_job", "drop_sample"] = Field(
         default="fail_job", description="After the last try: fail the job, or drop the sample and count it."
+    )
+    dependency: DependencyRetry = Field(
+        default_factory=DependencyRetry,  # type: ignore[arg-type]
+        description="Calls that failed on a declared service (Dependency error): retried apart from "
+        "max_attempts, with backoff, and not counted by the circuit breaker.",
     )
 
 

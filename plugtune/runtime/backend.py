@@ -7,6 +7,7 @@ failure taxonomy, so the taxonomy does not depend on how a backend notices a fai
 
 from __future__ import annotations
 
+import contextvars
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,11 @@ class Happened(str, enum.Enum):
     POLICY_REFUSED = "policy_refused"  # network policy-only refused a connection the function made
 
 
+#: The instance a call should run on when it is still healthy and has a free slot (set by the job's
+#: caller around a retry after a dependency failed: the instance is fine); "" for any.
+PREFER_INSTANCE: contextvars.ContextVar[str] = contextvars.ContextVar("plugtune_prefer_instance", default="")
+
+
 @dataclass(slots=True)
 class CallRequest:
     call_id: str
@@ -40,6 +46,9 @@ class CallRequest:
     args: tuple[Any, ...]
     timeout_s: float
     fault: str | None = None
+    #: Run on this instance when it is still healthy and has a free slot (a call retried after its
+    #: dependency failed: the instance is fine); any instance otherwise.
+    prefer_instance: str = ""
 
 
 @dataclass(slots=True)
@@ -62,7 +71,7 @@ class Failed:
     instance_id: str = ""
     peak_memory_mb: float | None = None
     latency_ms: float = 0.0
-    cause: str = ""  # DEPENDENCY: the DependencyCause's value; POLICY_REFUSED: the refused host:port
+    cause: str = ""  # DEPENDENCY: "<DependencyCause>/<name>[/<Retry-After s>]"; POLICY_REFUSED: host:port
 
 
 class DeployFailed(Exception):

@@ -90,11 +90,13 @@ def classify(
     is_async: bool | None = None,
 ) -> PluginCallError:
     if failed.happened is Happened.DEPENDENCY:
-        cause, _, name = failed.cause.partition("/")
+        cause, _, rest = failed.cause.partition("/")
+        name, _, after = rest.partition("/")
         found = DependencyCallError(
             DependencyCause(cause),
             failed.message,
             dependency=name,
+            retry_after_s=_seconds(after),
             plugin=plugin,
             call_id=call_id,
             instance_id=failed.instance_id,
@@ -193,3 +195,11 @@ def _describe(value: Any) -> str:
         return f"a bool ({value})"
     text = repr(value)
     return f"a {type(value).__name__} ({text[:80]})"
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value >= 0 else None

@@ -327,7 +327,9 @@ class LocalDeployment:
 
     # ---- calls ------------------------------------------------------------------------------
 
-    def _pick(self) -> Instance | None:
+    def _pick(self, prefer: str = "") -> Instance | None:
+        """The usable instance with the fewest calls in flight; ``prefer`` (an instance id) wins when
+        it is usable (a call retried after its dependency failed stays where it ran)."""
         best: Instance | None = None
         limit = self.runtime.max_concurrency
         for instance in self.instances:
@@ -336,6 +338,8 @@ class LocalDeployment:
             if instance.cancel_timers:  # a timed-out call has not stopped yet: the loop may be blocked
                 continue
             n = instance.in_flight
+            if n < limit and prefer and instance.id == prefer:
+                return instance
             if n < limit and (best is None or n < best.in_flight):
                 best = instance
         return best
@@ -421,7 +425,7 @@ class LocalDeployment:
         trajectory_id = ctx.trajectory_id
         started = time.perf_counter()
         deadline = time.monotonic() + request.timeout_s
-        instance = self._pick()
+        instance = self._pick(request.prefer_instance)
         if instance is None:
             got = await self._acquire(deadline)
             if isinstance(got, Failed):

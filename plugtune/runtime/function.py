@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from plugtune.errors import Cause
-from plugtune.runtime.backend import CallRequest, Deployment, Failed
+from plugtune.runtime.backend import PREFER_INSTANCE, CallRequest, Deployment, Failed
 from plugtune.runtime.classify import InvalidReturn, call_error, classify, validate
 from plugtune.runtime.faults import FaultInjection
 from plugtune.runtime.metrics import MetricsRecorder
@@ -46,14 +46,15 @@ class Function:
 
     async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
         """Call the plugin: ``(policy, sample)`` for a rollout, ``(sample, trajectory)`` for a grader,
-        ``(sample, trajectories)`` for a group grader."""
+        ``(sample, trajectories)`` for a group grader. Under ``PREFER_INSTANCE`` (an instance id) the
+        call runs on that instance when it is still healthy and has a free slot, else on any."""
         if self.status != RUNNING:
             raise RuntimeError(f"{self.entry} is closed; deploy it again")
         if not isinstance(ctx, Context):
             raise TypeError(f"invoke() needs a plugtune.sdk.Context first, got {type(ctx).__name__}")
         call_id = f"{self._prefix}-{next(self._ids)}"
         fault = self.inject.draw() if self.inject is not None else None
-        request = CallRequest(call_id, ctx, args, self.runtime.timeout_s, fault)
+        request = CallRequest(call_id, ctx, args, self.runtime.timeout_s, fault, PREFER_INSTANCE.get())
         started = time.perf_counter()
         result = await self.deployment.invoke(request)
         if isinstance(result, Failed):

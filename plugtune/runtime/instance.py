@@ -240,7 +240,7 @@ class Instance:
         happened, cause = KINDS.get(kind, Happened.RAISED), ""
         dependency = p.parse_dependency_kind(kind)
         if dependency is not None:
-            happened, cause = Happened.DEPENDENCY, "/".join(dependency)
+            happened, cause = Happened.DEPENDENCY, "/".join(dependency).rstrip("/")
         elif kind == p.POLICY_REFUSED:
             happened = Happened.POLICY_REFUSED
         if happened is Happened.RAISED and self.hit_pids():

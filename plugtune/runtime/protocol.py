@@ -37,22 +37,26 @@ READY, FATAL, LOG, OK, ERR = "ready", "fatal", "log", "ok", "err"
 # ERR kinds: what the worker saw happen (the supervisor maps them onto the taxonomy).
 RAISED, MEMORY, CANCELLED, BAD_RETURN = "raised", "memory", "cancelled", "bad_return"
 PIDS, DISK = "pids", "disk"  # the call failed on the instance's pids limit / full temp space
-#: A call failed on a service it called: the kind is ``"dependency/<cause>/<declared name>"``.
+#: A call failed on a service it called: the kind is ``"dependency/<cause>/<declared name>"``, then
+#: ``"/<seconds>"`` when the reply said ``Retry-After``.
 DEPENDENCY = "dependency"
 POLICY_REFUSED = "policy_refused"  # network policy-only refused a connection the call made
 
 
-def dependency_kind(cause: str, name: str) -> str:
-    return f"{DEPENDENCY}/{cause}/{name}"
+def dependency_kind(cause: str, name: str, retry_after_s: float | None = None) -> str:
+    after = "" if retry_after_s is None else f"/{retry_after_s:.3f}"
+    return f"{DEPENDENCY}/{cause}/{name}{after}"
 
 
-def parse_dependency_kind(kind: str) -> tuple[str, str] | None:
-    """``(cause, declared name)`` of a dependency kind (None for any other kind)."""
+def parse_dependency_kind(kind: str) -> tuple[str, str, str] | None:
+    """``(cause, declared name, Retry-After seconds or "")`` of a dependency kind (None for any other
+    kind)."""
     head, _, rest = kind.partition("/")
     if head != DEPENDENCY or not rest:
         return None
-    cause, _, name = rest.partition("/")
-    return cause, name
+    cause, _, rest = rest.partition("/")
+    name, _, after = rest.partition("/")
+    return cause, name, after
 
 
 TYPE_KEY = "$t"

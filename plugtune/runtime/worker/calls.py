@@ -105,7 +105,8 @@ class CallRunner:
                 if "network policy-only" not in message:  # a client that hid the cause's text
                     message = f"{message} — {finding.message()}"
             elif finding is not None:
-                kind, message = dependency_kind(finding.cause, finding.dependency), finding.message()
+                kind = dependency_kind(finding.cause, finding.dependency, finding.retry_after_s())
+                message = finding.message()
         return [ERR, call_id, kind, message, user_traceback(exc, self.code_root), metrics]
 
     def _exit_like(self, exc: BaseException) -> None:

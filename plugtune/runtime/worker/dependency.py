@@ -13,6 +13,9 @@ job's configuration, not the service, is at fault.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
+import time
 import traceback
 import urllib.parse
 from dataclasses import dataclass
@@ -41,6 +44,10 @@ class Finding:
     error: str = ""  # the client's exception, "Type: message"
     policy_refused: str = ""  # host:port that network policy-only refused
     dependency: str = ""  # the declared name, when the host:port is declared
+
+    def retry_after_s(self) -> float | None:
+        """The reply's ``Retry-After`` in seconds (delta-seconds or an HTTP date), None without one."""
+        return retry_after_seconds(self.retry_after)
 
     def message(self) -> str:
         if self.policy_refused:
@@ -127,6 +134,32 @@ def _url_of(exc: BaseException) -> str:
     if isinstance(host, str) and host and isinstance(port, int):
         return f"http://{host}:{port}"
     return ""
+
+
+#: A ``Retry-After`` longer than this is read as this (a misconfigured service must not park a call
+#: for a day; the caller's own bounds apply on top).
+MAX_RETRY_AFTER_S = 3600.0
+
+
+def retry_after_seconds(text: str) -> float | None:
+    """``Retry-After`` as seconds from now: ``"2"``/``"1.5"`` or an HTTP date; None when absent or
+    unreadable; clamped to ``0..MAX_RETRY_AFTER_S``."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        seconds = when.timestamp() - time.time()
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 def _retry_after(exc: BaseException) -> str:

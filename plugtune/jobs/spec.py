@@ -470,6 +470,43 @@ class SignalSpec(BaseModel):
         description="Warn (`unscorable`) when a grader returns None for more than this share of the "
         "successful trajectories it scores (metric `grader/<name>/unscorable_share`).",
     )
+    saturation_steps: int = Field(
+        default=5,
+        ge=1,
+        le=10_000,
+        description="Warn (`saturated`) when the reward sits at its ceiling (or floor) for this many "
+        "steps in a row (metrics `reward/at_ceiling_share`, `reward/at_floor_share`).",
+    )
+    saturation_share: float = Field(
+        default=0.95,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="A step sits at the ceiling (floor) when at least this share of its scored "
+        "trajectories got the ceiling (floor) reward.",
+    )
+    reward_floor: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="The lowest reward the graders can give (default: the lowest this run has scored).",
+    )
+    reward_ceiling: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="The highest reward the graders can give (default: the highest this run has scored).",
+    )
+
+    @field_validator("reward_floor", "reward_ceiling", mode="before")
+    @classmethod
+    def _whole_reward(cls, value: Any) -> Any:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _floor_below_ceiling(self) -> SignalSpec:
+        low, high = self.reward_floor, self.reward_ceiling
+        if low is not None and high is not None and low >= high:
+            raise ValueError(f"reward_floor {low:g} must be below reward_ceiling {high:g}")
+        return self
 
     def thresholds(self) -> SignalThresholds:
         """The thresholds as the trainer takes them."""

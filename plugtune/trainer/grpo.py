@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -36,6 +37,7 @@ from plugtune.trainer.health import (
     StepWarning,
     exploding_warnings,
     logprob_noise,
+    saturation_warnings,
     signal_warnings,
     step_signal,
     step_warnings,
@@ -91,7 +93,6 @@ class GRPOTrainer:
         signal: SignalThresholds | None = None,
     ) -> None:
         self.model, self.tokenizer, self.server, self.config = model, tokenizer, server, config
-        self.thresholds = signal if signal is not None else SignalThresholds()  # job.yaml's signal:
         self.rows = rows
         self.runner = GroupRunner(server=server, plugins=plugins, caller=caller, job_id=job_id)
         self.cursor = DataCursor(len(rows), config.seed)
@@ -112,7 +113,10 @@ class GRPOTrainer:
         self._next: _Rollouts | None = None  # the next step's rollouts, started while this one trained
         self._last_end: float | None = None
         self.step_count = 0
-        self.signals: deque[StepSignal] = deque(maxlen=SIGNAL_WINDOW)  # the last steps' gradient signal
+        self.thresholds = signal if signal is not None else SignalThresholds()  # job.yaml's signal:
+        # the last steps' reward signal (as many as the longest check looks back over)
+        self.signals: deque[StepSignal] = deque(maxlen=max(SIGNAL_WINDOW, self.thresholds.saturation_steps))
+        self._seen: tuple[float, float] | None = None  # the lowest and highest reward scored so far
         self._first_step: int | None = None  # the first step this trainer ran (after a resume: later)
         checkpoint.seed_everything(config.seed)
         server.set_policy_version(self.step_count)
@@ -155,7 +159,7 @@ class GRPOTrainer:
             raise
         self.step_count = step
 
-        signal = step_signal(step, records)
+        signal = step_signal(step, records, self._reward_bounds(records))
         metrics = _metrics(records, parts, grad_norm, signal)
         metrics["weights/max_abs"] = _largest_trained_weight(self.model)
         ended = time.perf_counter()
@@ -177,17 +181,30 @@ class GRPOTrainer:
         ]
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
+    def _reward_bounds(self, records: list[TrajectoryRecord]) -> tuple[float, float] | None:
+        """The reward's floor and ceiling after this step (job.yaml's, or the extremes scored so far
+        by this trainer)."""
+        scored = [r.reward for r in records if r.status == "success" and r.reward is not None]
+        scored = [v for v in scored if math.isfinite(v)]
+        if scored:
+            low, high = self._seen or (min(scored), max(scored))
+            self._seen = (min(low, *scored), max(high, *scored))
+        return self.thresholds.reward_bounds(*(self._seen or (None, None)))
+
     def _signal_warnings(self, signal: StepSignal) -> list[StepWarning]:
         """The reward-signal warnings over the last steps (no gradient, cut replies, unscorable), once
-        the window holds SIGNAL_WINDOW steps (or every step this trainer runs, when it runs fewer)."""
+        the window holds SIGNAL_WINDOW steps (or every step this trainer runs, when it runs fewer);
+        saturation once saturation_steps steps ran."""
         self.signals.append(signal)
         if self._first_step is None:
             self._first_step = signal.step
         runs = self.config.steps - self._first_step + 1
-        if len(self.signals) < min(SIGNAL_WINDOW, runs):
-            return []
-        window = list(self.signals)
+        saturated = saturation_warnings(list(self.signals), self.thresholds)
+        window = list(self.signals)[-SIGNAL_WINDOW:]
+        if len(window) < min(SIGNAL_WINDOW, runs):
+            return saturated
         return [
+            *saturated,
             *signal_warnings(window, self.config.max_new_tokens),
             *unscorable_warnings(window, self.thresholds),
         ]
@@ -397,6 +414,9 @@ def _metrics(
         out[f"reward/{name}"] = summary([r.reward_components.get(name) for r in records])["mean"]
     for g in signal.graders:
         out[f"grader/{g.name}/unscorable_share"] = g.unscorable_share
+    if signal.at_floor is not None and signal.at_ceiling is not None:
+        out["reward/at_floor_share"] = signal.at_floor
+        out["reward/at_ceiling_share"] = signal.at_ceiling
     for cause, count in Counter(e.cause for r in records for e in r.errors).items():
         out[f"plugin/errors/{cause}"] = float(count)
     if parts is not None:

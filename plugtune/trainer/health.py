@@ -111,6 +111,17 @@ class SignalThresholds:
     documents each field); the defaults are the ones job.yaml documents."""
 
     unscorable_share: float = 0.5  # a grader's share of None over the window above which it warns
+    saturation_steps: int = 5  # steps in a row at the reward's ceiling (or floor) before it warns
+    saturation_share: float = 0.95  # the share of scored trajectories at it that makes a step count
+    reward_floor: float | None = None  # the reward's lowest and highest possible values
+    reward_ceiling: float | None = None  # (None: the lowest / highest this run has scored so far)
+
+    def reward_bounds(self, seen_low: float | None, seen_high: float | None) -> tuple[float, float] | None:
+        """The floor and ceiling saturation is measured against: the configured ones, else the
+        extremes seen so far; None while they are not two different values."""
+        low = self.reward_floor if self.reward_floor is not None else seen_low
+        high = self.reward_ceiling if self.reward_ceiling is not None else seen_high
+        return (low, high) if low is not None and high is not None and low < high else None
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,11 @@ class StepSignal:
     unscored_examples: tuple[str, ...] = ()
     truncated_examples: tuple[str, ...] = ()
     graders: tuple[GraderScores, ...] = ()  # per grader (by name), of the successful trajectories
+    bounds: tuple[float, float] | None = None  # the reward's floor and ceiling at this step
+    at_floor: float | None = None  # share of the scored trajectories at the floor (None: no bounds)
+    at_ceiling: float | None = None
+    floor_examples: tuple[str, ...] = ()
+    ceiling_examples: tuple[str, ...] = ()
 
     @property
     def zero_variance_share(self) -> float:
@@ -151,8 +167,12 @@ class StepSignal:
         return self.truncated / self.replies if self.replies else 0.0
 
 
-def step_signal(step: int, records: Sequence[TrajectoryRecord]) -> StepSignal:
-    """Which of the step's groups give no policy gradient, and which replies were cut off."""
+def step_signal(
+    step: int, records: Sequence[TrajectoryRecord], bounds: tuple[float, float] | None = None
+) -> StepSignal:
+    """Which of the step's groups give no policy gradient, which replies were cut off, which
+    trajectories a grader could not score and (with the reward's ``bounds``, floor and ceiling)
+    how many scored trajectories sit at the floor or at the ceiling."""
     groups: dict[str, list[TrajectoryRecord]] = {}
     for r in records:
         groups.setdefault(r.group_id, []).append(r)
@@ -171,6 +191,18 @@ def step_signal(step: int, records: Sequence[TrajectoryRecord]) -> StepSignal:
         asked = [r for r in graded if name in r.reward_components]
         none = [r.trajectory_id for r in asked if r.reward_components[name] is None]
         graders.append(GraderScores(name, len(asked), len(none), tuple(none[:EXAMPLES])))
+    scored = [r for r in graded if r.reward is not None]
+    floor: list[str] = []
+    ceiling: list[str] = []
+    if bounds is not None:
+        low, high = bounds
+        tie = _TIE * (high - low)
+        floor = [r.trajectory_id for r in scored if r.reward is not None and r.reward <= low + tie]
+        ceiling = [r.trajectory_id for r in scored if r.reward is not None and r.reward >= high - tie]
+
+    def share(ids: list[str]) -> float | None:
+        return len(ids) / len(scored) if bounds is not None and scored else None
+
     return StepSignal(
         step=step,
         groups=len(groups),
@@ -182,7 +214,62 @@ def step_signal(step: int, records: Sequence[TrajectoryRecord]) -> StepSignal:
         unscored_examples=tuple(unscored[:EXAMPLES]),
         truncated_examples=tuple(cut[:EXAMPLES]),
         graders=tuple(graders),
+        bounds=bounds,
+        at_floor=share(floor),
+        at_ceiling=share(ceiling),
+        floor_examples=tuple(floor[:EXAMPLES]),
+        ceiling_examples=tuple(ceiling[:EXAMPLES]),
     )
+
+
+#: How close to the floor or ceiling (a share of the range between them) a reward counts as at it.
+_TIE = 1e-6
+
+
+def saturation_warnings(window: Sequence[StepSignal], thresholds: SignalThresholds) -> list[StepWarning]:
+    """A warning (key ``saturated``) when, in each of the last ``thresholds.saturation_steps`` steps,
+    at least ``thresholds.saturation_share`` of the scored trajectories sat at the reward's ceiling
+    (or at its floor)."""
+    n = thresholds.saturation_steps
+    last = list(window)[-n:]
+    if len(last) < n:
+        return []
+    out: list[StepWarning] = []
+    for side, shares, why in (
+        (
+            "ceiling",
+            [s.at_ceiling for s in last],
+            "the policy already earns the highest reward almost every time, so the groups have almost "
+            "no reward differences left and the policy learns little more: the task is solved at this "
+            "difficulty; give harder prompts or a finer-grained grader, or stop here",
+        ),
+        (
+            "floor",
+            [s.at_floor for s in last],
+            "the policy almost never earns more than the lowest reward, so the groups have almost no "
+            "reward differences and the policy learns little: give easier prompts or partial credit, "
+            "and check that the grader can give more than its floor (a broken judge returns flat zeros)",
+        ),
+    ):
+        if not all(v is not None and v >= thresholds.saturation_share for v in shares):
+            continue
+        low, high = last[-1].bounds or (0.0, 0.0)
+        value = high if side == "ceiling" else low
+        given = thresholds.reward_ceiling if side == "ceiling" else thresholds.reward_floor
+        extreme = "highest" if side == "ceiling" else "lowest"
+        source = f"signal.reward_{side}" if given is not None else f"the {extreme} reward this run scored"
+        ids = [t for s in last for t in (s.ceiling_examples if side == "ceiling" else s.floor_examples)]
+        least = min(v for v in shares if v is not None)
+        out.append(
+            StepWarning(
+                "saturated",
+                f"{_span(last)}: the reward sat at its {side} ({value:g}, {source}) for {n} steps in a "
+                f"row: in each, {least:.0%} or more of the scored trajectories got it (signal."
+                f"saturation_share {thresholds.saturation_share:g}, saturation_steps {n}). {why}; see "
+                f"the metric reward/at_{side}_share. {_examples(ids)}",
+            )
+        )
+    return out
 
 
 def _span(window: Sequence[StepSignal]) -> str:

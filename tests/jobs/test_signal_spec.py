@@ -29,7 +29,8 @@ def test_the_signal_block_has_documented_defaults_and_reaches_the_trainer() -> N
     assert rows["signal"].default == "(section defaults)"
     for name in SignalThresholds.__dataclass_fields__:
         row = rows[f"signal.{name}"]
-        assert row.description and row.default == repr(getattr(SignalThresholds(), name)), name
+        default = getattr(SignalThresholds(), name)
+        assert row.description and row.default == ("none" if default is None else repr(default)), name
 
 
 @pytest.mark.parametrize(
@@ -54,3 +55,16 @@ def test_an_unknown_signal_key_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidValueError) as info:
         validate_job(make_project(tmp_path, job))
     assert "unknown key" in find(problems_of(info), "signal.unscorable").message
+
+
+def test_a_reward_floor_not_below_its_ceiling_is_refused_at_the_signal_block(tmp_path: Path) -> None:
+    job = JOB + "signal: {reward_floor: 1, reward_ceiling: 1, saturation_steps: 3}\n"
+    with pytest.raises(InvalidValueError) as info:
+        validate_job(make_project(tmp_path, job))
+    problem = find(problems_of(info), "signal")
+    assert problem.line == JOB.count("\n") + 1
+    assert "reward_floor 1 must be below reward_ceiling 1" in problem.message
+    job = JOB + "signal: {saturation_steps: 0}\n"
+    with pytest.raises(InvalidValueError) as info:
+        validate_job(make_project(tmp_path / "steps", job))
+    assert find(problems_of(info), "signal.saturation_steps").line == JOB.count("\n") + 1

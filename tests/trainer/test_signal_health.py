@@ -23,6 +23,8 @@ from plugtune.trainer.health import (
     GraderScores,
     SignalThresholds,
     StepSignal,
+    saturation_warnings,
+    step_signal,
     unscorable_warnings,
     warning_examples,
 )
@@ -33,7 +35,7 @@ from tests.trainer.test_grpo import make_trainer
 
 DEMO = Path(__file__).resolve().parents[2] / "plugtune" / "demo"
 #: The keys of the checks this file covers (the demo must raise none of them).
-NEW_KEYS = {"unscorable"}
+NEW_KEYS = {"unscorable", "saturated"}
 
 
 def graded(step: int, name: str, total: int, none: int) -> StepSignal:
@@ -71,6 +73,84 @@ async def test_a_grader_returning_none_for_most_trajectories_is_measured_and_war
     assert warning_examples(warning.message) and set(warning_examples(warning.message)) <= unscorable
 
 
+def at(step: int, ceiling: float | None, floor: float | None = 0.0) -> StepSignal:
+    ids = (f"s{step}-b0-p0-r0",)
+    return StepSignal(
+        step,
+        1,
+        0,
+        0,
+        4,
+        0,
+        bounds=(0.0, 1.0),
+        at_floor=floor,
+        at_ceiling=ceiling,
+        ceiling_examples=ids,
+        floor_examples=ids,
+    )
+
+
+def test_a_reward_at_its_ceiling_for_n_steps_in_a_row_warns() -> None:
+    thresholds = SignalThresholds(saturation_steps=3)
+    [warning] = saturation_warnings([at(s, 1.0) for s in (1, 2, 3)], thresholds)
+    assert warning.key == "saturated"
+    said = "the reward sat at its ceiling (1, the highest reward this run scored) for 3 steps in a row"
+    assert warning.message.startswith(f"steps 1-3: {said}")
+    assert "reward/at_ceiling_share" in warning.message
+    assert warning_examples(warning.message) == ["s1-b0-p0-r0", "s2-b0-p0-r0", "s3-b0-p0-r0"]
+    assert saturation_warnings([at(s, 1.0) for s in (1, 2)], thresholds) == []  # not yet 3 steps
+    assert saturation_warnings([at(1, 1.0), at(2, 0.9), at(3, 1.0)], thresholds) == []  # not in a row
+    assert saturation_warnings([at(s, None, None) for s in (1, 2, 3)], thresholds) == []  # no bounds
+
+
+def test_a_step_measures_its_rewards_against_the_floor_and_ceiling() -> None:
+    from tests.trainer.test_signal_warnings import record
+
+    records = [replace(record("s1-b0-p0", i, 0.0), reward=r) for i, r in enumerate([0.0, 0.0, 1.0, 0.5])]
+    signal = step_signal(1, records, (0.0, 1.0))
+    assert (signal.at_floor, signal.at_ceiling) == (0.5, 0.25)
+    assert signal.floor_examples == ("s1-b0-p0-r0", "s1-b0-p0-r1")
+    assert step_signal(1, records).at_floor is None  # no bounds known: not measured
+    assert SignalThresholds().reward_bounds(0.0, 0.0) is None  # one value seen is no range
+    assert SignalThresholds(reward_ceiling=2.0).reward_bounds(0.0, 1.0) == (0.0, 2.0)
+
+
+@grader
+def full_marks(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    return 1.0
+
+
+@grader
+def first_step_only(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    """One reward of 1 at step 1 (which sets the ceiling), 0 ever after."""
+    first = "-b0-" in trajectory.trajectory_id and trajectory.trajectory_id.endswith("-r0")
+    return 1.0 if ctx.step == 1 and first else 0.0
+
+
+async def test_a_reward_at_its_configured_ceiling_warns_after_saturation_steps(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, graders=[full_marks], steps=3, max_new_tokens=4)
+    trainer.thresholds = SignalThresholds(saturation_steps=2, reward_floor=0.0, reward_ceiling=1.0)
+    results = [await trainer.step() for _ in range(3)]
+    assert all(r.metrics["reward/at_ceiling_share"] == 1.0 for r in results)
+    assert [w.key for w in results[0].warnings if w.key == "saturated"] == []
+    [warning] = [w for w in results[1].warnings if w.key == "saturated"]
+    assert warning.message.startswith("steps 1-2: the reward sat at its ceiling (1, signal.reward_ceiling)")
+    ids = {r.trajectory_id for res in results for r in res.records}
+    assert set(warning_examples(warning.message)) <= ids
+
+
+async def test_a_reward_stuck_at_the_lowest_seen_warns_at_its_floor(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, graders=[first_step_only], steps=3, max_new_tokens=4)
+    trainer.thresholds = SignalThresholds(saturation_steps=2)
+    results = [await trainer.step() for _ in range(3)]
+    assert results[0].metrics["reward/at_floor_share"] == 7 / 8  # the ceiling (1) was scored once
+    assert results[1].metrics["reward/at_floor_share"] == 1.0
+    assert [w for r in results[:2] for w in r.warnings if w.key == "saturated"] == []
+    [warning] = [w for w in results[2].warnings if w.key == "saturated"]
+    assert "steps 2-3: the reward sat at its floor (0, the lowest reward this run scored)" in warning.message
+    assert warning_examples(warning.message)[0].startswith("s2-")
+
+
 async def demo_steps(steps: int) -> list[StepResult]:
     """The demo job (plugtune/demo/job.yaml, its settings and signal thresholds) for ``steps`` steps."""
     spec = load_spec(DEMO / "job.yaml")
@@ -95,6 +175,7 @@ async def test_the_demo_jobs_first_steps_raise_no_signal_warning() -> None:
     keys = {w.key for r in results for w in r.warnings}
     assert not keys & (NEW_KEYS | {"no_gradient", "truncated"}), [w for r in results for w in r.warnings]
     assert all(r.metrics["grader/exact_match/unscorable_share"] == 0.0 for r in results)
+    assert max(r.metrics["reward/at_floor_share"] for r in results[1:]) < 0.95  # it learns from step 1
 
 
 pytestmark = pytest.mark.skipif(

@@ -496,6 +496,16 @@ class SignalSpec(BaseModel):
         description="The highest reward the graders can give (default: the highest this run has scored).",
     )
 
+    dominant_share: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Warn (`dominant_component`) when one grader carries more than this share of the "
+        "final reward's variance within groups, with two graders or more (metric "
+        "`reward/<grader>/variance_share`).",
+    )
+
     @field_validator("reward_floor", "reward_ceiling", mode="before")
     @classmethod
     def _whole_reward(cls, value: Any) -> Any:

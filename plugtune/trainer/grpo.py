@@ -35,6 +35,7 @@ from plugtune.trainer.health import (
     SignalThresholds,
     StepSignal,
     StepWarning,
+    dominance_warnings,
     exploding_warnings,
     logprob_noise,
     saturation_warnings,
@@ -159,7 +160,7 @@ class GRPOTrainer:
             raise
         self.step_count = step
 
-        signal = step_signal(step, records, self._reward_bounds(records))
+        signal = step_signal(step, records, self._reward_bounds(records), self.runner.plugins.weights())
         metrics = _metrics(records, parts, grad_norm, signal)
         metrics["weights/max_abs"] = _largest_trained_weight(self.model)
         ended = time.perf_counter()
@@ -192,7 +193,8 @@ class GRPOTrainer:
         return self.thresholds.reward_bounds(*(self._seen or (None, None)))
 
     def _signal_warnings(self, signal: StepSignal) -> list[StepWarning]:
-        """The reward-signal warnings over the last steps (no gradient, cut replies, unscorable), once
+        """The reward-signal warnings over the last steps (no gradient, cut replies, unscorable,
+        dominant component), once
         the window holds SIGNAL_WINDOW steps (or every step this trainer runs, when it runs fewer);
         saturation once saturation_steps steps ran."""
         self.signals.append(signal)
@@ -207,6 +209,7 @@ class GRPOTrainer:
             *saturated,
             *signal_warnings(window, self.config.max_new_tokens),
             *unscorable_warnings(window, self.thresholds),
+            *dominance_warnings(window, self.thresholds),
         ]
 
     async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:
@@ -417,6 +420,8 @@ def _metrics(
     if signal.at_floor is not None and signal.at_ceiling is not None:
         out["reward/at_floor_share"] = signal.at_floor
         out["reward/at_ceiling_share"] = signal.at_ceiling
+    for name, share in signal.variance_shares().items():
+        out[f"reward/{name}/variance_share"] = share
     for cause, count in Counter(e.cause for r in records for e in r.errors).items():
         out[f"plugin/errors/{cause}"] = float(count)
     if parts is not None:

@@ -8,7 +8,7 @@ was measured, why it matters and what to do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +115,7 @@ class SignalThresholds:
     saturation_share: float = 0.95  # the share of scored trajectories at it that makes a step count
     reward_floor: float | None = None  # the reward's lowest and highest possible values
     reward_ceiling: float | None = None  # (None: the lowest / highest this run has scored so far)
+    dominant_share: float = 0.9  # one grader's share of the reward's within-group variance
 
     def reward_bounds(self, seen_low: float | None, seen_high: float | None) -> tuple[float, float] | None:
         """The floor and ceiling saturation is measured against: the configured ones, else the
@@ -157,6 +158,18 @@ class StepSignal:
     at_ceiling: float | None = None
     floor_examples: tuple[str, ...] = ()
     ceiling_examples: tuple[str, ...] = ()
+    # The final reward's variance within groups (summed over the groups' scored trajectories) and
+    # each grader's covariance with it (its weighted component's): they add up to the variance.
+    variance: float = 0.0
+    covariances: tuple[tuple[str, float], ...] = ()
+    varied_examples: tuple[tuple[str, tuple[str, ...]], ...] = ()  # per grader: where it varied
+
+    def variance_shares(self) -> dict[str, float]:
+        """Each grader's share of the final reward's within-group variance ({} with one grader, or
+        no variance)."""
+        if len(self.covariances) < 2 or self.variance <= 0:
+            return {}
+        return {name: c / self.variance for name, c in self.covariances}
 
     @property
     def zero_variance_share(self) -> float:
@@ -168,11 +181,15 @@ class StepSignal:
 
 
 def step_signal(
-    step: int, records: Sequence[TrajectoryRecord], bounds: tuple[float, float] | None = None
+    step: int,
+    records: Sequence[TrajectoryRecord],
+    bounds: tuple[float, float] | None = None,
+    weights: Mapping[str, float] | None = None,
 ) -> StepSignal:
     """Which of the step's groups give no policy gradient, which replies were cut off, which
     trajectories a grader could not score and (with the reward's ``bounds``, floor and ceiling)
-    how many scored trajectories sit at the floor or at the ceiling."""
+    how many scored trajectories sit at the floor or at the ceiling; with the graders' ``weights``
+    (1.0 for one not named), how the reward's variance within groups splits among the graders."""
     groups: dict[str, list[TrajectoryRecord]] = {}
     for r in records:
         groups.setdefault(r.group_id, []).append(r)
@@ -203,6 +220,7 @@ def step_signal(
     def share(ids: list[str]) -> float | None:
         return len(ids) / len(scored) if bounds is not None and scored else None
 
+    variance, covariances, varied = _variance_split(groups.values(), weights or {})
     return StepSignal(
         step=step,
         groups=len(groups),
@@ -219,7 +237,69 @@ def step_signal(
         at_ceiling=share(ceiling),
         floor_examples=tuple(floor[:EXAMPLES]),
         ceiling_examples=tuple(ceiling[:EXAMPLES]),
+        variance=variance,
+        covariances=covariances,
+        varied_examples=varied,
     )
+
+
+def _variance_split(
+    groups: Iterable[list[TrajectoryRecord]], weights: Mapping[str, float]
+) -> tuple[float, tuple[tuple[str, float], ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """The reward's within-group variance (sum of squares about each group's mean), each grader's
+    weighted component's covariance with it (an unscorable component adds 0, as in the reward's
+    sum) and, per grader, a trajectory (the best) of each of the first groups where it varied."""
+    names = sorted({n for members in groups for r in members for n in r.reward_components})
+    variance = 0.0
+    cov = dict.fromkeys(names, 0.0)
+    varied: dict[str, list[str]] = {n: [] for n in names}
+    for members in groups:
+        scored = [r for r in members if r.status == "success" and r.reward is not None]
+        if len(scored) < 2:
+            continue
+        rewards = [float(r.reward or 0.0) for r in scored]
+        mean = sum(rewards) / len(rewards)
+        variance += sum((v - mean) ** 2 for v in rewards)
+        best = max(scored, key=lambda r: float(r.reward or 0.0)).trajectory_id
+        for n in names:
+            parts = [weights.get(n, 1.0) * float(r.reward_components.get(n) or 0.0) for r in scored]
+            part_mean = sum(parts) / len(parts)
+            cov[n] += sum((p - part_mean) * (v - mean) for p, v in zip(parts, rewards, strict=True))
+            if max(parts) != min(parts) and len(varied[n]) < EXAMPLES:
+                varied[n].append(best)
+    return variance, tuple(cov.items()), tuple((n, tuple(ids)) for n, ids in varied.items())
+
+
+def dominance_warnings(window: Sequence[StepSignal], thresholds: SignalThresholds) -> list[StepWarning]:
+    """A warning (key ``dominant_component``) when, over ``window``, one grader's weighted component
+    carries more than ``thresholds.dominant_share`` of the final reward's variance within groups
+    (the variance GRPO's advantages are made of): the other graders barely steer training."""
+    variance = sum(s.variance for s in window)
+    cov: dict[str, float] = {}
+    examples: dict[str, list[str]] = {}
+    for s in window:
+        for name, c in s.covariances:
+            cov[name] = cov.get(name, 0.0) + c
+        for name, ids in s.varied_examples:
+            examples.setdefault(name, []).extend(ids)
+    if len(cov) < 2 or variance <= 0:
+        return []
+    name, top = max(cov.items(), key=lambda kv: kv[1])
+    share = top / variance
+    if share <= thresholds.dominant_share:
+        return []
+    others = ", ".join(n for n in cov if n != name)
+    return [
+        StepWarning(
+            "dominant_component",
+            f"{_span(window)}: grader {name} carries {share:.0%} of the final reward's variance within "
+            f"groups (above signal.dominant_share {thresholds.dominant_share:g}), so the policy is "
+            f"trained on {name} alone: the other graders ({others}) barely change which replies it "
+            "prefers. If that is not intended, check the graders' weights (plugins.graders[].weight) and "
+            f"whether the others can tell replies apart; see the metrics reward/<grader>/variance_share. "
+            f"{_examples(examples.get(name, []))}",
+        )
+    ]
 
 
 #: How close to the floor or ceiling (a share of the range between them) a reward counts as at it.

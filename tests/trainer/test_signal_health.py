@@ -23,6 +23,7 @@ from plugtune.trainer.health import (
     GraderScores,
     SignalThresholds,
     StepSignal,
+    dominance_warnings,
     saturation_warnings,
     step_signal,
     unscorable_warnings,
@@ -30,12 +31,13 @@ from plugtune.trainer.health import (
 )
 from plugtune.trainer.model import load_model
 from plugtune.trainer.testing import InProcessFunction
+from plugtune.types import TrajectoryRecord
 from tests.trainer import plugins as p
 from tests.trainer.test_grpo import make_trainer
 
 DEMO = Path(__file__).resolve().parents[2] / "plugtune" / "demo"
 #: The keys of the checks this file covers (the demo must raise none of them).
-NEW_KEYS = {"unscorable", "saturated"}
+NEW_KEYS = {"unscorable", "saturated", "dominant_component"}
 
 
 def graded(step: int, name: str, total: int, none: int) -> StepSignal:
@@ -149,6 +151,55 @@ async def test_a_reward_stuck_at_the_lowest_seen_warns_at_its_floor(tiny_model_p
     [warning] = [w for w in results[2].warnings if w.key == "saturated"]
     assert "steps 2-3: the reward sat at its floor (0, the lowest reward this run scored)" in warning.message
     assert warning_examples(warning.message)[0].startswith("s2-")
+
+
+def test_the_reward_variance_splits_among_the_weighted_graders() -> None:
+    from tests.trainer.test_signal_warnings import record
+
+    def scored(r: int, correct: float, style: float | None) -> TrajectoryRecord:
+        components = {"correct": correct, "style": style}
+        reward = 2.0 * correct + (style or 0.0)
+        return replace(record("s1-b0-p0", r, 0.0), reward=reward, reward_components=components)
+
+    # correct varies (weight 2), style is constant or unscorable: correct carries all the variance
+    records = [scored(0, 1.0, 0.5), scored(1, 0.0, 0.5), scored(2, 1.0, None), scored(3, 0.0, 0.5)]
+    signal = step_signal(1, records, weights={"correct": 2.0})
+    shares = signal.variance_shares()
+    assert abs(sum(shares.values()) - 1.0) < 1e-9  # the weighted components add up to the reward
+    assert shares["correct"] > 0.9 and signal.varied_examples[0] == ("correct", ("s1-b0-p0-r0",))
+    [warning] = dominance_warnings([signal], SignalThresholds())
+    assert warning.key == "dominant_component"
+    assert warning.message.startswith(f"step 1: grader correct carries {shares['correct']:.0%} of the final")
+    assert "the other graders (style)" in warning.message
+    assert warning_examples(warning.message) == ["s1-b0-p0-r0"]
+    # both varying alike: half each, no warning; one grader alone: nothing to compare
+    even = [scored(r, float(r % 2), float(r % 2) * 2.0) for r in range(4)]
+    weights = {"correct": 2.0}
+    assert step_signal(1, even, weights=weights).variance_shares() == {"correct": 0.5, "style": 0.5}
+    assert dominance_warnings([step_signal(1, even, weights=weights)], SignalThresholds()) == []
+    alone = [replace(r, reward_components={"correct": r.reward_components["correct"]}) for r in even]
+    assert step_signal(1, alone).variance_shares() == {}
+    assert dominance_warnings([step_signal(1, alone)], SignalThresholds()) == []
+
+
+@grader
+def steady(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    return 0.5
+
+
+@grader
+def first_wins(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    return 1.0 if trajectory.trajectory_id.endswith("-r0") else 0.0
+
+
+async def test_a_grader_that_never_varies_leaves_the_other_dominant(tiny_model_path: Path) -> None:
+    trainer = make_trainer(tiny_model_path, graders=[first_wins, steady], steps=1, max_new_tokens=4)
+    result = await trainer.step()
+    assert result.metrics["reward/steady/variance_share"] == 0.0
+    assert result.metrics["reward/first_wins/variance_share"] == pytest.approx(1.0)
+    [warning] = [w for w in result.warnings if w.key == "dominant_component"]
+    assert "grader first_wins carries 100% of the final reward's variance" in warning.message
+    assert set(warning_examples(warning.message)) <= {r.trajectory_id for r in result.records}
 
 
 async def demo_steps(steps: int) -> list[StepResult]:

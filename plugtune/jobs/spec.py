@@ -191,13 +191,17 @@ class DependencySpec(BaseModel):
         default=None,
         ge=DEPENDENCY_LIMITS["rpm"][0],
         le=DEPENDENCY_LIMITS["rpm"][1],
-        description="Requests per minute it allows (recorded; not enforced yet).",
+        description="Connections per minute its plugins may open to it, all instances and plugins of "
+        "the job together (under network policy-only; a kept-alive connection's later requests are "
+        "not counted).",
     )
     concurrency: int | None = Field(
         default=None,
         ge=DEPENDENCY_LIMITS["concurrency"][0],
         le=DEPENDENCY_LIMITS["concurrency"][1],
-        description="Requests in flight it allows (recorded; not enforced yet).",
+        description="Connections open to it at once (under HTTP/1.1: requests in flight), all "
+        "instances and plugins of the job together (under network policy-only); a 429 halves it "
+        "until calls succeed again.",
     )
     timeout_s: float | None = Field(
         default=None,

@@ -5,6 +5,12 @@ names a target (``"host port\\n"``); the bridge connects there only when one of 
 was given a policy at that address (``allow``) or the function declared it as a dependency
 (``declare``: job.yaml ``dependencies:``), else it refuses, with a log line. A plugin that talks to
 the socket itself can therefore reach its policy and declared services and nothing else.
+
+A connection to a declared dependency first waits for its :class:`~plugtune.runtime.budget.
+DependencyBudget` (``rpm``, ``concurrency``; shared by every bridge of the backend, so by every
+instance and plugin of the job): the budget counts connections, not requests (see that module for
+what this means with kept-alive connections). ``observe`` feeds each call's outcome back to it
+(a 429 halves the concurrency in use, successes add it back).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from plugtune.runtime.backend import Failed, Happened, Returned
+from plugtune.runtime.budget import Budgets, DependencyBudget
 from plugtune.runtime.dependencies import Dependency
 from plugtune.runtime.worker.network import HEADER_MAX, Splice
 from plugtune.runtime.zygote_client import worker_env
@@ -59,10 +67,12 @@ async def network_problem(mode: str) -> str | None:
 
 
 class PolicyBridge:
-    def __init__(self, log: Log) -> None:
+    def __init__(self, log: Log, budgets: Budgets | None = None) -> None:
         self.log = log
+        self.budgets = budgets if budgets is not None else Budgets()
         self.allowed: set[tuple[str, int]] = set()
         self.declared: dict[tuple[str, int], str] = {}  # (host, port) -> the dependency's name
+        self.by_name: dict[str, DependencyBudget] = {}
         self.seen: set[str] = set()
         self.folder = ""
         self.path = ""
@@ -81,8 +91,23 @@ class PolicyBridge:
     def declare(self, dependencies: Iterable[Dependency]) -> None:
         """Let the instances reach the function's declared dependencies (by their real host:port)."""
         for dep in dependencies:
+            if (dep.host, dep.port) not in self.declared:  # declared again after the decorator's: once
+                self.by_name[dep.name] = self.budgets.declare(dep)
             self.declared[(dep.host, dep.port)] = dep.name
             self.allowed.add((dep.host, dep.port))
+
+    def observe(self, result: Returned | Failed) -> None:
+        """A call's outcome, for the budgets' AIMD: a call rate limited by a dependency lowers its
+        concurrency in use; a call that returned raises those of this function's dependencies."""
+        if isinstance(result, Failed):
+            if result.happened is Happened.DEPENDENCY:
+                cause, _, rest = result.cause.partition("/")
+                budget = self.by_name.get(rest.partition("/")[0])
+                if budget is not None and cause == "rate limited":
+                    budget.rate_limited()
+            return
+        for budget in self.by_name.values():
+            budget.succeeded()
 
     def allow_args(self, args: Iterable[Any]) -> None:
         """Let the instances reach the policy a call is given (a set lookup once it is known)."""
@@ -123,6 +148,8 @@ class _Outbound(Splice):
         self.bridge = bridge
         self.head = b""
         self.connecting = False
+        self.budget: DependencyBudget | None = None  # held while the upstream connection is open
+        self.task: asyncio.Task[None] | None = None
 
     def data_received(self, data: bytes) -> None:
         if self.connecting:
@@ -142,13 +169,32 @@ class _Outbound(Splice):
             return
         if rest:
             self.pending.append(rest)
-        asyncio.get_running_loop().create_task(self._connect(target))
+        self.task = asyncio.get_running_loop().create_task(self._connect(target))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the plugin gave up while its connection waited for the budget
+        self._release()
+
+    def _release(self) -> None:
+        budget, self.budget = self.budget, None
+        if budget is not None:
+            budget.release()
 
     async def _connect(self, target: tuple[str, int]) -> None:
         loop = asyncio.get_running_loop()
+        budget = self.bridge.budgets.get(target) if target in self.bridge.declared else None
+        if budget is not None:
+            await budget.acquire()
+            if self.closed:
+                budget.release()
+                return
+            self.budget = budget
         try:
             _, upstream = await loop.create_connection(Splice, target[0], target[1])
         except OSError as exc:
+            self._release()
             name = self.bridge.declared.get(target)
             what = f"the dependency {name}" if name else "the policy"
             self.bridge.log(

@@ -4,7 +4,9 @@ job.yaml ``dependencies:`` (or ``Runtime.deploy(..., dependencies=...)``) names 
 ``name -> URL or host:port``, or ``name -> {url, rpm, concurrency, timeout_s}``. Under
 ``network: policy-only`` a function reaches the policy gateway and its declared dependencies only
 (``plugtune.runtime.worker.network``); a failed call on one is a ``Dependency error`` naming it.
-``rpm`` and ``concurrency`` are recorded (stored with the job) but not enforced yet.
+``rpm`` and ``concurrency`` are enforced per dependency for all instances and plugins of a runtime,
+on connections, in the supervisor's bridge (``plugtune.runtime.budget``); ``timeout_s`` is recorded
+(stored with the job) but not enforced yet.
 """
 
 from __future__ import annotations

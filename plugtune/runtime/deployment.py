@@ -446,6 +446,8 @@ class LocalDeployment:
         finally:
             watched.pop(request.call_id, None)
             self._wake()
+        if self.bridge is not None:
+            self.bridge.observe(result)
         if isinstance(result, Failed) and result.happened in RECYCLED:
             # its stray processes, or its full temp space, would fail the next calls too
             what = "pids limit" if result.happened is Happened.PIDS_LIMIT else "temp space is full"

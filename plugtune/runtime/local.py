@@ -10,6 +10,7 @@ import psutil
 
 from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.bridge import PolicyBridge, network_problem
+from plugtune.runtime.budget import Budgets
 from plugtune.runtime.dependencies import Dependency, parse_dependencies, wire
 from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import RLIMIT, InstanceLimits, Limits, pids_max, rlimits
@@ -62,6 +63,7 @@ class LocalBackend:
         self.zygotes = itertools.count(1)
         self.processes = ProcessTable()  # the process watch's view, where no pids cgroup counts
         self.unremoved: list[InstanceLimits] = []  # cgroups of ended instances still holding a process
+        self.budgets = Budgets()  # the declared dependencies' rpm/concurrency, shared by all functions
 
     async def deploy(self, request: DeployRequest) -> LocalDeployment:
         config = self.sandboxed(request)
@@ -71,7 +73,7 @@ class LocalBackend:
         # under the decorator's once known (started again where they allow more than it had). A
         # decorator that declares dependencies the job does not costs a restart too (the instances'
         # network is made for them).
-        bridge = PolicyBridge(lambda level, text: None)
+        bridge = PolicyBridge(lambda level, text: None, self.budgets)
         bridge.declare(request.dependencies)
         config["dependencies"] = wire(request.dependencies)
         asked = request.effective_runtime(Runtime())

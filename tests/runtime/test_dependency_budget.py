@@ -1,0 +1,146 @@
+"""Budgets of declared dependencies (issue 26.4): ``concurrency`` and ``rpm`` are shared by every
+instance and plugin deployed on a runtime and hold under a burst; a 429 halves the concurrency in
+use until calls succeed again (AIMD).
+
+A real judge (tests/judge_server.py, which counts its requests in progress) on 127.0.0.1, real
+graders calling it with httpx, through the real LocalRuntime (the supervisor's bridge enforces it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from plugtune.errors import PluginCallError
+from plugtune.runtime import LocalRuntime
+from plugtune.runtime.budget import DependencyBudget
+from plugtune.sdk import Context
+from tests.judge_server import judge
+from tests.runtime.helpers import entry, sample, trajectory
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    with judge() as running:
+        yield running
+
+
+@pytest.fixture
+async def rt() -> AsyncIterator[LocalRuntime]:
+    async with LocalRuntime() as runtime:
+        yield runtime
+
+
+def _url(server: ThreadingHTTPServer, path: str) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}/{path}"
+
+
+async def test_a_burst_of_64_calls_from_two_plugins_never_exceeds_the_declared_concurrency(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    judge_dep = {"judge": {"url": _url(server, ""), "concurrency": 4}}
+    plugins = [
+        await rt.deploy(
+            entry("judge.py", "asks_judge_logged"),
+            runtime={"max_concurrency": 16, "max_instances": 2},
+            dependencies=judge_dep,
+        )
+        for _ in range(2)
+    ]
+    calls = [
+        plugins[i % 2].invoke(
+            Context(job_id="j", trajectory_id=f"t{i}"), sample(url=_url(server, "wait/0.2")), trajectory()
+        )
+        for i in range(64)
+    ]
+    started = time.monotonic()
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls), 120)
+    took = time.monotonic() - started
+    assert [o.value for o in outcomes] == [0.75] * 64
+    assert server.requests == 64  # type: ignore[attr-defined]
+    assert server.peak == 4, server.peak  # type: ignore[attr-defined]  # never more, and used in full
+    assert took >= 64 * 0.2 / 4 * 0.9  # they really queued
+    instances = {x.instance_id for fn in plugins for x in fn.logs() if "asking the judge" in x.message}
+    assert len(instances) >= 2  # the budget held across instances (and the two plugins)
+
+
+async def test_rpm_bounds_the_connections_opened_in_a_minute(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    """rpm 4 and 6 calls at once: 4 reach the judge, the other 2 wait in the bridge until their
+    client's own 3 s timeout (the window frees a slot only 60 s after the first)."""
+    fn = await rt.deploy(
+        entry("judge.py", "asks_judge"),
+        runtime={"max_concurrency": 8, "max_instances": 1},
+        dependencies={"judge": {"url": _url(server, ""), "rpm": 4}},
+    )
+    calls = [
+        fn.invoke(Context(job_id="j", trajectory_id=f"t{i}"), sample(url=_url(server, "ok")), trajectory())
+        for i in range(6)
+    ]
+    results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+    values = [r.value for r in results if not isinstance(r, BaseException)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert values == [0.75] * 4
+    assert len(errors) == 2 and all(isinstance(e, PluginCallError) for e in errors)
+    assert {(e.type, e.cause) for e in errors} == {("Dependency error", "timeout")}, errors  # type: ignore[attr-defined]
+    assert server.requests == 4  # type: ignore[attr-defined]
+
+
+async def test_a_429_halves_the_concurrency_in_use_until_calls_succeed_again(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    fn = await rt.deploy(
+        entry("judge.py", "asks_judge_logged"),
+        runtime={"max_concurrency": 16, "max_instances": 1},
+        dependencies={"judge": {"url": _url(server, ""), "concurrency": 8}},
+    )
+    budget = rt.backend.budgets.get(("127.0.0.1", server.server_address[1]))  # type: ignore[union-attr]
+    assert budget is not None and budget.limit == 8
+    with pytest.raises(PluginCallError) as info:
+        await asyncio.wait_for(
+            fn.invoke(Context(job_id="j"), sample(url=_url(server, "429")), trajectory()), 30
+        )
+    assert info.value.cause == "rate limited"
+    assert budget.limit == 4 and budget.decreases == 1  # multiplicative decrease
+    before = server.peak  # type: ignore[attr-defined]
+    calls = [
+        fn.invoke(
+            Context(job_id="j", trajectory_id=f"t{i}"), sample(url=_url(server, "wait/0.3")), trajectory()
+        )
+        for i in range(4)
+    ]
+    # 8 calls: the first 4 run alone (the lowered limit), the next ones only as successes raise it
+    calls += [
+        fn.invoke(
+            Context(job_id="j", trajectory_id=f"u{i}"), sample(url=_url(server, "wait/0.3")), trajectory()
+        )
+        for i in range(4)
+    ]
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls), 60)
+    assert [o.value for o in outcomes] == [0.75] * 8
+    assert max(before, 1) <= server.peak <= 5, server.peak  # type: ignore[attr-defined]  # not the declared 8
+    for _ in range(40):  # additive increase: about one more per round of successes, up to 8
+        await asyncio.wait_for(
+            fn.invoke(Context(job_id="j"), sample(url=_url(server, "ok")), trajectory()), 30
+        )
+    assert budget.limit == 8
+
+
+async def test_a_budget_grants_in_order_and_gives_back_the_slot_of_a_cancelled_waiter() -> None:
+    budget = DependencyBudget("judge", concurrency=2, rpm=None)
+    await budget.acquire()
+    await budget.acquire()
+    third = asyncio.ensure_future(budget.acquire())
+    fourth = asyncio.ensure_future(budget.acquire())
+    await asyncio.sleep(0.01)
+    assert (third.done(), fourth.done(), budget.waiting) == (False, False, 2)
+    third.cancel()  # its plugin gave up
+    await asyncio.sleep(0)
+    budget.release()
+    await asyncio.wait_for(fourth, 5)
+    assert (budget.open, budget.peak, budget.waiting) == (2, 2, 0)

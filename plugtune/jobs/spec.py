@@ -510,6 +510,24 @@ class SignalSpec(BaseModel):
         "`reward/<grader>/variance_share`).",
     )
 
+    length_rise: float = Field(
+        default=0.2,
+        gt=0.0,
+        le=100.0,
+        allow_inf_nan=False,
+        description="Warn (`length_hacking`) when, between the halves of the last 10 steps, the replies "
+        "grew by this share or more (0.2: 20% longer; metric `response_length`) while the mean reward "
+        "fell by `reward_drop` of its range.",
+    )
+    reward_drop: float = Field(
+        default=0.1,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="The fall of the mean reward (a share of the reward's range over the same steps; "
+        "metric `reward/mean`) that, with replies grown by `length_rise`, makes `length_hacking` warn.",
+    )
+
     @field_validator("reward_floor", "reward_ceiling", mode="before")
     @classmethod
     def _whole_reward(cls, value: Any) -> Any:

@@ -37,6 +37,7 @@ from plugtune.trainer.health import (
     StepWarning,
     dominance_warnings,
     exploding_warnings,
+    length_warnings,
     logprob_noise,
     saturation_warnings,
     signal_warnings,
@@ -194,7 +195,7 @@ class GRPOTrainer:
 
     def _signal_warnings(self, signal: StepSignal) -> list[StepWarning]:
         """The reward-signal warnings over the last steps (no gradient, cut replies, unscorable,
-        dominant component), once
+        dominant component, length hacking), once
         the window holds SIGNAL_WINDOW steps (or every step this trainer runs, when it runs fewer);
         saturation once saturation_steps steps ran."""
         self.signals.append(signal)
@@ -210,6 +211,7 @@ class GRPOTrainer:
             *signal_warnings(window, self.config.max_new_tokens),
             *unscorable_warnings(window, self.thresholds),
             *dominance_warnings(window, self.thresholds),
+            *length_warnings(window, self.thresholds),
         ]
 
     async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:

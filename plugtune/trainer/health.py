@@ -116,6 +116,8 @@ class SignalThresholds:
     reward_floor: float | None = None  # the reward's lowest and highest possible values
     reward_ceiling: float | None = None  # (None: the lowest / highest this run has scored so far)
     dominant_share: float = 0.9  # one grader's share of the reward's within-group variance
+    length_rise: float = 0.2  # length hacking: replies this much longer (relative) in the window's
+    reward_drop: float = 0.1  # second half, while the mean reward fell by this share of its range
 
     def reward_bounds(self, seen_low: float | None, seen_high: float | None) -> tuple[float, float] | None:
         """The floor and ceiling saturation is measured against: the configured ones, else the
@@ -163,6 +165,11 @@ class StepSignal:
     variance: float = 0.0
     covariances: tuple[tuple[str, float], ...] = ()
     varied_examples: tuple[tuple[str, tuple[str, ...]], ...] = ()  # per grader: where it varied
+    length: float = 0.0  # mean reply length (tokens) of the trajectories with a reply
+    reward: float | None = None  # mean, lowest and highest scored reward (None: none scored)
+    reward_low: float | None = None
+    reward_high: float | None = None
+    long_examples: tuple[str, ...] = ()  # the longest replies
 
     def variance_shares(self) -> dict[str, float]:
         """Each grader's share of the final reward's within-group variance ({} with one grader, or
@@ -221,6 +228,8 @@ def step_signal(
         return len(ids) / len(scored) if bounds is not None and scored else None
 
     variance, covariances, varied = _variance_split(groups.values(), weights or {})
+    rewards = [float(r.reward) for r in scored if r.reward is not None]
+    longest = sorted(replies, key=lambda r: -len(r.response_ids))
     return StepSignal(
         step=step,
         groups=len(groups),
@@ -240,7 +249,53 @@ def step_signal(
         variance=variance,
         covariances=covariances,
         varied_examples=varied,
+        length=sum(len(r.response_ids) for r in replies) / len(replies) if replies else 0.0,
+        reward=sum(rewards) / len(rewards) if rewards else None,
+        reward_low=min(rewards) if rewards else None,
+        reward_high=max(rewards) if rewards else None,
+        long_examples=tuple(r.trajectory_id for r in longest[:EXAMPLES]),
     )
+
+
+#: The fewest steps the length-hacking check compares (two halves of two steps).
+LENGTH_STEPS = 4
+
+
+def length_warnings(window: Sequence[StepSignal], thresholds: SignalThresholds) -> list[StepWarning]:
+    """A warning (key ``length_hacking``) when, between the two halves of ``window`` (at least
+    LENGTH_STEPS steps), the replies grew by ``thresholds.length_rise`` or more (relative) while the
+    mean reward fell by ``thresholds.reward_drop`` or more of the reward's range in the window."""
+    steps = [s for s in window if s.reward is not None and s.length > 0]
+    if len(steps) < LENGTH_STEPS:
+        return []
+    half = len(steps) // 2
+    early, late = steps[:half], steps[half:]
+    length_before = sum(s.length for s in early) / len(early)
+    length_after = sum(s.length for s in late) / len(late)
+    reward_before = sum(s.reward or 0.0 for s in early) / len(early)
+    reward_after = sum(s.reward or 0.0 for s in late) / len(late)
+    low = min(s.reward_low for s in steps if s.reward_low is not None)
+    high = max(s.reward_high for s in steps if s.reward_high is not None)
+    rise = (length_after - length_before) / length_before
+    if high <= low or rise < thresholds.length_rise:
+        return []
+    drop = (reward_before - reward_after) / (high - low)
+    if drop < thresholds.reward_drop:
+        return []
+    return [
+        StepWarning(
+            "length_hacking",
+            f"{_span(steps)}: the replies grew {rise:.0%} longer (mean {length_before:.3g} to "
+            f"{length_after:.3g} tokens, steps {early[0].step}-{early[-1].step} vs "
+            f"{late[0].step}-{late[-1].step}) while the mean reward fell from {reward_before:.3g} to "
+            f"{reward_after:.3g} ({drop:.0%} of its range {low:.3g} to {high:.3g}; signal.length_rise "
+            f"{thresholds.length_rise:g}, signal.reward_drop {thresholds.reward_drop:g}): the policy is "
+            "learning to write more, not better (length hacking): a grader may reward length (a judge "
+            "that likes long answers, partial credit for any text), or long replies hit max_new_tokens "
+            "and fail. Read the longest replies; cap or penalise length; see the metrics "
+            f"response_length and reward/mean. {_examples([t for s in late[::-1] for t in s.long_examples])}",
+        )
+    ]
 
 
 def _variance_split(

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from plugtune import grader
+from plugtune import Policy, grader, rollout
 from plugtune.demo.plugins import grader as demo_grader
 from plugtune.demo.plugins import rollout as demo_rollout
 from plugtune.gateway import JobSampling, PolicyGateway
 from plugtune.jobs.validation import load_spec
 from plugtune.sdk import Context, Sample, Trajectory
+from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.groups import Plugins
 from plugtune.trainer.grpo import GRPOTrainer, StepResult
 from plugtune.trainer.health import (
@@ -24,20 +25,21 @@ from plugtune.trainer.health import (
     SignalThresholds,
     StepSignal,
     dominance_warnings,
+    length_warnings,
     saturation_warnings,
     step_signal,
     unscorable_warnings,
     warning_examples,
 )
 from plugtune.trainer.model import load_model
-from plugtune.trainer.testing import InProcessFunction
+from plugtune.trainer.testing import InProcessFunction, InProcessPolicyServer
 from plugtune.types import TrajectoryRecord
 from tests.trainer import plugins as p
-from tests.trainer.test_grpo import make_trainer
+from tests.trainer.test_grpo import ROWS, make_trainer
 
 DEMO = Path(__file__).resolve().parents[2] / "plugtune" / "demo"
 #: The keys of the checks this file covers (the demo must raise none of them).
-NEW_KEYS = {"unscorable", "saturated", "dominant_component"}
+NEW_KEYS = {"unscorable", "saturated", "dominant_component", "length_hacking"}
 
 
 def graded(step: int, name: str, total: int, none: int) -> StepSignal:
@@ -200,6 +202,52 @@ async def test_a_grader_that_never_varies_leaves_the_other_dominant(tiny_model_p
     [warning] = [w for w in result.warnings if w.key == "dominant_component"]
     assert "grader first_wins carries 100% of the final reward's variance" in warning.message
     assert set(warning_examples(warning.message)) <= {r.trajectory_id for r in result.records}
+
+
+def sized(step: int, length: float, reward: float) -> StepSignal:
+    ids = (f"s{step}-b0-p0-r0",)
+    return StepSignal(
+        step, 1, 0, 0, 4, 0, length=length, reward=reward, reward_low=0.0, reward_high=1.0, long_examples=ids
+    )
+
+
+def test_replies_growing_while_the_reward_falls_warn_of_length_hacking() -> None:
+    window = [sized(1, 10, 0.6), sized(2, 10, 0.6), sized(3, 14, 0.4), sized(4, 14, 0.4)]
+    [warning] = length_warnings(window, SignalThresholds())
+    assert warning.key == "length_hacking"
+    assert warning.message.startswith("steps 1-4: the replies grew 40% longer (mean 10 to 14 tokens")
+    assert "the mean reward fell from 0.6 to 0.4 (20% of its range 0 to 1" in warning.message
+    assert warning_examples(warning.message) == ["s4-b0-p0-r0", "s3-b0-p0-r0"]  # the latest first
+    rising = [sized(1, 10, 0.4), sized(2, 10, 0.4), sized(3, 14, 0.6), sized(4, 14, 0.6)]
+    assert length_warnings(rising, SignalThresholds()) == []  # longer and better: fine
+    slight = [sized(1, 10, 0.6), sized(2, 10, 0.6), sized(3, 11, 0.4), sized(4, 11, 0.4)]
+    assert length_warnings(slight, SignalThresholds()) == []  # 10% longer: below length_rise
+    assert length_warnings(window[:3], SignalThresholds()) == []  # too few steps to compare halves
+    assert length_warnings(window, SignalThresholds(reward_drop=0.3)) == []
+
+
+@rollout
+def longer_each_step(ctx: Context, policy: Policy, sample: Sample) -> None:
+    policy.chat(sample.messages, temperature=1.0, max_tokens=2 if ctx.step <= 2 else 12)
+
+
+@grader
+def prefers_short(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    return 1.0 / (1 + len(trajectory.completion))
+
+
+async def test_a_run_whose_replies_lengthen_while_its_reward_falls_warns(tiny_model_path: Path) -> None:
+    lm = load_model(tiny_model_path)
+    plugins = Plugins(rollout=InProcessFunction(longer_each_step), graders=[InProcessFunction(prefers_short)])
+    server = InProcessPolicyServer(lm.model, lm.tokenizer, seed=7)
+    config = TrainerConfig(steps=4, batch_size=2, group_size=4, max_new_tokens=12, learning_rate=1e-5)
+    trainer = GRPOTrainer(lm.model, lm.tokenizer, server, plugins, ROWS, config)
+    results = [await trainer.step() for _ in range(4)]
+    assert results[3].metrics["response_length"] > 1.2 * results[0].metrics["response_length"]
+    [warning] = [w for w in results[3].warnings if w.key == "length_hacking"]
+    assert warning.message.startswith("steps 1-4: the replies grew")
+    later = {r.trajectory_id for res in results[2:] for r in res.records}
+    assert warning_examples(warning.message) and set(warning_examples(warning.message)) <= later
 
 
 async def demo_steps(steps: int) -> list[StepResult]:

@@ -10,7 +10,9 @@ A call that failed on a dependency (``DependencyCallError``: the service's fault
 is retried under ``failure_policy.dependency`` instead: on the same instance (``PREFER_INSTANCE``),
 after an exponential backoff with jitter never shorter than the reply's ``Retry-After``, apart
 from ``max_attempts``; the circuit breaker does not count it. Once its tries or ``max_wait_s`` are
-used up the job fails with that error, which the scheduler retries like a platform error.
+used up the job fails with that error, which the scheduler retries like a platform error. A
+plugin's ``Retry`` raised on a dependency's failure (the worker reads its exception chain; the
+outcome's value names the dependency) gets the same backoff and bounds, then drops the sample.
 """
 
 from __future__ import annotations
@@ -168,18 +170,18 @@ class PolicyCaller:
         if error is not None:
             counts.examples.setdefault(cause, error)
 
-    def dependency_delay(self, error: DependencyCallError, tries: int, spent_s: float) -> float | None:
+    def dependency_delay(self, retry_after_s: float | None, tries: int, spent_s: float) -> float | None:
         """Seconds to wait before retrying a call whose ``tries``-th try failed on a dependency
         (``spent_s`` since its first failure), or None when ``failure_policy.dependency`` is used up:
         ``backoff_s * 2**(tries-1)`` capped at ``max_backoff_s``, drawn in its upper half (jitter),
-        at least the reply's ``Retry-After``."""
+        at least the reply's ``Retry-After`` (``retry_after_s``)."""
         policy: DependencyRetry = self.failure.dependency
         if tries >= policy.max_attempts:
             return None
         step = min(policy.backoff_s * 2 ** min(tries - 1, 60), policy.max_backoff_s)
         delay = step * (0.5 + 0.5 * self._rng.random())
-        if error.retry_after_s is not None:
-            delay = max(delay, error.retry_after_s)
+        if retry_after_s is not None:
+            delay = max(delay, retry_after_s)
         if spent_s + delay > policy.max_wait_s:
             return None
         return delay
@@ -210,7 +212,9 @@ class PolicyCaller:
                 if dependency_tries == 0:
                     first_dependency_failure = now
                 dependency_tries += 1
-                delay = self.dependency_delay(exc, dependency_tries, now - first_dependency_failure)
+                delay = self.dependency_delay(
+                    exc.retry_after_s, dependency_tries, now - first_dependency_failure
+                )
                 if delay is None:
                     policy = self.failure.dependency
                     reason = (
@@ -267,6 +271,28 @@ class PolicyCaller:
             reported = _STATUS_KINDS.get(outcome.status)
             if reported is None:
                 return outcome
+            if outcome.status == Status.RETRY.value and isinstance(outcome.value, dict):
+                # the plugin raised Retry on a dependency's failure: the dependency's backoff
+                tries = (dependency_tries + 1, self.failure.dependency.max_attempts)
+                error = status_error(StatusCause.RETRY, fn.spec.name, outcome, tries, ctx)
+                self._count_error(ctx.step, fn.spec.name, StatusCause.RETRY.value, error)
+                self.counts(ctx.step).dependency_errors[StatusCause.RETRY.value] += 1
+                now = time.monotonic()
+                if dependency_tries == 0:
+                    first_dependency_failure = now
+                dependency_tries += 1
+                after = outcome.value.get("retry_after_s")
+                delay = self.dependency_delay(
+                    float(after) if isinstance(after, (int, float)) else None,
+                    dependency_tries,
+                    now - first_dependency_failure,
+                )
+                if delay is None:
+                    return outcome  # used up: dropped, as any Retry is after its last try
+                await asyncio.sleep(delay)
+                self.dependency_waited_s += delay
+                attempt, self.retries, prefer = attempt + 1, self.retries + 1, outcome.instance_id
+                continue
             kind_of_status, cause = reported
             error = status_error(cause, fn.spec.name, outcome, (plugin_try, self.failure.max_attempts), ctx)
             self._count_error(ctx.step, fn.spec.name, cause.value, error)

@@ -126,9 +126,16 @@ def classify(
 
 
 def validate(kind: Kind, value: Any, group_size: int) -> tuple[str, Any, str]:
-    """``(status, value, reason)`` of an encoded return value, or raise :class:`InvalidReturn`."""
+    """``(status, value, reason)`` of an encoded return value, or raise :class:`InvalidReturn`. A
+    ``Retry`` raised on a dependency's failure has that as its value: ``{"cause", "name",
+    "retry_after_s", "message"}`` (None for any other status)."""
     if isinstance(value, dict) and value.get(TYPE_KEY) == "status":
-        return str(value["status"]), None, str(value.get("reason") or "")
+        dependency = value.get("dependency") if value.get("status") == "retry" else None
+        return (
+            str(value["status"]),
+            dependency if isinstance(dependency, dict) else None,
+            str(value.get("reason") or ""),
+        )
     if kind is Kind.ROLLOUT:
         return _rollout(value)
     if kind is Kind.GRADER:

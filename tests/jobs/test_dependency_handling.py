@@ -167,12 +167,41 @@ def test_the_backoff_doubles_with_jitter_is_capped_and_never_shorter_than_retry_
         ),
         rng=random.Random(7),
     )
-    plain = DependencyCallError(DependencyCause.SERVER_ERROR, "judge broke", dependency="judge")
     for tries, step in [(1, 1), (2, 2), (3, 4), (4, 4), (9, 4)]:
-        delays = [caller.dependency_delay(plain, tries, 0.0) for _ in range(200)]
+        delays = [caller.dependency_delay(None, tries, 0.0) for _ in range(200)]
         assert all(d is not None and step / 2 <= d <= step for d in delays), (tries, min(delays), max(delays))  # type: ignore[operator]
         assert max(delays) - min(delays) > step / 4  # type: ignore[operator]  # jittered, not fixed
-    assert caller.dependency_delay(plain, 10, 0.0) is None  # max_attempts used up
-    assert caller.dependency_delay(plain, 1, 999.8) is None  # max_wait_s used up
+    assert caller.dependency_delay(None, 10, 0.0) is None  # max_attempts used up
+    assert caller.dependency_delay(None, 1, 999.8) is None  # max_wait_s used up
     limited = DependencyCallError(DependencyCause.RATE_LIMITED, "429", dependency="judge", retry_after_s=7.5)
-    assert caller.dependency_delay(limited, 1, 0.0) == 7.5  # longer than max_backoff_s: Retry-After wins
+    assert (
+        caller.dependency_delay(limited.retry_after_s, 1, 0.0) == 7.5
+    )  # longer than max_backoff_s: Retry-After wins
+
+
+async def test_a_plugins_retry_on_its_judges_429_gets_the_dependency_backoff(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    fn = await rt.deploy(
+        entry("judge.py", "retries_when_judge_fails"),
+        dependencies={"judge": f"http://127.0.0.1:{server.server_address[1]}"},
+    )
+    caller = PolicyCaller(FailurePolicy())
+    outcome = await asyncio.wait_for(
+        caller(
+            fn, Context(job_id="j", trajectory_id="r"), sample(url=_url(server, "flaky/r/2")), trajectory()
+        ),
+        60,
+    )
+    assert (outcome.status, outcome.value) == ("success", 0.75)
+    arrivals = [t for t, path in server.log if path == "/flaky/r/2"]  # type: ignore[attr-defined]
+    assert len(arrivals) == 3
+    assert all(b - a >= 1.0 for a, b in zip(arrivals, arrivals[1:], strict=False)), (
+        arrivals
+    )  # each waited Retry-After
+    counts = caller.take_counts(0)
+    assert dict(counts.dependency_errors) == {"Status retry": 2}
+    assert counts.breaker_error(CircuitBreaker(min_calls=1)) is None  # 2 of 3 calls, yet not the plugin's
+    await asyncio.sleep(0.2)
+    tries = _tries(fn, "r")
+    assert len(tries) == 3 and len(set(tries)) == 1

@@ -86,7 +86,7 @@ class CallRunner:
 
     def _failure(self, call_id: str, exc: BaseException, metrics: dict[str, float]) -> list[Any]:
         if isinstance(exc, Retry):
-            return [OK, call_id, encode_status("retry", exc.reason), metrics]
+            return [OK, call_id, self._retry_status(exc), metrics]
         if isinstance(exc, Discard):
             return [OK, call_id, encode_status("discard", exc.reason), metrics]
         if isinstance(exc, asyncio.CancelledError):
@@ -108,6 +108,24 @@ class CallRunner:
                 kind = dependency_kind(finding.cause, finding.dependency, finding.retry_after_s())
                 message = finding.message()
         return [ERR, call_id, kind, message, user_traceback(exc, self.code_root), metrics]
+
+    def _retry_status(self, exc: BaseException) -> dict[str, Any]:
+        """A plugin's ``Retry``; raised on a dependency's failure (``raise Retry(...)`` in the
+        ``except`` block, or ``from`` it), it carries that dependency's cause, name and Retry-After,
+        so the job's caller backs off as it does for a Dependency error."""
+        status = encode_status("retry", exc.reason)  # type: ignore[attr-defined]
+        try:
+            finding = find(exc, self.code_root, self.declared, self.policy)
+        except Exception:  # noqa: BLE001 - reading a strange exception must not lose the status
+            finding = None
+        if finding is not None and not finding.policy_refused:
+            status["dependency"] = {
+                "cause": finding.cause,
+                "name": finding.dependency,
+                "retry_after_s": finding.retry_after_s(),
+                "message": finding.message(),
+            }
+        return status
 
     def _exit_like(self, exc: BaseException) -> None:
         """``sys.exit`` in plugin code ends the instance, as it would any Python process."""

@@ -73,3 +73,54 @@ def test_a_judges_500_fails_the_run_as_a_dependency_error_retried_automatically(
     finally:
         store.close()
     assert requests >= 2  # each attempt really called the judge
+
+
+FLAKY = """
+import httpx
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    # each trajectory's first two requests are answered 429 (Retry-After: 1), the third 200
+    reply = httpx.post("{url}/flaky/" + ctx.trajectory_id + "/2", json={{}}, timeout=15)
+    reply.raise_for_status()
+    return float(reply.json()["score"])
+"""
+
+
+@pytest.mark.slow
+def test_a_short_429_storm_is_ridden_out_with_backoff_and_the_breaker_holds(
+    tmp_path: Path, home: Settings
+) -> None:
+    """Every grader call of a real run is rate limited twice before the judge answers: the job
+    succeeds with every trajectory scored, its calls waited the judge's Retry-After, and the breaker
+    (which trips above half of a step's calls) did not count the 429s."""
+    with judge() as server:
+        port = server.server_address[1]
+        job_file = make_job(
+            tmp_path / "storm",
+            grader=FLAKY.format(url=f"http://127.0.0.1:{port}"),
+            hyper={"steps": 1, "batch_size": 4, "group_size": 2},
+            extra={"dependencies": {"judge": {"url": f"http://127.0.0.1:{port}", "concurrency": 4}}},
+        )
+        result = runner.invoke(app, ["run", str(job_file)])
+        log = list(server.log)  # type: ignore[attr-defined]
+        peak = server.peak  # type: ignore[attr-defined]
+    assert result.exit_code == 0, result.output
+    paths = sorted({path for _, path in log})
+    assert len(paths) == 8 and len(log) == 24, (paths, len(log))  # 8 trajectories, 3 requests each
+    for path in paths:
+        times = [t for t, p in log if p == path]
+        assert all(b - a >= 1.0 for a, b in zip(times, times[1:], strict=False)), (path, times)
+    assert peak <= 4
+    store = Store.open(home.database_url)
+    try:
+        job = store.get_job(1)
+        assert job is not None and job.status == "succeeded"
+        assert len(store.trajectories(1, status="failed")) == 0
+        failed = store.metrics(1, names=["plugin/failed_calls/rate limited"]).get(
+            "plugin/failed_calls/rate limited"
+        )
+        assert failed and sum(p.value for p in failed) == 16, failed
+    finally:
+        store.close()

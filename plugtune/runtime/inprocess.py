@@ -8,7 +8,9 @@ runs in the caller; each sync call runs in a forked child of it (:mod:`.forked`)
 GIL (which would stop the caller's event loop, and its timeouts, if the call ran on a thread here).
 As in the function runtime, the child runs the call on its main thread with ``max_concurrency: 1``
 (signal handlers work: math-verify's timeouts) and on a thread otherwise. ``async def`` calls run
-on the caller's event loop.
+on the caller's event loop. A plugin whose import or ``setup()`` started CUDA (a reward model on the
+GPU) keeps its sync calls on threads here, as before, since a fork cannot use the caller's CUDA: a
+timeout still reports them, but cannot end one that holds the GIL (``plugtune test --faas`` can).
 """
 
 from __future__ import annotations
@@ -18,18 +20,18 @@ import collections
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
 from plugtune.runtime.forked import ChildDied, ChildError, Send, run_forked
 from plugtune.runtime.runtime import BaseRuntime
+from plugtune.runtime.shared_env import SharedEnviron, function_env
 from plugtune.runtime.worker.loader import LoadError, Plugin, load, signal_error_in, user_traceback
-from plugtune.runtime.worker.zygote import is_loader_variable
 from plugtune.sdk import Discard, Kind, PluginSpec, Retry, Runtime
 from plugtune.types import LogLine
 
@@ -77,6 +79,44 @@ def _exit_safe(fn: Any, ctx: Any, args: tuple[Any, ...]) -> Any:
         raise PluginExit(exc) from None
 
 
+def is_cuda_initialized() -> bool:
+    """Has this process started CUDA (through torch)? A forked child cannot use it then."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a broken or partial torch: no CUDA to speak of
+        return False
+
+
+async def run_on_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a new daemon thread; cancelling the await abandons the thread (it cannot be
+    killed, and a call that holds the GIL stops this process's event loop until it returns)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if done.done():  # timed out (cancelled) before the function returned
+            return
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(value)
+
+    def work() -> None:
+        value, error = None, None
+        try:
+            value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the caller's loop is closed: nobody waits for this call any more
+            pass
+
+    threading.Thread(target=work, name="plugtune-inproc-call", daemon=True).start()
+    return await done
+
+
 def _returned(value: Any, ctx: Any) -> Returned:
     return Returned(p.encode_result(value), ctx.metrics, [], "in-process", 0.0)
 
@@ -93,64 +133,6 @@ def signal_hint(exc: BaseException, max_concurrency: int) -> str:
         "signal-based timeouts such as math-verify's: set max_concurrency: 1 in its Runtime so that "
         f"every call runs on the instance's main thread, and scale with max_instances instead{cause})"
     )
-
-
-class SharedEnviron:
-    """The functions' ``env`` (job.yaml ``env:``/``secrets:``) in this process while their code runs
-    here (the import, ``setup()``, ``async def`` calls), put back as it was once none runs: the
-    caller keeps its own environment. A sync call sets it in its forked child only."""
-
-    def __init__(self) -> None:
-        self.holders: dict[str, int] = {}
-        self.saved: dict[str, str | None] = {}
-        self.values: dict[str, str] = {}  # what each name was given: every function must agree
-
-    def check(self, env: Mapping[str, str]) -> None:
-        """DeployFailed when ``env`` gives a name another value than a function deployed before."""
-        clash = sorted(k for k, v in env.items() if self.values.get(k, v) != v)
-        if clash:
-            raise DeployFailed(
-                f"env: {', '.join(clash)} differs from another function's: in-process, every function "
-                "shares this process's environment; give them the same env, or use the function "
-                "runtime (`plugtune test --faas`)"
-            )
-        self.values.update(env)
-
-    @contextmanager
-    def held(self, env: Mapping[str, str]) -> Iterator[None]:
-        for name, value in env.items():
-            if not self.holders.get(name):
-                self.saved[name] = os.environ.get(name)
-            self.holders[name] = self.holders.get(name, 0) + 1
-            os.environ[name] = value
-        try:
-            yield
-        finally:
-            for name in env:
-                self.holders[name] -= 1
-                if self.holders[name] == 0:
-                    del self.holders[name]
-                    old = self.saved.pop(name)
-                    if old is None:
-                        os.environ.pop(name, None)
-                    else:
-                        os.environ[name] = old
-
-
-def function_env(env: Mapping[str, str]) -> dict[str, str]:
-    """What a function's ``env`` sets, as the function runtime's worker applies it: never HOME,
-    TMPDIR or PLUGTUNE_*; DeployFailed naming loader and interpreter variables (LD_*, PYTHON*)."""
-    refused = sorted(name for name in env if is_loader_variable(name))
-    if refused:
-        raise DeployFailed(
-            f"env: {', '.join(refused)} refused: loader and interpreter variables (LD_*, PYTHON*, "
-            "MALLOC_*, GCONV_PATH, GLIBC_TUNABLES, ...) change how the platform's own processes run; "
-            "remove them from job.yaml env:/secrets: (or deploy(env=...)) and set what the plugin "
-            "needs in its own code"
-        )
-    return {
-        k: str(v) for k, v in env.items() if k not in ("HOME", "TMPDIR") and not k.startswith("PLUGTUNE_")
-    }
 
 
 class InProcessDeployment:
@@ -173,6 +155,7 @@ class InProcessDeployment:
         self.semaphore = asyncio.Semaphore(runtime.max_concurrency)
         self.log_lines: collections.deque[LogLine] = collections.deque(maxlen=MAX_LOG_LINES)
         self.in_flight = 0
+        self.holds_cuda = False  # its import or setup() started CUDA here, which a fork cannot use
 
     async def invoke(self, request: CallRequest) -> Returned | Failed:
         p.encode_args(self.spec.kind, request.args)  # the same argument checks as the local backend
@@ -214,6 +197,9 @@ class InProcessDeployment:
         elif fault == "nan" and self.spec.kind is not Kind.ROLLOUT:
             n = len(request.args[1]) if self.spec.kind is Kind.GROUP_GRADER else 0
             return _returned([float("nan")] * n if n else float("nan"), ctx)
+        if not self.spec.is_async and self.holds_cuda:  # a timeout cannot end a call that holds the GIL
+            with self.environ.held(self.env):
+                return _returned(await run_on_daemon_thread(self._call_sync, ctx, request.args), ctx)
         if not self.spec.is_async:
             return await self._call_in_child(ctx, request.args, handler)
         try:
@@ -281,6 +267,12 @@ class InProcessDeployment:
             return Failed(Happened.MEMORY_ERROR, text, logs, tb)
         if not self.spec.is_async:
             text += signal_hint(exc, self.runtime.max_concurrency)
+        if "Cannot re-initialize CUDA in forked subprocess" in text:
+            text += (
+                " (in-process, each sync call runs in a forked child of this process, which cannot use "
+                "CUDA once this process has (the policy's model): load the model in setup(), so that "
+                "its calls run on threads here, or test it with `plugtune test --faas`)"
+            )
         return Failed(Happened.RAISED, text, logs, tb)
 
     async def scale(self, instances: int) -> None:
@@ -309,10 +301,15 @@ class InProcessBackend:
         """Import the plugin and run its ``setup()`` here, with its ``env`` set while they run."""
         env = function_env(request.env)
         self.environ.check(env)
+        cuda_before = is_cuda_initialized()
         with self.environ.held(env):
             plugin = await _load(request)
         runtime = request.effective_runtime(plugin.spec.runtime)
-        return InProcessDeployment(plugin, runtime, request.entry, str(request.code_root), env, self.environ)
+        deployment = InProcessDeployment(
+            plugin, runtime, request.entry, str(request.code_root), env, self.environ
+        )
+        deployment.holds_cuda = is_cuda_initialized() and not cuda_before
+        return deployment
 
     async def close(self) -> None:
         return None

@@ -33,6 +33,7 @@ from plugtune.jobs.validation_rows import read_dataset
 from plugtune.settings import Settings
 from plugtune.store import Store, StoreWriter
 from plugtune.trainer.evaluation import Evaluator
+from plugtune.trainer.health import EvalPoint, eval_point, eval_warnings
 from plugtune.trainer.tracking import CallSpans, Trackers
 from plugtune.types import LogLine, MetricPoint
 
@@ -275,6 +276,9 @@ class _Loop:
     warned: set[str] = dataclasses.field(default_factory=set)  # warning keys shown this attempt
     trackers: Trackers | None = None  # TensorBoard (and W&B) get every step's metrics
     evaluator: Evaluator | None = None  # of data.validation, when the job has one
+    last_eval: EvalPoint | None = None  # this attempt's latest evaluation, for the next to compare with
+    # (step, reward/mean, response_length) of the steps trained since last_eval
+    train_points: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
 
     async def run(self) -> None:
         """Train the remaining steps, writing each step's records before the next starts; when the
@@ -306,6 +310,10 @@ class _Loop:
             logs, points = self.drain.take()
             writer.add_trajectories([dataclasses.replace(r, code_hash=self.hashes) for r in result.records])
             writer.add_metrics(_training_points(result.step, result.metrics))
+            m = result.metrics
+            self.train_points.append(
+                (result.step, m.get("reward/mean", math.nan), m.get("response_length", 0.0))
+            )
             if self.trackers is not None:
                 self.trackers.log(result.step, {**result.metrics, **counts.plugin_metrics.flat()})
             writer.add_metrics(points)
@@ -343,8 +351,19 @@ class _Loop:
         logs, points = self.drain.take()
         writer.add_logs(logs)
         writer.add_metrics(points)
+        writer.add_logs(self._new_warnings(self._eval_warnings(step, result.records)))
         writer.flush()
         _check_breaker(counts, self.spec.circuit_breaker)
+
+    def _eval_warnings(self, step: int, records: list[Any]) -> list[Any]:
+        """Eval pass@1 falling since the attempt's previous evaluation while the train reward did not
+        (``eval_divergence``), or while the replies grew (``length_hacking``)."""
+        now = eval_point(step, records, self.spec.eval.pass_threshold)
+        before, self.last_eval = self.last_eval, now
+        train, self.train_points = self.train_points, []
+        if before is None:
+            return []
+        return eval_warnings(before, now, train, self.spec.signal.thresholds())
 
     def _why_stopped(self, exc: BaseException) -> BaseException:
         """SIGTERM (the task cancelled) is the user's cancel only when the store holds the request;

@@ -528,6 +528,16 @@ class SignalSpec(BaseModel):
         "metric `reward/mean`) that, with replies grown by `length_rise`, makes `length_hacking` warn.",
     )
 
+    eval_drop: float = Field(
+        default=0.05,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Warn (`eval_divergence`, or `length_hacking` when the greedy replies grew by "
+        "`length_rise`) when eval pass@1 fell by at least this much (and by more than twice its "
+        "standard error) between two evaluations while the train reward did not fall.",
+    )
+
     @field_validator("reward_floor", "reward_ceiling", mode="before")
     @classmethod
     def _whole_reward(cls, value: Any) -> Any:

@@ -8,6 +8,7 @@ was measured, why it matters and what to do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -118,6 +119,7 @@ class SignalThresholds:
     dominant_share: float = 0.9  # one grader's share of the reward's within-group variance
     length_rise: float = 0.2  # length hacking: replies this much longer (relative) in the window's
     reward_drop: float = 0.1  # second half, while the mean reward fell by this share of its range
+    eval_drop: float = 0.05  # a fall of eval pass@1 between two evaluations that counts
 
     def reward_bounds(self, seen_low: float | None, seen_high: float | None) -> tuple[float, float] | None:
         """The floor and ceiling saturation is measured against: the configured ones, else the
@@ -491,3 +493,84 @@ def warning_examples(message: str) -> list[str]:
 
 def _examples(ids: list[str]) -> str:
     return f"{_EXAMPLES_SAID}{', '.join(ids[:EXAMPLES])}." if ids else ""
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """One evaluation's greedy pass@1 (see ``eval_point``), for comparing two evaluations."""
+
+    step: int
+    rows: int  # held-out rows whose greedy reply was scored
+    passed: frozenset[int]  # their indices (sample_index) whose reply passed
+    failed: tuple[tuple[int, str], ...]  # (row index, greedy trajectory id) of those that did not
+    length: float  # mean greedy reply length (tokens)
+
+    @property
+    def pass_at_1(self) -> float:
+        return len(self.passed) / self.rows if self.rows else 0.0
+
+
+def eval_point(step: int, records: Sequence[TrajectoryRecord], pass_threshold: float) -> EvalPoint:
+    """The greedy pass@1 of an evaluation's records (``eval-greedy-`` groups; a reply passes when its
+    reward is at least ``pass_threshold``; unscored ones are left out, as eval/pass@1 does)."""
+    greedy = [r for r in records if r.group_id.startswith("eval-greedy-")]
+    scored = [r for r in greedy if r.reward is not None]
+    passed = frozenset(r.sample_index for r in scored if (r.reward or 0.0) >= pass_threshold)
+    failed = tuple((r.sample_index, r.trajectory_id) for r in scored if r.sample_index not in passed)
+    length = sum(len(r.response_ids) for r in greedy) / len(greedy) if greedy else 0.0
+    return EvalPoint(step, len(scored), passed, failed, length)
+
+
+def eval_warnings(
+    before: EvalPoint,
+    now: EvalPoint,
+    train: Sequence[tuple[int, float, float]],
+    thresholds: SignalThresholds,
+) -> list[StepWarning]:
+    """Warnings when eval pass@1 fell between two evaluations by ``thresholds.eval_drop`` or more
+    (and by more than twice its standard error): key ``eval_divergence`` while the train reward
+    did not fall over the steps between them (``train``: (step, reward/mean, response_length)),
+    key ``length_hacking`` while the replies grew by ``thresholds.length_rise`` or more."""
+    if not (before.rows and now.rows):
+        return []
+    p0, p1 = before.pass_at_1, now.pass_at_1
+    noise = 2 * math.sqrt(p0 * (1 - p0) / before.rows + p1 * (1 - p1) / now.rows)
+    fall = p0 - p1
+    if fall < thresholds.eval_drop or fall <= noise:
+        return []
+    lost = [t for i, t in now.failed if i in before.passed]  # passed before, fail now
+    said = (
+        f"eval at step {now.step}: greedy pass@1 on the held-out rows fell from {p0:.3g} to {p1:.3g} "
+        f"since step {before.step} ({len(lost)} rows that passed then fail now; signal.eval_drop "
+        f"{thresholds.eval_drop:g})"
+    )
+    out: list[StepWarning] = []
+    points = [t for t in train if before.step < t[0] <= now.step and math.isfinite(t[1])]
+    if len(points) >= 2:
+        half = len(points) // 2
+        early = sum(t[1] for t in points[:half]) / half
+        late = sum(t[1] for t in points[half:]) / (len(points) - half)
+        if late >= early:
+            out.append(
+                StepWarning(
+                    "eval_divergence",
+                    f"{said} while the train reward did not fall (mean {early:.3g} over steps "
+                    f"{points[0][0]}-{points[half - 1][0]}, {late:.3g} over steps {points[half][0]}-"
+                    f"{points[-1][0]}): training and held-out results diverge. The policy may be "
+                    "fitting the training rows (too few, or unlike the validation rows) or exploiting "
+                    "a grader that rewards something the eval's pass threshold does not; compare the "
+                    f"metrics reward/mean and eval/pass@1. {_examples(lost)}",
+                )
+            )
+    if before.length > 0 and (now.length - before.length) / before.length >= thresholds.length_rise:
+        out.append(
+            StepWarning(
+                "length_hacking",
+                f"{said} while its greedy replies grew {(now.length - before.length) / before.length:.0%} "
+                f"longer (mean {before.length:.3g} to {now.length:.3g} tokens; signal.length_rise "
+                f"{thresholds.length_rise:g}): the policy is learning to write more, not better. Read "
+                "the longest replies; cap or penalise length; see the metrics eval/response_length and "
+                f"eval/pass@1. {_examples(lost)}",
+            )
+        )
+    return out

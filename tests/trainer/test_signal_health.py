@@ -15,16 +15,21 @@ from plugtune import Policy, grader, rollout
 from plugtune.demo.plugins import grader as demo_grader
 from plugtune.demo.plugins import rollout as demo_rollout
 from plugtune.gateway import JobSampling, PolicyGateway
-from plugtune.jobs.validation import load_spec
+from plugtune.jobs.demo import demo_job_file
+from plugtune.jobs.evaluate import build_evaluator
+from plugtune.jobs.validation import validate_job
 from plugtune.sdk import Context, Sample, Trajectory
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.groups import Plugins
 from plugtune.trainer.grpo import GRPOTrainer, StepResult
 from plugtune.trainer.health import (
+    EvalPoint,
     GraderScores,
     SignalThresholds,
     StepSignal,
     dominance_warnings,
+    eval_point,
+    eval_warnings,
     length_warnings,
     saturation_warnings,
     step_signal,
@@ -32,6 +37,7 @@ from plugtune.trainer.health import (
     warning_examples,
 )
 from plugtune.trainer.model import load_model
+from plugtune.trainer.protocols import call_once
 from plugtune.trainer.testing import InProcessFunction, InProcessPolicyServer
 from plugtune.types import TrajectoryRecord
 from tests.trainer import plugins as p
@@ -39,7 +45,7 @@ from tests.trainer.test_grpo import ROWS, make_trainer
 
 DEMO = Path(__file__).resolve().parents[2] / "plugtune" / "demo"
 #: The keys of the checks this file covers (the demo must raise none of them).
-NEW_KEYS = {"unscorable", "saturated", "dominant_component", "length_hacking"}
+NEW_KEYS = {"unscorable", "saturated", "dominant_component", "length_hacking", "eval_divergence"}
 
 
 def graded(step: int, name: str, total: int, none: int) -> StepSignal:
@@ -250,9 +256,11 @@ async def test_a_run_whose_replies_lengthen_while_its_reward_falls_warns(tiny_mo
     assert warning_examples(warning.message) and set(warning_examples(warning.message)) <= later
 
 
-async def demo_steps(steps: int) -> list[StepResult]:
-    """The demo job (plugtune/demo/job.yaml, its settings and signal thresholds) for ``steps`` steps."""
-    spec = load_spec(DEMO / "job.yaml")
+async def demo_steps(steps: int) -> tuple[list[StepResult], list[EvalPoint]]:
+    """The demo job (plugtune/demo/job.yaml: its settings, plugins, signal thresholds and held-out
+    rows) for ``steps`` steps, evaluated greedily before and after them as its job does."""
+    job = validate_job(demo_job_file())
+    spec = job.spec
     config = replace(spec.hyperparameters, steps=steps)
     lm = load_model(DEMO / "model")
     rows: list[dict[str, Any]] = [
@@ -266,15 +274,23 @@ async def demo_steps(steps: int) -> list[StepResult]:
         trainer = GRPOTrainer(
             lm.model, lm.tokenizer, gateway, plugins, rows, config, signal=spec.signal.thresholds()
         )
-        return [await trainer.step() for _ in range(steps)]
+        evaluator = build_evaluator(job, gateway, plugins, call_once, "")
+        threshold = spec.eval.pass_threshold
+        before = eval_point(0, (await evaluator.run(0, 0)).records, threshold)
+        results = [await trainer.step() for _ in range(steps)]
+        after = eval_point(steps, (await evaluator.run(steps, steps)).records, threshold)
+        return results, [before, after]
 
 
 async def test_the_demo_jobs_first_steps_raise_no_signal_warning() -> None:
-    results = await demo_steps(20)
+    results, (before, after) = await demo_steps(20)
     keys = {w.key for r in results for w in r.warnings}
     assert not keys & (NEW_KEYS | {"no_gradient", "truncated"}), [w for r in results for w in r.warnings]
     assert all(r.metrics["grader/exact_match/unscorable_share"] == 0.0 for r in results)
     assert max(r.metrics["reward/at_floor_share"] for r in results[1:]) < 0.95  # it learns from step 1
+    train = [(r.step, r.metrics["reward/mean"], r.metrics["response_length"]) for r in results]
+    assert before.rows == after.rows == 250
+    assert eval_warnings(before, after, train, validate_job(demo_job_file()).spec.signal.thresholds()) == []
 
 
 pytestmark = pytest.mark.skipif(

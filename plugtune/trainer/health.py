@@ -1,6 +1,8 @@
 """Warnings about steps that trained, but not on what the user thinks: pure functions of their
 metrics and records (off-policy samples, dropped tokens, exploding weights or gradients, groups
-without a gradient, cut replies).
+without a gradient, cut replies) and the reward-signal checks (a grader's unscorable share, a reward
+saturated at its ceiling or floor, one grader carrying the reward's variance, length hacking, eval
+pass@1 falling while training does not), whose thresholds are job.yaml's ``signal:`` block.
 
 Each warning has a key (the jobs layer shows a key once per attempt) and a message that says what
 was measured, why it matters and what to do.
@@ -25,7 +27,9 @@ HALF_PRECISION_NOISE = 2e-2
 
 @dataclass(frozen=True)
 class StepWarning:
-    key: str  # logprob_gap | history_rewrites | exploding | no_gradient | truncated
+    # logprob_gap | history_rewrites | exploding | no_gradient | truncated | unscorable | saturated
+    # | dominant_component | length_hacking | eval_divergence
+    key: str
     message: str
 
 

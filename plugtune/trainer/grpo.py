@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import copy
 import logging
-import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,19 +30,14 @@ from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
 from plugtune.trainer.health import (
-    SIGNAL_WINDOW,
+    SignalMonitor,
     SignalThresholds,
     StepSignal,
     StepWarning,
-    dominance_warnings,
     exploding_warnings,
-    length_warnings,
     logprob_noise,
-    saturation_warnings,
-    signal_warnings,
-    step_signal,
+    signal_metrics,
     step_warnings,
-    unscorable_warnings,
 )
 from plugtune.trainer.objective import LossParts
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
@@ -115,11 +109,7 @@ class GRPOTrainer:
         self._next: _Rollouts | None = None  # the next step's rollouts, started while this one trained
         self._last_end: float | None = None
         self.step_count = 0
-        self.thresholds = signal if signal is not None else SignalThresholds()  # job.yaml's signal:
-        # the last steps' reward signal (as many as the longest check looks back over)
-        self.signals: deque[StepSignal] = deque(maxlen=max(SIGNAL_WINDOW, self.thresholds.saturation_steps))
-        self._seen: tuple[float, float] | None = None  # the lowest and highest reward scored so far
-        self._first_step: int | None = None  # the first step this trainer ran (after a resume: later)
+        self.monitor = SignalMonitor(signal, config.steps)  # job.yaml's signal: thresholds, the last steps
         checkpoint.seed_everything(config.seed)
         server.set_policy_version(self.step_count)
 
@@ -161,7 +151,7 @@ class GRPOTrainer:
             raise
         self.step_count = step
 
-        signal = step_signal(step, records, self._reward_bounds(records), self.runner.plugins.weights())
+        signal = self.monitor.measure(step, records, self.runner.plugins.weights())
         metrics = _metrics(records, parts, grad_norm, signal)
         metrics["weights/max_abs"] = _largest_trained_weight(self.model)
         ended = time.perf_counter()
@@ -179,40 +169,14 @@ class GRPOTrainer:
         warnings = [
             *step_warnings(step, metrics, noise, self.config.top_p),
             *exploding_warnings(step, metrics, self.config.learning_rate),
-            *self._signal_warnings(signal),
+            *self.monitor.warnings(signal, self.config.max_new_tokens),
         ]
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
-    def _reward_bounds(self, records: list[TrajectoryRecord]) -> tuple[float, float] | None:
-        """The reward's floor and ceiling after this step (job.yaml's, or the extremes scored so far
-        by this trainer)."""
-        scored = [r.reward for r in records if r.status == "success" and r.reward is not None]
-        scored = [v for v in scored if math.isfinite(v)]
-        if scored:
-            low, high = self._seen or (min(scored), max(scored))
-            self._seen = (min(low, *scored), max(high, *scored))
-        return self.thresholds.reward_bounds(*(self._seen or (None, None)))
-
-    def _signal_warnings(self, signal: StepSignal) -> list[StepWarning]:
-        """The reward-signal warnings over the last steps (no gradient, cut replies, unscorable,
-        dominant component, length hacking), once
-        the window holds SIGNAL_WINDOW steps (or every step this trainer runs, when it runs fewer);
-        saturation once saturation_steps steps ran."""
-        self.signals.append(signal)
-        if self._first_step is None:
-            self._first_step = signal.step
-        runs = self.config.steps - self._first_step + 1
-        saturated = saturation_warnings(list(self.signals), self.thresholds)
-        window = list(self.signals)[-SIGNAL_WINDOW:]
-        if len(window) < min(SIGNAL_WINDOW, runs):
-            return saturated
-        return [
-            *saturated,
-            *signal_warnings(window, self.config.max_new_tokens),
-            *unscorable_warnings(window, self.thresholds),
-            *dominance_warnings(window, self.thresholds),
-            *length_warnings(window, self.thresholds),
-        ]
+    @property
+    def signals(self) -> deque[StepSignal]:
+        """The last steps' reward signal (as many as the longest check looks back over)."""
+        return self.monitor.signals
 
     async def train(self, checkpoint_dir: Path | None = None) -> AsyncIterator[StepResult]:
         """Run the remaining steps, writing a checkpoint every ``save_every_n_steps``."""
@@ -417,13 +381,7 @@ def _metrics(
     }
     for name in sorted({n for r in records for n in r.reward_components}):
         out[f"reward/{name}"] = summary([r.reward_components.get(name) for r in records])["mean"]
-    for g in signal.graders:
-        out[f"grader/{g.name}/unscorable_share"] = g.unscorable_share
-    if signal.at_floor is not None and signal.at_ceiling is not None:
-        out["reward/at_floor_share"] = signal.at_floor
-        out["reward/at_ceiling_share"] = signal.at_ceiling
-    for name, share in signal.variance_shares().items():
-        out[f"reward/{name}/variance_share"] = share
+    out.update(signal_metrics(signal))
     for cause, count in Counter(e.cause for r in records for e in r.errors).items():
         out[f"plugin/errors/{cause}"] = float(count)
     if parts is not None:

@@ -11,6 +11,7 @@ was measured, why it matters and what to do.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -497,6 +498,71 @@ def warning_examples(message: str) -> list[str]:
 
 def _examples(ids: list[str]) -> str:
     return f"{_EXAMPLES_SAID}{', '.join(ids[:EXAMPLES])}." if ids else ""
+
+
+class SignalMonitor:
+    """The reward-signal checks over a run's steps (its last SIGNAL_WINDOW, or saturation_steps),
+    from each step's records: the native trainer's and, from the trajectories it records, a TRL
+    run's. ``observe`` returns the step's signal metrics and warnings."""
+
+    def __init__(self, thresholds: SignalThresholds | None = None, steps: int = 0) -> None:
+        self.thresholds = thresholds if thresholds is not None else SignalThresholds()
+        self.steps = steps  # the run's last step (0: unknown)
+        self.signals: deque[StepSignal] = deque(maxlen=max(SIGNAL_WINDOW, self.thresholds.saturation_steps))
+        self._seen: tuple[float, float] | None = None  # the lowest and highest reward scored so far
+        self._first_step: int | None = None  # the first step observed (after a resume: later than 1)
+
+    def measure(
+        self, step: int, records: Sequence[TrajectoryRecord], weights: Mapping[str, float] | None = None
+    ) -> StepSignal:
+        """The step's signal, its reward measured against the floor and ceiling known after it."""
+        scored = [r.reward for r in records if r.status == "success" and r.reward is not None]
+        scored = [v for v in scored if math.isfinite(v)]
+        if scored:
+            low, high = self._seen or (min(scored), max(scored))
+            self._seen = (min(low, *scored), max(high, *scored))
+        bounds = self.thresholds.reward_bounds(*(self._seen or (None, None)))
+        return step_signal(step, records, bounds, weights)
+
+    def warnings(self, signal: StepSignal, max_new_tokens: int | None = None) -> list[StepWarning]:
+        """The warnings once ``signal`` joins the window: saturation once saturation_steps steps
+        ran; the others once the window holds SIGNAL_WINDOW steps (or every step of a shorter run);
+        no_gradient and truncated only with ``max_new_tokens`` (a trainer that knows advantages)."""
+        self.signals.append(signal)
+        if self._first_step is None:
+            self._first_step = signal.step
+        runs = self.steps - self._first_step + 1 if self.steps else SIGNAL_WINDOW
+        saturated = saturation_warnings(list(self.signals), self.thresholds)
+        window = list(self.signals)[-SIGNAL_WINDOW:]
+        if len(window) < min(SIGNAL_WINDOW, runs):
+            return saturated
+        return [
+            *saturated,
+            *(signal_warnings(window, max_new_tokens) if max_new_tokens is not None else []),
+            *unscorable_warnings(window, self.thresholds),
+            *dominance_warnings(window, self.thresholds),
+            *length_warnings(window, self.thresholds),
+        ]
+
+    def observe(
+        self, step: int, records: Sequence[TrajectoryRecord], weights: Mapping[str, float] | None = None
+    ) -> tuple[dict[str, float], list[StepWarning]]:
+        """A step recorded by an engine that computes no advantages (TRL): the signal metrics and
+        the warnings that do not need advantages."""
+        signal = self.measure(step, records, weights)
+        return signal_metrics(signal), self.warnings(signal)
+
+
+def signal_metrics(signal: StepSignal) -> dict[str, float]:
+    """The per-step metrics of the reward-signal checks: each grader's unscorable share, the shares
+    at the reward's floor and ceiling (once they are known) and each grader's variance share."""
+    out = {f"grader/{g.name}/unscorable_share": g.unscorable_share for g in signal.graders}
+    if signal.at_floor is not None and signal.at_ceiling is not None:
+        out["reward/at_floor_share"] = signal.at_floor
+        out["reward/at_ceiling_share"] = signal.at_ceiling
+    for name, share in signal.variance_shares().items():
+        out[f"reward/{name}/variance_share"] = share
+    return out
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from plugtune.trainer.grpo import GRPOTrainer, StepResult
 from plugtune.trainer.health import (
     EvalPoint,
     GraderScores,
+    SignalMonitor,
     SignalThresholds,
     StepSignal,
     dominance_warnings,
@@ -139,7 +140,9 @@ def first_step_only(ctx: Context, sample: Sample, trajectory: Trajectory) -> flo
 
 async def test_a_reward_at_its_configured_ceiling_warns_after_saturation_steps(tiny_model_path: Path) -> None:
     trainer = make_trainer(tiny_model_path, graders=[full_marks], steps=3, max_new_tokens=4)
-    trainer.thresholds = SignalThresholds(saturation_steps=2, reward_floor=0.0, reward_ceiling=1.0)
+    trainer.monitor = SignalMonitor(
+        SignalThresholds(saturation_steps=2, reward_floor=0.0, reward_ceiling=1.0), 3
+    )
     results = [await trainer.step() for _ in range(3)]
     assert all(r.metrics["reward/at_ceiling_share"] == 1.0 for r in results)
     assert [w.key for w in results[0].warnings if w.key == "saturated"] == []
@@ -151,7 +154,7 @@ async def test_a_reward_at_its_configured_ceiling_warns_after_saturation_steps(t
 
 async def test_a_reward_stuck_at_the_lowest_seen_warns_at_its_floor(tiny_model_path: Path) -> None:
     trainer = make_trainer(tiny_model_path, graders=[first_step_only], steps=3, max_new_tokens=4)
-    trainer.thresholds = SignalThresholds(saturation_steps=2)
+    trainer.monitor = SignalMonitor(SignalThresholds(saturation_steps=2), 3)
     results = [await trainer.step() for _ in range(3)]
     assert results[0].metrics["reward/at_floor_share"] == 7 / 8  # the ceiling (1) was scored once
     assert results[1].metrics["reward/at_floor_share"] == 1.0

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
 from plugtune.runtime.forked import ChildDied, ChildError, Send, run_forked
+from plugtune.runtime.loglimit import clip_line
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.runtime.shared_env import SharedEnviron, function_env
 from plugtune.runtime.worker.loader import LoadError, Plugin, load, signal_error_in, user_traceback
@@ -61,6 +63,56 @@ class _ListHandler(logging.Handler):
                 "in-process",
             )
         )
+
+
+@contextlib.contextmanager
+def _stderr_as_log_lines(send: Send, handler: _ListHandler) -> Iterator[None]:
+    """In a forked call's child: what the call (or a library under it, even from C) writes to
+    stderr becomes the call's own log lines (source ``stderr``, WARNING), as an instance's stderr
+    is in the function runtime, instead of unattributed text on the test's terminal. Stdout stays
+    the terminal's, so ``breakpoint()`` works."""
+    _flush_stderr()
+    read_fd, write_fd = os.pipe()
+    saved = os.dup(2)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+
+    def relay() -> None:
+        with os.fdopen(read_fd, "rb") as lines:
+            for raw in lines:
+                text = raw.decode(errors="replace").rstrip("\n")
+                send(
+                    LogLine(
+                        time.time(),
+                        "WARNING",
+                        handler.plugin,
+                        clip_line(text),
+                        "stderr",
+                        handler.call_id,
+                        handler.trajectory_id,
+                        "in-process",
+                    )
+                )
+
+    reader = threading.Thread(target=relay, name="plugtune-inproc-stderr", daemon=True)
+    reader.start()
+    python_stderr = sys.stderr  # may write elsewhere than fd 2 (a test's capture): this child's is fd 2
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+    try:
+        yield
+    finally:
+        _flush_stderr()
+        sys.stderr = python_stderr
+        os.dup2(saved, 2)  # the pipe's last writer closes: the relay reads to its end
+        os.close(saved)
+        reader.join(5)
+
+
+def _flush_stderr() -> None:
+    try:
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001, S110 - a closed or odd stream: nothing to flush
+        pass
 
 
 class PluginExit(Exception):
@@ -217,10 +269,11 @@ class InProcessDeployment:
         def work(send: Send) -> Returned | Failed:
             handler.sink = send
             os.environ.update(self.env)
-            try:
-                return _returned(self._call_sync(ctx, args), ctx)
-            except BaseException as exc:  # noqa: BLE001 - every failure is classified
-                return self._failure(exc, ctx.metrics, [])
+            with _stderr_as_log_lines(send, handler):
+                try:
+                    return _returned(self._call_sync(ctx, args), ctx)
+                except BaseException as exc:  # noqa: BLE001 - every failure is classified
+                    return self._failure(exc, ctx.metrics, [])
 
         try:
             outcome: Returned | Failed = await run_forked(work, logs)

@@ -132,3 +132,17 @@ async def test_loader_variables_in_env_are_refused_as_in_the_function_runtime() 
         with pytest.raises(PluginCallError) as info:
             await rt.deploy(entry("basic.py", "exact"), env={"LD_PRELOAD": "/tmp/evil.so"})
     assert info.value.cause == Cause.CREATE_FAULT.value and "LD_PRELOAD refused" in info.value.message
+
+
+async def test_what_a_sync_call_writes_to_stderr_is_its_own_log_lines(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A library's stderr (Python's or a raw write to fd 2) is the call's log lines, attributed to the
+    plugin and the trajectory, not unattributed text on the test's terminal."""
+    async with InProcessRuntime() as rt:
+        fn = await rt.deploy(entry("basic.py", "writes_stderr"))
+        out = await fn.invoke(ctx(), sample(), trajectory())
+    lines = [(line.source, line.level, line.message, line.trajectory_id) for line in out.logs]
+    assert ("stderr", "WARNING", "from python's stderr", "traj-1") in lines, lines
+    assert ("stderr", "WARNING", "from fd 2, as C writes", "traj-1") in lines, lines
+    assert "from fd 2" not in capfd.readouterr().err

@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -150,9 +151,19 @@ class _Outbound(Splice):
         self.connecting = False
         self.budget: DependencyBudget | None = None  # held while the upstream connection is open
         self.task: asyncio.Task[None] | None = None
+        self.last_request = self.last_reply = 0.0  # monotonic times of the last bytes each way
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the reply's last bytes, when no request bytes came after them (else 0)."""
+        return now - self.last_reply if self.last_reply > self.last_request else 0.0
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self.connecting:
+            self.last_request = time.monotonic()
             super().data_received(data)
             return
         self.head += data
@@ -162,6 +173,7 @@ class _Outbound(Splice):
                 self.transport.close()
             return
         self.connecting = True
+        self.last_request = time.monotonic()
         target = self.bridge.target(line)
         if target is None:
             if self.transport is not None:
@@ -180,7 +192,7 @@ class _Outbound(Splice):
     def _release(self) -> None:
         budget, self.budget = self.budget, None
         if budget is not None:
-            budget.release()
+            budget.release(self)
 
     async def _connect(self, target: tuple[str, int]) -> None:
         loop = asyncio.get_running_loop()
@@ -191,8 +203,9 @@ class _Outbound(Splice):
                 budget.release()
                 return
             self.budget = budget
+            budget.hold(self)
         try:
-            _, upstream = await loop.create_connection(Splice, target[0], target[1])
+            _, upstream = await loop.create_connection(lambda: _Upstream(self), target[0], target[1])
         except OSError as exc:
             self._release()
             name = self.bridge.declared.get(target)
@@ -204,3 +217,15 @@ class _Outbound(Splice):
                 self.transport.close()
             return
         self.join(upstream)
+
+
+class _Upstream(Splice):
+    """The dependency's side: notes when reply bytes last came (for the budget's idle connections)."""
+
+    def __init__(self, owner: _Outbound) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def data_received(self, data: bytes) -> None:
+        self.owner.last_reply = time.monotonic()
+        super().data_received(data)

@@ -19,10 +19,18 @@ Clients that open a connection per request (``httpx.post``, ``requests.post``, `
 ``httpx.Client`` or ``openai.OpenAI`` per call) are bounded exactly. Under ``network: any`` nothing
 goes through the bridge and the budgets do not apply.
 
-A call that failed as ``rate limited`` (429) on the dependency halves the concurrency in use (at
-least 1; multiplicative decrease); each call that succeeds afterwards adds ``1/limit`` back
-(additive increase: one more connection per round of successful calls) up to the declared
-``concurrency`` (without one, up to the connections open at the first 429, then unbounded again).
+With a declared ``concurrency``, a call that failed as ``rate limited`` (429) on the dependency
+halves the concurrency in use (at least 1; multiplicative decrease); each call that succeeds
+afterwards adds ``1/limit`` back (additive increase: one more connection per round of successful
+calls) up to the declared value. Without one nothing is lowered: an idle kept-alive connection of
+a client the plugin never closed would hold the only slot left and starve the next calls.
+
+An idle kept-alive connection would hold its slot until its client closes it (a plugin that makes
+a new ``openai.OpenAI(...)`` per call and never closes it would wait for its own idle connections):
+while connections wait, one whose reply ended ``IDLE_S`` ago with no request since is closed by the
+bridge (clients open a new connection for their next request). A reply that pauses that long after
+its first bytes (a slow stream) may be cut while others wait. Connections waiting for the budget
+wait in the bridge, bounded by the client's own timeout.
 """
 
 from __future__ import annotations
@@ -31,10 +39,21 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from plugtune.runtime.dependencies import Dependency
 
 WINDOW_S = 60.0
+IDLE_S = 1.0  # while connections wait: a held connection idle this long after its reply is closed
+REAP_S = 0.25  # how often idle held connections are looked for while connections wait
+
+
+class Holder(Protocol):
+    """A connection holding a slot: how long it has been idle after a reply, and how to close it."""
+
+    def idle_for(self, now: float) -> float: ...
+
+    def close(self) -> None: ...
 
 
 class DependencyBudget:
@@ -53,10 +72,12 @@ class DependencyBudget:
         self.peak = 0  # most connections open at once
         self.opened = 0
         self.decreases = 0  # 429s that lowered the limit
-        self.recover_to = 0.0  # without a declared concurrency: where the limit goes unbounded again
         self.starts: collections.deque[float] = collections.deque()
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.timer: asyncio.TimerHandle | None = None
+        self.holders: set[Holder] = set()
+        self.reaper: asyncio.TimerHandle | None = None
+        self.reaped = 0  # idle connections closed for waiting ones
 
     @property
     def waiting(self) -> int:
@@ -84,27 +105,28 @@ class DependencyBudget:
                 waiter.cancel()
             raise
 
-    def release(self) -> None:
+    def hold(self, holder: Holder) -> None:
+        """``holder`` has the slot its ``acquire()`` granted (``release(holder)`` gives it back)."""
+        self.holders.add(holder)
+
+    def release(self, holder: Holder | None = None) -> None:
+        self.holders.discard(holder)  # type: ignore[arg-type]
         self.open = max(0, self.open - 1)
         self._pump()
 
     def rate_limited(self) -> None:
-        """The dependency answered 429: halve the concurrency in use (multiplicative decrease)."""
-        base = self.limit if self.limit is not None else float(max(self.open, 1))
-        if self.ceiling is None:
-            self.recover_to = max(self.recover_to, base)
-        self.limit = max(1.0, base / 2)
+        """The dependency answered 429: halve the concurrency in use (multiplicative decrease; only
+        under a declared concurrency)."""
+        if self.limit is None:
+            return
+        self.limit = max(1.0, self.limit / 2)
         self.decreases += 1
 
     def succeeded(self) -> None:
         """A call succeeded: one more connection per round of successes (additive increase)."""
-        if self.limit is None:
+        if self.limit is None or self.ceiling is None or self.limit >= self.ceiling:
             return
-        self.limit += 1.0 / max(self.limit, 1.0)
-        cap = float(self.ceiling) if self.ceiling is not None else self.recover_to
-        if self.limit >= cap:
-            self.limit = None if self.ceiling is None else cap
-            self.recover_to = 0.0
+        self.limit = min(float(self.ceiling), self.limit + 1.0 / max(self.limit, 1.0))
         self._pump()
 
     def _rate_delay(self, now: float) -> float:
@@ -124,6 +146,8 @@ class DependencyBudget:
             if not self.waiters:
                 return
             if self.limit is not None and self.open >= max(1, int(self.limit)):
+                if self.reaper is None and self.holders:
+                    self.reaper = asyncio.get_running_loop().call_later(REAP_S, self._reap)
                 return
             now = self.clock()
             delay = self._rate_delay(now)
@@ -142,6 +166,17 @@ class DependencyBudget:
         self.timer = None
         self._pump()
 
+    def _reap(self) -> None:
+        """Close held connections idle ``IDLE_S`` after their reply, for the connections waiting."""
+        self.reaper = None
+        now = time.monotonic()
+        for holder in list(self.holders):
+            if holder.idle_for(now) >= IDLE_S:
+                self.holders.discard(holder)
+                self.reaped += 1
+                holder.close()  # its connection_lost releases the slot
+        self._pump()
+
 
 class Budgets:
     """Every dependency budget of one backend, by ``(host, port)``."""
@@ -150,7 +185,7 @@ class Budgets:
         self.by_target: dict[tuple[str, int], DependencyBudget] = {}
 
     def declare(self, dep: Dependency) -> DependencyBudget:
-        """The budget of ``dep``, made on first use (one without bounds only lets AIMD act)."""
+        """The budget of ``dep``, made on first use (one without bounds lets every connection through)."""
         key = (dep.host, dep.port)
         budget = self.by_target.get(key)
         if budget is None:

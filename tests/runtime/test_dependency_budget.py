@@ -144,3 +144,29 @@ async def test_a_budget_grants_in_order_and_gives_back_the_slot_of_a_cancelled_w
     budget.release()
     await asyncio.wait_for(fourth, 5)
     assert (budget.open, budget.peak, budget.waiting) == (2, 2, 0)
+
+
+async def test_an_openai_client_per_call_never_closed_does_not_starve_on_its_idle_connections(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    """concurrency 1 and a grader that makes a new openai client per call and leaves its kept-alive
+    connection open: the bridge closes an idle held connection when another waits, so each call
+    gets the slot (they timed out at the client's 3 s before)."""
+    fn = await rt.deploy(
+        entry("judge.py", "asks_judge_openai"),
+        runtime={"max_concurrency": 4, "max_instances": 1},
+        dependencies={"judge": {"url": _url(server, ""), "concurrency": 1}},
+    )
+    started = time.monotonic()
+    for i in range(4):
+        out = await asyncio.wait_for(
+            fn.invoke(
+                Context(job_id="j", trajectory_id=f"t{i}"), sample(url=_url(server, "v1")), trajectory()
+            ),
+            30,
+        )
+        assert out.value == 0.75
+    assert time.monotonic() - started < 4 * 2.5  # each waited at most about IDLE_S for the slot
+    assert server.peak == 1  # type: ignore[attr-defined]
+    budget = rt.backend.budgets.get(("127.0.0.1", server.server_address[1]))  # type: ignore[union-attr]
+    assert budget is not None and budget.reaped >= 1

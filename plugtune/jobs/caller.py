@@ -287,8 +287,8 @@ class PolicyCaller:
                     dependency_tries,
                     now - first_dependency_failure,
                 )
-                if delay is None:
-                    return outcome  # used up: dropped, as any Retry is after its last try
+                if delay is None:  # used up: dropped, as any Retry is after its last try
+                    return dataclasses.replace(outcome, value=None)  # a Retry's value is None
                 await asyncio.sleep(delay)
                 self.dependency_waited_s += delay
                 attempt, self.retries, prefer = attempt + 1, self.retries + 1, outcome.instance_id

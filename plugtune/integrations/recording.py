@@ -44,12 +44,13 @@ from plugtune.errors import PluginCallError
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.plugins import Drain, JobFunction, deploy_all, record_deployed
+from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.jobs.spec import CircuitBreaker, FailurePolicy
 from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.runtime.runtime import BaseRuntime, LocalRuntime
 from plugtune.sdk import Context, Kind
 from plugtune.store import Store, StoreWriter
-from plugtune.types import CallOutcome, MetricPoint, TrajectoryRecord
+from plugtune.types import CallOutcome, LogLine, MetricPoint, TrajectoryRecord
 
 if TYPE_CHECKING:
     from plugtune.trainer.tracking import Trackers
@@ -91,6 +92,13 @@ class EngineRun:
         self._cancelled, self._cancel_checked = False, 0.0
         self._steps_total = job.spec.hyperparameters.steps if job is not None else 0
         self.trackers: Trackers | None = None  # when set, training and plugin metrics go there too
+        from plugtune.trainer.health import SignalMonitor
+
+        # the reward-signal checks, from the trajectories the engine records (job.yaml's signal:)
+        self.monitor = SignalMonitor(
+            job.spec.signal.thresholds() if job is not None else None, self._steps_total
+        )
+        self._warned: set[str] = set()  # warning keys shown this run
         atexit.register(self.close)  # a run whose engine never said it ended still ends in the store
 
     @property
@@ -246,7 +254,22 @@ class EngineRun:
         would have given it): the job shows steps done out of it, not out of 0."""
         if self.job is None and total > 0 and not self._steps_total:
             self._steps_total = total
+            self.monitor.steps = total
             self.store.update_job(self.job_id, steps_total=total)
+
+    def add_signal(self, step: int, records: Sequence[TrajectoryRecord], weights: dict[str, float]) -> None:
+        """The reward-signal checks on ``step``'s recorded trajectories: their metrics
+        (``grader/<name>/unscorable_share``, ``reward/at_ceiling_share``...) and each kind of warning
+        once per run, in the job's warnings (log, ``jobs show``, API, job page)."""
+        metrics, warnings = self.monitor.observe(step, records, weights)
+        self.add_metrics(step, metrics)
+        fresh = [w for w in warnings if w.key not in self._warned]
+        self._warned.update(w.key for w in fresh)
+        for w in fresh:
+            log.warning("job %d: %s", self.job_id, w.message)
+        self._writer.add_logs(
+            [LogLine(time.time(), "WARNING", JOB_WARNINGS, w.message, source="trainer") for w in fresh]
+        )
 
     def _write_counts(self, step: int) -> StepCounts:
         """``step``'s call counts and ``ctx.metric`` aggregates (and any earlier step's left)."""

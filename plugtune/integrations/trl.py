@@ -167,12 +167,12 @@ class TRLRun:
                 self.close()
             raise
         weights = {jf.spec.name: jf.spec.weight for jf in self._graders()}
-        self.run.add_trajectories(
-            [
-                _record(step, e, c, weights, ids[i], self.run.hashes)
-                for i, (e, c) in enumerate(zip(episodes, components, strict=True))
-            ]
-        )
+        records = [
+            _record(step, e, c, weights, ids[i], self.run.hashes)
+            for i, (e, c) in enumerate(zip(episodes, components, strict=True))
+        ]
+        self.run.add_trajectories(records)
+        self.run.add_signal(step, records, weights)  # the reward-signal checks, from the records
         try:
             self.run.flush(step, durable=False)  # the store's thread writes it within a second
         except PluginCallError:  # the circuit breaker tripped: the run ends with its error

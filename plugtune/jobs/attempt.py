@@ -22,7 +22,7 @@ from typing import Any
 
 from plugtune.errors import PlatformError
 from plugtune.home import OWNER_ONLY_UMASK, private_dir
-from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
+from plugtune.jobs.caller import JobStop, OutageWatch, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evaluate import build_evaluator, is_eval_step
 from plugtune.jobs.evidence import stopped_records
@@ -276,13 +276,23 @@ class _Loop:
     warned: set[str] = dataclasses.field(default_factory=set)  # warning keys shown this attempt
     trackers: Trackers | None = None  # TensorBoard (and W&B) get every step's metrics
     evaluator: Evaluator | None = None  # of data.validation, when the job has one
-    last_eval: EvalPoint | None = None  # this attempt's latest evaluation, for the next to compare with
-    # (step, reward/mean, response_length) of the steps trained since last_eval
+    evals: list[EvalPoint] = dataclasses.field(default_factory=list)  # this attempt's last evaluations
+    # (step, reward/mean, response_length) of the steps trained since the first of them
     train_points: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
 
     async def run(self) -> None:
         """Train the remaining steps, writing each step's records before the next starts; when the
-        attempt stops, every trajectory of the steps it stopped is written too, with why."""
+        attempt stops, every trajectory of the steps it stopped is written too, with why. Meanwhile
+        which dependencies the job waits for (down ones) is written as it changes (OutageWatch)."""
+        watch = OutageWatch(self.caller, self.writer, lambda: self.trainer.step_count + 1, JOB_WARNINGS)
+        watching = asyncio.get_running_loop().create_task(watch.run())
+        try:
+            await self._run()
+        finally:
+            watching.cancel()
+            watch.update(final=True)
+
+    async def _run(self) -> None:
         try:
             if self.evaluator is not None and self.trainer.step_count == 0 and is_eval_step(0, self.spec):
                 await self._evaluate(self.evaluator, 0)  # the baseline: the initial model
@@ -356,14 +366,13 @@ class _Loop:
         _check_breaker(counts, self.spec.circuit_breaker)
 
     def _eval_warnings(self, step: int, records: list[Any]) -> list[Any]:
-        """Eval pass@1 falling since the attempt's previous evaluation while the train reward did not
+        """Eval pass@1 falling over the attempt's last evaluations while the train reward did not
         (``eval_divergence``), or while the replies grew (``length_hacking``)."""
-        now = eval_point(step, records, self.spec.eval.pass_threshold)
-        before, self.last_eval = self.last_eval, now
-        train, self.train_points = self.train_points, []
-        if before is None:
-            return []
-        return eval_warnings(before, now, train, self.spec.signal.thresholds())
+        thresholds = self.spec.signal.thresholds()
+        self.evals = [*self.evals, eval_point(step, records, self.spec.eval.pass_threshold)]
+        self.evals = self.evals[-(thresholds.eval_falls + 1) :]
+        self.train_points = [t for t in self.train_points if t[0] > self.evals[0].step]
+        return eval_warnings(self.evals, self.train_points, thresholds)
 
     def _why_stopped(self, exc: BaseException) -> BaseException:
         """SIGTERM (the task cancelled) is the user's cancel only when the store holds the request;

@@ -534,8 +534,15 @@ class SignalSpec(BaseModel):
         le=1.0,
         allow_inf_nan=False,
         description="Warn (`eval_divergence`, or `length_hacking` when the greedy replies grew by "
-        "`length_rise`) when eval pass@1 fell by at least this much (and by more than twice its "
-        "standard error) between two evaluations while the train reward did not fall.",
+        "`length_rise`) when eval pass@1 fell by at least this much in all (and by more than twice "
+        "its standard error) over `eval_falls` evaluations while the train reward did not fall.",
+    )
+    eval_falls: int = Field(
+        default=2,
+        ge=1,
+        le=1000,
+        description="How many evaluations in a row must each score a lower pass@1 than the one before "
+        "(1: any single fall; 2, the default, lets the early dip many runs have pass).",
     )
 
     @field_validator("reward_floor", "reward_ceiling", mode="before")

@@ -124,7 +124,8 @@ class SignalThresholds:
     dominant_share: float = 0.9  # one grader's share of the reward's within-group variance
     length_rise: float = 0.2  # length hacking: replies this much longer (relative) in the window's
     reward_drop: float = 0.1  # second half, while the mean reward fell by this share of its range
-    eval_drop: float = 0.05  # a fall of eval pass@1 between two evaluations that counts
+    eval_drop: float = 0.05  # a fall of eval pass@1 that counts, over ...
+    eval_falls: int = 2  # ... this many evaluations in a row, each below the one before
 
     def reward_bounds(self, seen_low: float | None, seen_high: float | None) -> tuple[float, float] | None:
         """The floor and ceiling saturation is measured against: the configured ones, else the
@@ -592,27 +593,33 @@ def eval_point(step: int, records: Sequence[TrajectoryRecord], pass_threshold: f
 
 
 def eval_warnings(
-    before: EvalPoint,
-    now: EvalPoint,
+    evals: Sequence[EvalPoint],
     train: Sequence[tuple[int, float, float]],
     thresholds: SignalThresholds,
 ) -> list[StepWarning]:
-    """Warnings when eval pass@1 fell between two evaluations by ``thresholds.eval_drop`` or more
-    (and by more than twice its standard error): key ``eval_divergence`` while the train reward
-    did not fall over the steps between them (``train``: (step, reward/mean, response_length)),
-    key ``length_hacking`` while the replies grew by ``thresholds.length_rise`` or more."""
-    if not (before.rows and now.rows):
+    """Warnings when eval pass@1 fell at each of the last ``thresholds.eval_falls`` evaluations of
+    ``evals`` (the run's, oldest first), by ``thresholds.eval_drop`` or more in all and by more
+    than twice its standard error: key ``eval_divergence`` while the train reward did not fall over
+    those steps (``train``: (step, reward/mean, response_length) of the steps trained), key
+    ``length_hacking`` while the greedy replies grew by ``thresholds.length_rise`` or more. A
+    single dip (common early in training, while sampling sharpens) is not a divergence."""
+    span = list(evals)[-(thresholds.eval_falls + 1) :]
+    if len(span) <= thresholds.eval_falls or not all(e.rows for e in span):
         return []
+    if not all(b.pass_at_1 > a.pass_at_1 for b, a in zip(span, span[1:], strict=False)):
+        return []
+    before, now = span[0], span[-1]
     p0, p1 = before.pass_at_1, now.pass_at_1
     noise = 2 * math.sqrt(p0 * (1 - p0) / before.rows + p1 * (1 - p1) / now.rows)
     fall = p0 - p1
     if fall < thresholds.eval_drop or fall <= noise:
         return []
     lost = [t for i, t in now.failed if i in before.passed]  # passed before, fail now
+    path = " to ".join(f"{e.pass_at_1:.3g}" for e in span)
     said = (
-        f"eval at step {now.step}: greedy pass@1 on the held-out rows fell from {p0:.3g} to {p1:.3g} "
-        f"since step {before.step} ({len(lost)} rows that passed then fail now; signal.eval_drop "
-        f"{thresholds.eval_drop:g})"
+        f"eval at step {now.step}: greedy pass@1 on the held-out rows fell from {path} (steps "
+        f"{', '.join(str(e.step) for e in span)}; {len(lost)} rows that passed at step {before.step} fail "
+        f"now; signal.eval_drop {thresholds.eval_drop:g}, eval_falls {thresholds.eval_falls})"
     )
     out: list[StepWarning] = []
     points = [t for t in train if before.step < t[0] <= now.step and math.isfinite(t[1])]

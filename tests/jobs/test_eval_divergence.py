@@ -1,7 +1,7 @@
 """Eval pass@1 falling while the train reward does not is warned about (issue 27 item 1, eval vs
-train divergence): a real job whose grader passes every held-out reply before training and none
-after, while its train reward rises, says so with the held-out rows it lost, wherever the job is
-shown; the rule itself on evaluation records."""
+train divergence): a real job whose grader passes every held-out reply before training, half at
+step 2 and none at step 4, while its train reward rises, says so with the held-out rows it lost,
+wherever the job is shown; the rule itself on evaluation records (an early dip is not one)."""
 
 from __future__ import annotations
 
@@ -16,51 +16,57 @@ from plugtune.cli import app
 from plugtune.jobs.report import job_document
 from plugtune.settings import Settings
 from plugtune.store import Store
-from plugtune.trainer.health import SignalThresholds, eval_point, eval_warnings, warning_examples
+from plugtune.trainer.health import EvalPoint, SignalThresholds, eval_point, eval_warnings, warning_examples
+from plugtune.types import TrajectoryRecord
 from tests.jobs.jobkit import ROWS, make_job
 from tests.jobs.test_eval_job import ROLLOUT
 from tests.trainer.test_signal_warnings import record
 
-# Held-out replies pass before training (step 0) and fail after; the train reward rises each step.
+# Every held-out reply passes before training (step 0), half at step 2, none at step 4; the train
+# reward rises each step.
 GRADER = """
 from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
     if ctx.phase == "eval":
-        return 1.0 if ctx.step == 0 else 0.0
+        return 1.0 if ctx.step == 0 or (ctx.step == 2 and ctx.sample_id % 2 == 0) else 0.0
     return ctx.step / 10 + (0.1 if trajectory.trajectory_id.endswith("r0") else 0.0)
 """
 
 
-def greedy(step: int, row: int, reward: float, tokens: int = 3) -> object:
+def greedy(step: int, row: int, reward: float, tokens: int = 3) -> TrajectoryRecord:
     r = record(f"eval-greedy-s{step}-p{row}", 0, None, tokens=tokens)
     return replace(r, reward=reward, sample_index=row, phase="eval")
 
 
-def test_pass_at_1_falling_beyond_noise_while_the_train_reward_rises_warns() -> None:
-    before = eval_point(0, [greedy(0, i, 1.0) for i in range(10)], 1.0)
-    now = eval_point(4, [greedy(4, i, 1.0 if i < 5 else 0.0) for i in range(10)], 1.0)
-    assert (before.pass_at_1, now.pass_at_1) == (1.0, 0.5)
+def test_pass_at_1_falling_at_each_evaluation_while_the_train_reward_rises_warns() -> None:
+    def point(step: int, passing: int, tokens: int = 3) -> EvalPoint:
+        return eval_point(step, [greedy(step, i, float(i < passing), tokens) for i in range(10)], 1.0)
+
+    evals = [point(0, 10), point(2, 8), point(4, 5)]
+    assert [e.pass_at_1 for e in evals] == [1.0, 0.8, 0.5]
     rising = [(s, 0.1 * s, 3.0) for s in (1, 2, 3, 4)]
-    [warning] = eval_warnings(before, now, rising, SignalThresholds())
+    [warning] = eval_warnings(evals, rising, SignalThresholds())
     assert warning.key == "eval_divergence"
-    assert warning.message.startswith("eval at step 4: greedy pass@1 on the held-out rows fell from 1 to 0.5")
-    assert warning_examples(warning.message) == [
-        "eval-greedy-s4-p5-r0",
-        "eval-greedy-s4-p6-r0",
-        "eval-greedy-s4-p7-r0",
-    ]
+    assert warning.message.startswith(
+        "eval at step 4: greedy pass@1 on the held-out rows fell from 1 to 0.8 to 0.5 (steps 0, 2, 4"
+    )
+    assert warning_examples(warning.message) == [f"eval-greedy-s4-p{i}-r0" for i in (5, 6, 7)]
     falling = [(s, -0.1 * s, 3.0) for s in (1, 2, 3, 4)]
-    assert eval_warnings(before, now, falling, SignalThresholds()) == []  # both fall: no divergence
-    small = eval_point(4, [greedy(4, i, 1.0 if i < 9 else 0.0) for i in range(10)], 1.0)
-    assert eval_warnings(before, small, rising, SignalThresholds(eval_drop=0.2)) == []
+    assert eval_warnings(evals, falling, SignalThresholds()) == []  # both fall: no divergence
+    dip = [point(0, 10), point(2, 5), point(4, 6)]  # fell, then rose again: an early dip
+    assert eval_warnings(dip, rising, SignalThresholds()) == []
+    assert [w.key for w in eval_warnings(dip[:2], rising, SignalThresholds(eval_falls=1))] == [
+        "eval_divergence"
+    ]
+    assert eval_warnings(evals[1:], rising, SignalThresholds()) == []  # two evaluations: one fall
+    assert eval_warnings([point(0, 10), point(2, 10), point(4, 9)], rising, SignalThresholds()) == []
     # a 1-of-3 wobble is within twice the standard error: no warning at any eval_drop
-    few = eval_point(0, [greedy(0, i, float(i < 2)) for i in range(3)], 1.0)
-    fewer = eval_point(2, [greedy(2, i, float(i < 1)) for i in range(3)], 1.0)
-    assert eval_warnings(few, fewer, rising, SignalThresholds()) == []
-    longer = eval_point(4, [greedy(4, i, float(i < 5), tokens=6) for i in range(10)], 1.0)
-    assert [w.key for w in eval_warnings(before, longer, falling, SignalThresholds())] == ["length_hacking"]
+    few = [eval_point(s, [greedy(s, i, float(i < 3 - s)) for i in range(3)], 1.0) for s in (0, 1)]
+    assert eval_warnings(few, rising, SignalThresholds(eval_falls=1)) == []
+    longer = [point(0, 10), point(2, 8), point(4, 5, tokens=6)]
+    assert [w.key for w in eval_warnings(longer, falling, SignalThresholds())] == ["length_hacking"]
 
 
 @pytest.mark.slow
@@ -72,7 +78,7 @@ def test_a_job_whose_eval_falls_while_training_rises_warns_with_the_rows_it_lost
         root,
         rollout=ROLLOUT,  # samples as the sample says (greedily for eval pass@1)
         grader=GRADER,
-        hyper={"steps": 2, "eval_every_n_steps": 2, "batch_size": 2, "group_size": 2},
+        hyper={"steps": 4, "eval_every_n_steps": 2, "batch_size": 2, "group_size": 2},
         extra={
             "data": {"train": "data/train.jsonl", "validation": "data/val.jsonl"},
             "eval": {"k": 1, "samples": 0},
@@ -82,9 +88,12 @@ def test_a_job_whose_eval_falls_while_training_rises_warns_with_the_rows_it_lost
     ran = CliRunner().invoke(app, ["run", str(job_file)])
     assert ran.exit_code == 0, ran.output
     [job] = store.list_jobs()
-    assert "warning: eval at step 2: greedy pass@1 on the held-out rows fell from 1 to 0" in ran.output
+    said = (
+        "warning: eval at step 4: greedy pass@1 on the held-out rows fell from 1 to 0.5 to 0 (steps 0, 2, 4"
+    )
+    assert said in ran.output
     doc = job_document(store, job.id)
-    [warning] = [w for w in doc["warnings"] if w.startswith("eval at step 2")]
+    [warning] = [w for w in doc["warnings"] if w.startswith("eval at step ")]
     assert "while the train reward did not fall" in warning
     examples = warning_examples(warning)
     assert len(examples) == 3 and all(store.get_trajectory(job.id, t) is not None for t in examples)

@@ -259,9 +259,10 @@ async def test_a_run_whose_replies_lengthen_while_its_reward_falls_warns(tiny_mo
     assert warning_examples(warning.message) and set(warning_examples(warning.message)) <= later
 
 
-async def demo_steps(steps: int) -> tuple[list[StepResult], list[EvalPoint]]:
+async def demo_steps(steps: int, every: int) -> tuple[list[StepResult], list[EvalPoint]]:
     """The demo job (plugtune/demo/job.yaml: its settings, plugins, signal thresholds and held-out
-    rows) for ``steps`` steps, evaluated greedily before and after them as its job does."""
+    rows) for ``steps`` steps, evaluated greedily before them and every ``every`` steps, as its job
+    does (every 30)."""
     job = validate_job(demo_job_file())
     spec = job.spec
     config = replace(spec.hyperparameters, steps=steps)
@@ -279,21 +280,31 @@ async def demo_steps(steps: int) -> tuple[list[StepResult], list[EvalPoint]]:
         )
         evaluator = build_evaluator(job, gateway, plugins, call_once, "")
         threshold = spec.eval.pass_threshold
-        before = eval_point(0, (await evaluator.run(0, 0)).records, threshold)
-        results = [await trainer.step() for _ in range(steps)]
-        after = eval_point(steps, (await evaluator.run(steps, steps)).records, threshold)
-        return results, [before, after]
+        evals = [eval_point(0, (await evaluator.run(0, 0)).records, threshold)]
+        results = []
+        for _ in range(steps):
+            results.append(await trainer.step())
+            if trainer.step_count % every == 0:
+                evals.append(
+                    eval_point(
+                        trainer.step_count,
+                        (await evaluator.run(*[trainer.step_count] * 2)).records,
+                        threshold,
+                    )
+                )
+        return results, evals
 
 
 async def test_the_demo_jobs_first_steps_raise_no_signal_warning() -> None:
-    results, (before, after) = await demo_steps(20)
+    results, evals = await demo_steps(20, every=10)
     keys = {w.key for r in results for w in r.warnings}
     assert not keys & (NEW_KEYS | {"no_gradient", "truncated"}), [w for r in results for w in r.warnings]
     assert all(r.metrics["grader/exact_match/unscorable_share"] == 0.0 for r in results)
     assert max(r.metrics["reward/at_floor_share"] for r in results[1:]) < 0.95  # it learns from step 1
     train = [(r.step, r.metrics["reward/mean"], r.metrics["response_length"]) for r in results]
-    assert before.rows == after.rows == 250
-    assert eval_warnings(before, after, train, validate_job(demo_job_file()).spec.signal.thresholds()) == []
+    assert [(e.step, e.rows) for e in evals] == [(0, 250), (10, 250), (20, 250)]
+    thresholds = validate_job(demo_job_file()).spec.signal.thresholds()
+    assert all(eval_warnings(evals[: i + 1], train, thresholds) == [] for i in range(len(evals)))
 
 
 pytestmark = pytest.mark.skipif(

@@ -22,7 +22,7 @@ from typing import Any
 
 from plugtune.errors import PlatformError
 from plugtune.home import OWNER_ONLY_UMASK, private_dir
-from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
+from plugtune.jobs.caller import JobStop, OutageWatch, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.evaluate import build_evaluator, is_eval_step
 from plugtune.jobs.evidence import stopped_records
@@ -282,7 +282,17 @@ class _Loop:
 
     async def run(self) -> None:
         """Train the remaining steps, writing each step's records before the next starts; when the
-        attempt stops, every trajectory of the steps it stopped is written too, with why."""
+        attempt stops, every trajectory of the steps it stopped is written too, with why. Meanwhile
+        which dependencies the job waits for (down ones) is written as it changes (OutageWatch)."""
+        watch = OutageWatch(self.caller, self.writer, lambda: self.trainer.step_count + 1, JOB_WARNINGS)
+        watching = asyncio.get_running_loop().create_task(watch.run())
+        try:
+            await self._run()
+        finally:
+            watching.cancel()
+            watch.update(final=True)
+
+    async def _run(self) -> None:
         try:
             if self.evaluator is not None and self.trainer.step_count == 0 and is_eval_step(0, self.spec):
                 await self._evaluate(self.evaluator, 0)  # the baseline: the initial model

@@ -23,6 +23,8 @@ import logging
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from plugtune.errors import Cause, DependencyCallError, PluginCallError, StatusCause
@@ -33,7 +35,7 @@ from plugtune.runtime.backend import PREFER_INSTANCE
 from plugtune.sdk import Context, Status
 from plugtune.trainer.protocols import PluginFunction
 from plugtune.trainer.tracking import CallSpans
-from plugtune.types import CallOutcome, MetricPoint
+from plugtune.types import CallOutcome, LogLine, MetricPoint
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,18 @@ class StepCounts:
         )
 
 
+@dataclass
+class Outage:
+    """A dependency whose calls have failed since ``since`` (wall clock) with no success between."""
+
+    cause: str
+    since: float
+
+    def message(self, name: str) -> str:
+        since = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return f"waiting for dependency {name}: {self.cause} since {since}"
+
+
 class PolicyCaller:
     """Calls plugins under the job's ``failure_policy`` and counts calls and errors per step.
 
@@ -140,6 +154,21 @@ class PolicyCaller:
         self.dependency_waited_s = 0.0  # all backoff waits of this job's calls, in seconds
         self._rng = rng or random.Random()
         self._steps: dict[int, StepCounts] = {}
+        self.outages: dict[str, Outage] = {}  # by dependency name, until a call on it succeeds
+
+    def waiting(self, now: float | None = None) -> dict[str, Outage]:
+        """The dependencies down for ``failure_policy.dependency.down_after_s`` or longer (every call
+        on them failed since), which the job is waiting for."""
+        now = time.time() if now is None else now
+        after = self.failure.dependency.down_after_s
+        return {name: o for name, o in self.outages.items() if now - o.since >= after}
+
+    def _failed_on(self, name: str, cause: str) -> None:
+        outage = self.outages.get(name)
+        if outage is None:
+            self.outages[name] = Outage(cause, time.time())
+        else:
+            outage.cause = cause
 
     def counts(self, step: int) -> StepCounts:
         """The counts of ``step`` so far (created empty)."""
@@ -190,6 +219,7 @@ class PolicyCaller:
         attempt, plugin_try, dependency_tries = 1, 1, 0
         first_dependency_failure = 0.0
         prefer = ""  # the instance a retry after a dependency failure goes back to
+        failed_on: set[str] = set()  # the dependencies this call failed on (an outage ends on success)
         while True:
             self.counts(ctx.step).calls += 1
             call_ctx, started_ns = dataclasses.replace(ctx, attempt=attempt), time.time_ns()
@@ -208,6 +238,8 @@ class PolicyCaller:
                 )
                 self._count_error(ctx.step, exc.plugin or fn.spec.name, exc.cause, exc)
                 self.counts(ctx.step).dependency_errors[exc.cause] += 1
+                failed_on.add(exc.dependency or "?")
+                self._failed_on(exc.dependency or "?", exc.cause)
                 now = time.monotonic()
                 if dependency_tries == 0:
                     first_dependency_failure = now
@@ -268,6 +300,9 @@ class PolicyCaller:
             )
             if outcome.metrics:
                 self.counts(ctx.step).plugin_metrics.add(fn.spec.name, outcome.metrics)
+            if outcome.status != Status.RETRY.value:
+                for name in failed_on:  # a call that failed on it went through: it is up again
+                    self.outages.pop(name, None)
             reported = _STATUS_KINDS.get(outcome.status)
             if reported is None:
                 return outcome
@@ -277,6 +312,9 @@ class PolicyCaller:
                 error = status_error(StatusCause.RETRY, fn.spec.name, outcome, tries, ctx)
                 self._count_error(ctx.step, fn.spec.name, StatusCause.RETRY.value, error)
                 self.counts(ctx.step).dependency_errors[StatusCause.RETRY.value] += 1
+                name = str(outcome.value.get("name") or "?")
+                failed_on.add(name)
+                self._failed_on(name, str(outcome.value.get("cause") or "failing"))
                 now = time.monotonic()
                 if dependency_tries == 0:
                     first_dependency_failure = now
@@ -320,3 +358,73 @@ def status_error(
         instance_id=outcome.instance_id,
         trajectory_id=ctx.trajectory_id,
     )
+
+
+#: ``dependency/waiting/<name>/<cause>``: the start (epoch seconds) of an outage the job waits for,
+#: 0 once it is over (``plugtune run``'s bar shows the ones above 0).
+WAITING = "dependency/waiting/"
+OUTAGE_POLL_S = 1.0
+
+
+class OutageWatch:
+    """While an attempt runs, writes which dependencies the job is waiting for as they change: a
+    :data:`WAITING` point and a log line (``waiting for dependency judge: unreachable since 12:03:05``)."""
+
+    def __init__(self, caller: PolicyCaller, writer: Any, step: Callable[[], int], plugin: str) -> None:
+        self.caller = caller
+        self.writer = writer  # a StoreWriter (add_metrics, add_logs, write_soon)
+        self.step = step
+        self.plugin = plugin  # the log's plugin column (the job's own warnings)
+        self.shown: dict[str, str] = {}  # dependency name -> its series shown above 0
+
+    async def run(self) -> None:
+        for _ in range(100_000_000):  # until the attempt ends (it cancels this)
+            await asyncio.sleep(OUTAGE_POLL_S)
+            self.update()
+
+    def update(self, final: bool = False) -> None:
+        """Write what changed; ``final`` (the attempt ends): every series shown goes back to 0."""
+        waiting = {} if final else self.caller.waiting()
+        now, step = time.time(), self.step()
+        points: list[MetricPoint] = []
+        lines: list[LogLine] = []
+        for name, series in list(self.shown.items()):
+            outage = waiting.get(name)
+            if outage is not None and f"{WAITING}{name}/{outage.cause}" == series:
+                continue
+            points.append(MetricPoint(time=now, plugin="", name=series, value=0.0, step=step))
+            del self.shown[name]
+            if outage is None and not final:
+                lines.append(
+                    LogLine(now, "INFO", self.plugin, f"dependency {name} answers again", source="trainer")
+                )
+        bound = self.caller.failure.dependency.max_wait_s
+        for name, outage in waiting.items():
+            series = f"{WAITING}{name}/{outage.cause}"
+            if self.shown.get(name) == series:
+                continue
+            self.shown[name] = series
+            points.append(MetricPoint(time=now, plugin="", name=series, value=outage.since, step=step))
+            text = (
+                f"{outage.message(name)}: its calls are retried with backoff; one still failing after "
+                f"failure_policy.dependency.max_wait_s={bound:g} s fails the job as the dependency's"
+            )
+            log.warning("%s", text)
+            lines.append(LogLine(now, "WARNING", self.plugin, text, source="trainer"))
+        if points:
+            self.writer.add_metrics(points)
+            self.writer.add_logs(lines)
+            self.writer.write_soon()
+
+
+def waiting_summary(latest: dict[str, Any]) -> str:
+    """``waiting for dependency judge: unreachable since 12:03:05`` for each :data:`WAITING` series
+    whose latest value is an outage's start ("" when none)."""
+    out = []
+    for name, value in sorted(latest.items()):
+        if name.startswith(WAITING) and value and value > 0:
+            dependency, _, cause = name[len(WAITING) :].partition("/")
+            out.append(Outage(cause, float(value)).message(dependency))
+        if len(out) >= 3:
+            break
+    return "  ".join(out)

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from plugtune.jobs.caller import FAILED_CALLS
+from plugtune.jobs.caller import FAILED_CALLS, waiting_summary
 from plugtune.jobs.scheduler import AttemptRunner, run_job
 from plugtune.settings import Settings
 from plugtune.store import Store
@@ -34,6 +34,9 @@ def run_with_progress(store: Store, settings: Settings, job_id: int) -> str:
                 return
             latest = {m.name: m.value for m in store.latest_metrics([jid], plugin="")}
             summary = _summary(latest, failed_calls(store, jid))
+            waiting = waiting_summary(latest) if job.status == "running" else ""
+            if waiting:
+                summary += f"  {waiting}"
             if job.status == "failed" and job.next_retry_at is not None:
                 wait = max(0.0, job.next_retry_at - time.time())
                 summary += f"  automatic retry {job.auto_retries} in {wait:.0f} s (Ctrl-C cancels)"

@@ -406,6 +406,13 @@ class DependencyRetry(BaseModel):
     max_backoff_s: float = Field(
         default=30.0, gt=0, le=3600, description="Longest wait between two tries (a longer Retry-After wins)."
     )
+    down_after_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=86_400,
+        description="A dependency whose calls have all failed for this long is down: the job says it "
+        "is waiting for it (`plugtune run`'s bar, the job's log) until a call on it succeeds.",
+    )
     max_wait_s: float = Field(
         default=120.0,
         ge=0,

@@ -82,6 +82,7 @@ async def test_a_call_rate_limited_by_its_judge_is_retried_after_retry_after_on_
     assert flaky_tries[1] == flaky_tries[0]  # the retry went back to the healthy instance it ran on
     assert outcomes[1].instance_id == flaky_tries[0]
     assert caller.retries == 1 and caller.dependency_waited_s >= 1.0
+    assert caller.outages == {}  # the judge answered again: no outage to wait for
 
 
 async def test_a_short_429_storm_does_not_trip_the_circuit_breaker(
@@ -143,6 +144,8 @@ async def test_a_judge_that_stays_down_fails_the_job_as_the_dependencys_after_th
     )
     assert info.value.reason.startswith("dependency judge: 4 tries in "), info.value.reason
     assert caller.retries == 3  # max_attempts=1 is the plugin's own: the dependency's retries are apart
+    assert [(name, o.cause) for name, o in caller.outages.items()] == [("judge", "unreachable")]
+    assert caller.waiting(now=caller.outages["judge"].since + 10) == caller.outages  # down_after_s 10
     assert 0.35 <= caller.dependency_waited_s <= took  # 0.05-0.1 + 0.1-0.2 + 0.2-0.4 s of backoff
     # the time bound: a Retry-After past max_wait_s ends the call at its first failure
     policy = FailurePolicy(dependency=DependencyRetry(max_wait_s=0.5))

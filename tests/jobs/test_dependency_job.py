@@ -4,16 +4,18 @@ fails as the judge's (Dependency error, owner dependency), is retried automatica
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from plugtune.cli import app
+from plugtune.jobs.caller import waiting_summary
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.jobs.jobkit import make_job
-from tests.judge_server import judge
+from tests.judge_server import dead_port, judge
 
 runner = CliRunner()
 
@@ -122,5 +124,55 @@ def test_a_short_429_storm_is_ridden_out_with_backoff_and_the_breaker_holds(
             "plugin/failed_calls/rate limited"
         )
         assert failed and sum(p.value for p in failed) == 16, failed
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_judge_that_stays_down_is_waited_for_and_said_then_fails_the_run_as_the_dependencys(
+    tmp_path: Path, home: Settings
+) -> None:
+    """The judge is down for the whole run: once its calls have all failed for down_after_s the job
+    says it is waiting for it (a log line, the series `plugtune run`'s bar reads), its calls keep
+    retrying with backoff, and after max_wait_s the run fails as the judge's, the series back to 0."""
+    dead = dead_port()
+    job_file = make_job(
+        tmp_path / "down",
+        grader=JUDGED.format(url=f"http://127.0.0.1:{dead}/ok"),
+        hyper={"steps": 1},
+        extra={
+            "dependencies": {"judge": f"http://127.0.0.1:{dead}"},
+            "failure_policy": {
+                "dependency": {
+                    "max_attempts": 100,
+                    "backoff_s": 0.2,
+                    "max_backoff_s": 0.5,
+                    "down_after_s": 1,
+                    "max_wait_s": 4,
+                }
+            },
+            "retry": {"max_auto_retries": 0},
+        },
+    )
+    started = time.monotonic()
+    result = runner.invoke(app, ["run", str(job_file)])
+    took = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    assert "Dependency error (dependency): unreachable" in result.output, result.output
+    assert took < 90
+    store = Store.open(home.database_url)
+    try:
+        series = store.metrics(1, plugin="", names=["dependency/waiting/judge/unreachable"])
+        values = [p.value for p in series.get("dependency/waiting/judge/unreachable", [])]
+        assert len(values) == 2 and values[0] > 0 and values[-1] == 0, values  # said, then over
+        assert waiting_summary({"dependency/waiting/judge/unreachable": values[0]}).startswith(
+            "waiting for dependency judge: unreachable since "
+        )
+        said = [r.message for r in store.logs(1, text="waiting for dependency judge")]
+        assert len(said) == 1 and said[0].startswith("waiting for dependency judge: unreachable since "), said
+        assert "max_wait_s=4 s fails the job as the dependency's" in said[0]
+        job = store.get_job(1)
+        assert job is not None and job.error is not None
+        assert (job.error.owner, job.error.cause) == ("dependency", "unreachable")
     finally:
         store.close()

@@ -399,7 +399,7 @@ class _FreshPolicy:
 def _callback_class() -> type:
     from transformers import TrainerCallback
 
-    class PlugtuneCallback(TrainerCallback):  # type: ignore[misc]
+    class PlugtuneCallback(TrainerCallback):
         """TRL's logs as the job's training metrics; the end of ``train()`` ends the job."""
 
         def __init__(self, owner: TRLRun) -> None:
@@ -426,7 +426,7 @@ def _callback_class() -> type:
 def _checkpoints_class() -> type:
     from transformers import TrainerCallback
 
-    class CheckpointRecorder(TrainerCallback):  # type: ignore[misc]
+    class CheckpointRecorder(TrainerCallback):
         """Each checkpoint TRL saved, recorded in the store once its step's records are durable."""
 
         def __init__(self, owner: TRLRun) -> None:
@@ -566,7 +566,7 @@ def _sample_of(row: dict[str, Any], index: int, run: EngineRun) -> Sample:
 
 def _take(gateway: Any, trajectory_id: str) -> TokenTrace | None:
     try:
-        return gateway.take(trajectory_id)  # type: ignore[no-any-return]
+        return gateway.take(trajectory_id)
     except KeyError:
         return None
 

@@ -49,12 +49,12 @@ class BoundedLoader(yaml.SafeLoader):
         # quadratic in the flow depth (1,000 levels took it seconds), so the depth is bounded here too.
         if self.flow_level >= MAX_DEPTH:
             raise SpecTooLarge(self._too_deep(), self.get_mark())
-        super().fetch_flow_collection_start(token_class)  # type: ignore[misc]
+        super().fetch_flow_collection_start(token_class)
 
     def add_indent(self, column: int) -> bool:
         if len(self.indents) >= MAX_DEPTH:
             raise SpecTooLarge(self._too_deep(), self.get_mark())
-        return bool(super().add_indent(column))  # type: ignore[misc]
+        return bool(super().add_indent(column))
 
     @staticmethod
     def _too_deep() -> str:
@@ -129,7 +129,7 @@ def compose(text: str) -> tuple[Any, yaml.Node | None]:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     finally:
-        loader.dispose()  # type: ignore[no-untyped-call]
+        loader.dispose()
     return data, node
 
 

@@ -435,7 +435,7 @@ class FailurePolicy(BaseModel):
         default="fail_job", description="After the last try: fail the job, or drop the sample and count it."
     )
     dependency: DependencyRetry = Field(
-        default_factory=DependencyRetry,  # type: ignore[arg-type]
+        default_factory=DependencyRetry,
         description="Calls that failed on a declared service (Dependency error): retried apart from "
         "max_attempts, with backoff, and not counted by the circuit breaker.",
     )
@@ -616,22 +616,22 @@ class JobSpec(BaseModel):
         "{url, rpm, concurrency, timeout_s}. Under `network: policy-only` the instances reach these "
         "and the policy gateway only; a call failed on one is a `Dependency error` (owner dependency).",
     )
-    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy, description="Plugin call failures.")  # type: ignore[arg-type]
-    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Automatic job retries.")  # type: ignore[arg-type]
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy, description="Plugin call failures.")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Automatic job retries.")
     circuit_breaker: CircuitBreaker = Field(
-        default_factory=CircuitBreaker,  # type: ignore[arg-type]
+        default_factory=CircuitBreaker,
         description="Early stop on plugin errors.",
     )
     tracking: TrackingSpec = Field(
-        default_factory=TrackingSpec,  # type: ignore[arg-type]
+        default_factory=TrackingSpec,
         description="Metric trackers and plugin-call traces (TensorBoard always).",
     )
     eval: EvalSpec = Field(
-        default_factory=EvalSpec,  # type: ignore[arg-type]
+        default_factory=EvalSpec,
         description="Evaluation of data.validation (used only when data.validation is given).",
     )
     signal: SignalSpec = Field(
-        default_factory=SignalSpec,  # type: ignore[arg-type]
+        default_factory=SignalSpec,
         description="Thresholds of the reward-signal health warnings.",
     )
 

@@ -64,11 +64,11 @@ def exits_raise() -> Iterator[None]:
     def _sys_exit(status: object = None) -> NoReturn:
         raise PluginExit(f"the plugin called sys.exit({status!r})")
 
-    os._exit, sys.exit = _os_exit, _sys_exit  # type: ignore[assignment]
+    os._exit, sys.exit = _os_exit, _sys_exit
     try:
         yield
     finally:
-        os._exit, sys.exit = real_os_exit, real_sys_exit  # type: ignore[assignment]
+        os._exit, sys.exit = real_os_exit, real_sys_exit
 
 
 class ExitsAsEof(JobFunction):

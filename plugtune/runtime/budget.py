@@ -110,7 +110,7 @@ class DependencyBudget:
         self.holders.add(holder)
 
     def release(self, holder: Holder | None = None) -> None:
-        self.holders.discard(holder)  # type: ignore[arg-type]
+        self.holders.discard(holder)
         self.open = max(0, self.open - 1)
         self._pump()
 

@@ -145,7 +145,7 @@ class Instance:
                     instance.output_done.set_result(None)
 
         transport, _ = await self.loop.create_unix_connection(Conn, sock=sock)
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         await self.loop.connect_read_pipe(Output, os.fdopen(output_fd, "rb", buffering=0))
 
     # ---- calls ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from asyncio.tasks import _enter_task, _leave_task  # type: ignore[attr-defined]
+from asyncio.tasks import _enter_task, _leave_task
 from collections.abc import Coroutine, Generator
 from typing import Any
 
@@ -77,7 +77,7 @@ class _Started(Coroutine[Any, Any, Any]):
             raise StopIteration(result)
         return self.context.run(self.coro.send, value)
 
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
         if self.result is not _NOTHING or self.error is not None:
             return self.send(None)  # finished already: its reply has left, the cancel comes late
         self.yielded = _NOTHING  # the task never waited on it: the coroutine is told instead

@@ -29,11 +29,11 @@ except ImportError:  # pragma: no cover - uvloop is a dependency; a platform wit
 def new_event_loop() -> asyncio.AbstractEventLoop:
     if uvloop is None:  # pragma: no cover
         return asyncio.new_event_loop()
-    return _counting_loop(uvloop.Loop)()  # type: ignore[no-any-return]
+    return _counting_loop(uvloop.Loop)()
 
 
 def _counting_loop(base: type) -> type:
-    class CountingLoop(base):  # type: ignore[valid-type, misc]
+    class CountingLoop(base):
         async def getaddrinfo(
             self,
             host: Any,
@@ -180,7 +180,7 @@ class CountingTransport(asyncio.Transport, asyncio.DatagramTransport):
         self.inner.set_protocol(protocol)
 
     def get_protocol(self) -> asyncio.BaseProtocol:
-        return self.inner.get_protocol()  # type: ignore[no-any-return]
+        return self.inner.get_protocol()
 
     def is_reading(self) -> bool:
         return bool(self.inner.is_reading())
@@ -198,7 +198,7 @@ class CountingTransport(asyncio.Transport, asyncio.DatagramTransport):
         return int(self.inner.get_write_buffer_size())
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self.inner.get_write_buffer_limits()  # type: ignore[no-any-return]
+        return self.inner.get_write_buffer_limits()
 
     def write_eof(self) -> None:
         self.inner.write_eof()

@@ -215,7 +215,7 @@ def guard(forwarder: PolicyForwarder, warn: Callable[[str], None]) -> Guard:
     refusal of any other connection (see the module's docstring)."""
     global GUARD
     GUARD = Guard(forwarder, warn)
-    socket.getaddrinfo = GUARD.getaddrinfo  # type: ignore[assignment]
+    socket.getaddrinfo = GUARD.getaddrinfo
     sys.addaudithook(GUARD.hook)
     return GUARD
 

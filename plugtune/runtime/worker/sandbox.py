@@ -46,7 +46,7 @@ def enter_network(config: dict[str, Any]) -> None:
     """The network namespace step (``plugtune.runtime.worker.network``, where present)."""
     if importlib.util.find_spec("plugtune.runtime.worker.network") is None:
         return
-    from plugtune.runtime.worker import network  # type: ignore[attr-defined]
+    from plugtune.runtime.worker import network
 
     network.enter_network(config)
 

@@ -72,14 +72,34 @@ PLUGIN_CHARTS: list[PluginChart] = [
     ),
 ]
 
+
+def is_signal_health(name: str) -> bool:
+    """A reward-signal health metric (plugtune.trainer.health): a share between 0 and 1 per step."""
+    return (
+        name in ("groups/zero_variance_share", "response/truncated_share")
+        or (name.startswith("reward/at_") and name.endswith("_share"))
+        or (name.startswith("grader/") and name.endswith("/unscorable_share"))
+        or (name.startswith("reward/") and name.endswith("/variance_share"))
+    )
+
+
 # Training curves: (key, title, unit, which metric names, legend label).
 TRAINING_CHARTS: list[PluginChart] = [
     PluginChart(
         "reward",
         "Reward (mean and per grader)",
         "",
-        lambda n: n.startswith("reward/") and n not in ("reward/std", "reward/scored"),
+        lambda n: (
+            n.startswith("reward/") and n not in ("reward/std", "reward/scored") and not is_signal_health(n)
+        ),
         _after("reward/"),
+    ),
+    PluginChart(  # what the no_gradient, truncated, unscorable, saturated, dominant_component warnings read
+        "signal",
+        "Reward signal health (shares of groups, replies, trajectories, reward variance)",
+        "share",
+        is_signal_health,
+        lambda n: n,
     ),
     PluginChart("loss", "Loss", "", lambda n: n == "loss" or n.startswith("loss/"), lambda n: n),
     PluginChart("kl", "KL", "", lambda n: n == "kl" or n.startswith("kl/"), lambda n: n),

@@ -199,13 +199,16 @@ class PolicyCaller:
         if error is not None:
             counts.examples.setdefault(cause, error)
 
-    def dependency_delay(self, retry_after_s: float | None, tries: int, spent_s: float) -> float | None:
+    def dependency_delay(
+        self, retry_after_s: float | None, tries: int, spent_s: float, down: bool = False
+    ) -> float | None:
         """Seconds to wait before retrying a call whose ``tries``-th try failed on a dependency
         (``spent_s`` since its first failure), or None when ``failure_policy.dependency`` is used up:
         ``backoff_s * 2**(tries-1)`` capped at ``max_backoff_s``, drawn in its upper half (jitter),
-        at least the reply's ``Retry-After`` (``retry_after_s``)."""
+        at least the reply's ``Retry-After`` (``retry_after_s``). While the dependency is ``down``
+        (see :meth:`waiting`) tries are not counted: the call waits, bounded by ``max_wait_s``."""
         policy: DependencyRetry = self.failure.dependency
-        if tries >= policy.max_attempts:
+        if tries >= policy.max_attempts and not down:
             return None
         step = min(policy.backoff_s * 2 ** min(tries - 1, 60), policy.max_backoff_s)
         delay = step * (0.5 + 0.5 * self._rng.random())
@@ -245,7 +248,10 @@ class PolicyCaller:
                     first_dependency_failure = now
                 dependency_tries += 1
                 delay = self.dependency_delay(
-                    exc.retry_after_s, dependency_tries, now - first_dependency_failure
+                    exc.retry_after_s,
+                    dependency_tries,
+                    now - first_dependency_failure,
+                    down=(exc.dependency or "?") in self.waiting(),
                 )
                 if delay is None:
                     policy = self.failure.dependency

@@ -394,7 +394,8 @@ class DependencyRetry(BaseModel):
         default=5,
         ge=1,
         le=1000,
-        description="Tries per call that fails on a dependency (the first included).",
+        description="Tries per call that fails on a dependency (the first included); not counted "
+        "while the dependency is down (down_after_s): then the call waits, up to max_wait_s.",
     )
     backoff_s: float = Field(
         default=0.5,

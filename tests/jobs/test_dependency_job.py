@@ -134,7 +134,8 @@ def test_a_judge_that_stays_down_is_waited_for_and_said_then_fails_the_run_as_th
 ) -> None:
     """The judge is down for the whole run: once its calls have all failed for down_after_s the job
     says it is waiting for it (a log line, the series `plugtune run`'s bar reads), its calls keep
-    retrying with backoff, and after max_wait_s the run fails as the judge's, the series back to 0."""
+    retrying with backoff past max_attempts (3: not counted while it is down), and after max_wait_s
+    the run fails as the judge's, the series back to 0."""
     dead = dead_port()
     job_file = make_job(
         tmp_path / "down",
@@ -144,10 +145,10 @@ def test_a_judge_that_stays_down_is_waited_for_and_said_then_fails_the_run_as_th
             "dependencies": {"judge": f"http://127.0.0.1:{dead}"},
             "failure_policy": {
                 "dependency": {
-                    "max_attempts": 100,
-                    "backoff_s": 0.2,
+                    "max_attempts": 3,
+                    "backoff_s": 0.5,
                     "max_backoff_s": 0.5,
-                    "down_after_s": 1,
+                    "down_after_s": 0.5,
                     "max_wait_s": 4,
                 }
             },
@@ -174,5 +175,8 @@ def test_a_judge_that_stays_down_is_waited_for_and_said_then_fails_the_run_as_th
         job = store.get_job(1)
         assert job is not None and job.error is not None
         assert (job.error.owner, job.error.cause) == ("dependency", "unreachable")
+        failed = store.metrics(1, plugin="", names=["plugin/failed_calls/unreachable"])
+        tries = sum(p.value for p in failed.get("plugin/failed_calls/unreachable", []))
+        assert tries > 4 * 3, tries  # the 4 grader calls kept trying past max_attempts while it was down
     finally:
         store.close()

@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = store.latest_checkpoint(job_id)
     number = store.start_attempt(job_id, os.getpid(), checkpoint.step if checkpoint else 0)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # A server or run started in the background (`cmd &` in a script, nohup) hands its children
+    # SIGINT ignored: an interrupt from outside must still end the attempt, as an unknown error.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         asyncio.run(run_attempt(store, settings, job_id, job.spec))
     except BaseException as exc:  # every failure is classified once, here

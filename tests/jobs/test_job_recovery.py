@@ -54,11 +54,20 @@ def test_after_the_last_automatic_retry_a_support_bundle_is_written(
     assert any(n.startswith("code/") and n.endswith("rollout.py") for n in names)
 
 
+@pytest.mark.parametrize("launched", ["foreground", "in the background"])
 def test_an_unexplained_interrupt_is_an_unknown_error_retried_automatically(
-    tmp_path: Path, store: Store, home: Settings
+    tmp_path: Path, store: Store, home: Settings, launched: str
 ) -> None:
+    """Also when the process that runs the job ignores SIGINT, as one started with `&` from a
+    script does (its children inherit SIG_IGN): the attempt went on and succeeded."""
     job_id, _ = create_job(store, make_job(tmp_path / "u", hyper={"steps": 30}))
-    status = run_job(store, home, job_id, progress=_kill_running_attempt(store, signal.SIGINT))  # type: ignore[arg-type]
+    before = signal.signal(
+        signal.SIGINT, signal.SIG_IGN if launched != "foreground" else signal.getsignal(signal.SIGINT)
+    )
+    try:
+        status = run_job(store, home, job_id, progress=_kill_running_attempt(store, signal.SIGINT))  # type: ignore[arg-type]
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert status == "failed"
     first = store.list_attempts(job_id)[0].error
     assert first is not None

@@ -420,12 +420,16 @@ def jobs_list(
 def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
     """Show a job: status, progress, the classified error with its hint, warnings (off-policy
     training, dropped policy tokens, steps whose groups gave no gradient, replies cut at
-    max_new_tokens, each with example trajectory ids), attempts, plugins, and each plugin's
-    ctx.metric values of the newest step (mean, min, max, count)."""
+    max_new_tokens, each with example trajectory ids), the dependency outage a running job waits
+    out, attempts, plugins, and each plugin's ctx.metric values of the newest step (mean, min,
+    max, count)."""
+    from plugtune.jobs.caller import waiting_summary
     from plugtune.jobs.control import queue_positions
 
     with _opened_store() as (_, store):
         doc = {**_job_or_exit(store, job_id), "queue_position": queue_positions(store).get(job_id)}
+        latest = {m.name: m.value for m in store.latest_metrics([job_id], plugin="")}
+        doc["waiting"] = (waiting_summary(latest) or None) if doc["status"] == "running" else None
         if as_json:
             _echo_json(doc)
             return
@@ -435,6 +439,8 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
         if doc["queue_position"] is not None:
             ahead = doc["queue_position"] - 1
             typer.echo(f"  #{doc['queue_position']} in the queue ({ahead} queued job(s) start before it)")
+        if doc["waiting"]:
+            typer.echo(f"  {doc['waiting']}")
         if doc["error"]:
             _echo_error(doc["error"])
         if doc["next_retry_at"] and doc["status"] == "failed":

@@ -30,6 +30,7 @@ def job_event(store: Store, job: Job) -> JobEventOut:
         error_cause=cause,
         updated_at=job.updated_at,
         queue_position=position,
+        waiting=service.waiting_of(store, job),
     )
 
 

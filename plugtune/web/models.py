@@ -48,6 +48,11 @@ class JobOut(BaseModel):
     eta_s: float | None = Field(
         default=None, description="a running job's estimated time to its last step, at this attempt's pace"
     )
+    waiting: str | None = Field(
+        default=None,
+        description="a running job that waits out a dependency's outage, e.g. 'waiting for dependency "
+        "judge: unreachable since 12:03:05' (its calls are retried, not failed)",
+    )
 
 
 class JobPage(BaseModel):
@@ -325,3 +330,4 @@ class JobEventOut(BaseModel):
     error_cause: str | None = None
     updated_at: float
     queue_position: int | None = None
+    waiting: str | None = None

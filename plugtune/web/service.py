@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from plugtune.jobs import control
+from plugtune.jobs.caller import waiting_summary
 from plugtune.jobs.control import JobNotFoundError, NotRetryableError, retry_job
 from plugtune.store import Store
 from plugtune.store.records import Attempt, IllegalTransitionError, Job, NotFoundError, Plugin
@@ -66,7 +67,15 @@ def job_view(store: Store, job: Job) -> JobOut:
         name = plugin_name(store.list_plugins(job.id), out.error.plugin)
         out = out.model_copy(update={"error": out.error.model_copy(update={"plugin": name})})
     duration, eta = timing(job, store.list_attempts(job.id), time.time())
-    return out.model_copy(update={"duration_s": duration, "eta_s": eta})
+    return out.model_copy(update={"duration_s": duration, "eta_s": eta, "waiting": waiting_of(store, job)})
+
+
+def waiting_of(store: Store, job: Job) -> str | None:
+    """What a running job waits for (a dependency's outage, from its latest metrics), or None."""
+    if job.status != "running":
+        return None
+    latest = {m.name: m.value for m in store.latest_metrics([job.id], plugin="")}
+    return waiting_summary(latest) or None
 
 
 def job_list(store: Store, jobs: list[Job]) -> list[JobOut]:

@@ -384,6 +384,7 @@ def test_events_of_an_ended_job_send_its_state_then_end(api: TestClient, db: Sto
         "error_cause",
         "updated_at",
         "queue_position",
+        "waiting",
     }
     assert api.get("/api/jobs/999/events").status_code == 404
 

@@ -129,7 +129,7 @@
         badge.textContent = j.status;
         badge.className = `badge status-${j.status}`;
       }
-      setText("job-status-text", j.status + (j.queue_position ? ` · position ${j.queue_position} in the queue` : ""));
+      setText("job-status-text", j.status + (j.queue_position ? ` · position ${j.queue_position} in the queue` : "") + (j.waiting ? ` · ${j.waiting}` : ""));
       setText("steps-done", `${j.steps_done}${total ? " / " + total : ""}`);
       if (this.steps !== null && j.steps_done !== this.steps) drawCurves(this.grid);
       this.steps = j.steps_done;

@@ -206,19 +206,30 @@ def test_plugins(
     policy_api_key: str = typer.Option(
         "", envvar="PLUGTUNE_POLICY_API_KEY", show_default=False, help="The API key of --policy-url."
     ),
+    expect: str = typer.Option(
+        "",
+        "--expect",
+        help="Grader fixtures (JSONL: row or sample, completion or messages, expect: a reward, null, "
+        "failure, retry, discard or error; tolerance, grader, name): check each grader call against "
+        "its expected result instead of running rollouts.",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run the job's rollout and graders on a few dataset rows and show trajectories, rewards, logs and
     every error with its cause and hint; with --faas, load-test them in the function runtime (QPS,
-    latency, errors by cause, memory, instances, event-loop blocking, trainer demand).
+    latency, errors by cause, memory, instances, event-loop blocking, trainer demand). With --expect
+    FILE, run the graders on fixtures whose result is known and print a pass/fail table (exit 1 when
+    one fails: for CI).
 
     Without --faas the plugins run in this process, UNSANDBOXED, with your user and files (it is your
     own code; as root a warning says so); --faas runs them in the runtime's sandbox.
 
     Exits 0 when every call succeeded, 1 when one failed, 2 when the job itself is invalid."""
-    from plugtune.pretest.command import TestOptions, test_command
+    from plugtune.pretest.command import TestOptions, fixtures_command, test_command
     from plugtune.pretest.faas import Injection
 
+    if expect:
+        raise typer.Exit(fixtures_command(job_file, expect, faas=faas, as_json=as_json))
     try:
         injection = Injection.parse(inject, inject_rate, seed) if inject else None
     except ValueError as exc:

@@ -176,3 +176,65 @@ def test_command(options: TestOptions, *, faas: bool, as_json: bool) -> int:
     else:
         render_local(out, doc)
     return exit_code(doc)
+
+
+def fixtures_command(job_file: str, expect: str, *, faas: bool, as_json: bool) -> int:
+    """``plugtune test --expect FILE``: each fixture's grader call, a pass/fail table (or one JSON
+    document) and the exit status: 0 every fixture passed, 1 one did not, 2 the job or file is invalid."""
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from plugtune.pretest.fixtures import read_fixtures, run_fixtures
+    from plugtune.runtime import InProcessRuntime, LocalRuntime
+
+    out = Console(highlight=False, soft_wrap=True)
+    if not out.is_terminal:
+        out.width = WIDE
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # a problem's line stays whole
+    if not faas and os.geteuid() == 0:
+        err.print(Text(UNSANDBOXED_AS_ROOT, style="yellow"))
+    try:
+        job, rows = load_job(job_file, check_model=False)
+        fixtures = read_fixtures(Path(expect), job, rows)
+    except DataError as exc:
+        err.print(Text(f"plugtune test: {exc.type}: {exc.message}"))
+        return 2
+
+    async def run() -> Any:
+        runtime = LocalRuntime() if faas else InProcessRuntime()
+        async with runtime as rt:
+            return await run_fixtures(rt, job, fixtures)
+
+    try:
+        results = asyncio.run(run())
+    except PluginCallError as exc:  # a plugin could not be deployed
+        if as_json:
+            out.out(
+                dumps({"fixtures": [], "error": exc.to_dict(), "summary": {"ok": False}}), highlight=False
+            )
+        else:
+            render_error(out, exc.to_dict())
+        return 1
+    passed = sum(r.passed for r in results)
+    if as_json:
+        summary = {"ok": passed == len(results), "fixtures": len(results), "passed": passed}
+        out.out(dumps({"fixtures": [r.to_dict() for r in results], "summary": summary}), highlight=False)
+    else:
+        table = Table(title=f"{job.spec.name}: grader fixtures from {expect}")
+        for column in ("line", "name", "grader", "expected", "got", ""):
+            table.add_column(column, overflow="fold")
+        for r in results:
+            f = r.fixture
+            verdict = Text("pass", style="green") if r.passed else Text("FAIL", style="bold red")
+            expected = (
+                "None"
+                if f.expect is None
+                else f"{f.expect!r} ± {f.tolerance:g}"
+                if isinstance(f.expect, float)
+                else f.expect
+            )
+            table.add_row(str(f.line), Text(f.name), f.grader, expected, Text(r.got), verdict)
+        out.print(table)
+        out.print(f"{passed} of {len(results)} fixtures passed")
+    return 0 if passed == len(results) else 1

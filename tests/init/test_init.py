@@ -37,7 +37,14 @@ def load(path: Path) -> ModuleType:
 
 def test_init_writes_a_ready_project(project: Path) -> None:
     files = sorted(str(p.relative_to(project)) for p in project.rglob("*") if p.is_file())
-    assert files == ["README.md", "data/train.jsonl", "job.yaml", "plugins/grader.py", "plugins/rollout.py"]
+    assert files == [
+        "README.md",
+        "data/train.jsonl",
+        "fixtures.jsonl",
+        "job.yaml",
+        "plugins/grader.py",
+        "plugins/rollout.py",
+    ]
     assert "name: my-task" in (project / "job.yaml").read_text()
     assert (project / "README.md").read_text().startswith("# my-task")
     rows = read_dataset(project / "data/train.jsonl")
@@ -70,7 +77,7 @@ def test_init_refuses_to_overwrite(tmp_path: Path) -> None:
     assert (tmp_path / "keep.txt").read_text() == "mine"
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert len(create_project(empty)) == 5
+    assert len(create_project(empty)) == 6
 
 
 def test_project_name_is_a_valid_job_name() -> None:

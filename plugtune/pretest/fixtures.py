@@ -1,0 +1,230 @@
+"""``plugtune test --expect fixtures.jsonl``: a job's graders against answers whose reward is known.
+
+A fixture is one JSON object per line:
+
+* the sample: ``"row": N`` (line N+1 of the job's ``data.train``) or ``"sample": {...}`` (a dataset
+  row: ``messages`` or ``prompt``, ``extra``);
+* the reply to score: ``"completion": "..."`` (the sample's messages and this assistant reply) or
+  ``"messages": [...]`` (the whole conversation, as a rollout with tools leaves it);
+* ``"expect"``: the reward (a number, compared within ``"tolerance"``, default 1e-6), ``null``
+  (unscorable), or the grader's verdict: ``"failure"``, ``"retry"``, ``"discard"``, or ``"error"``
+  (the call fails: it raises, times out, ...);
+* ``"grader"``: the job.yaml name of the grader to ask (needed when the job has several);
+  ``"name"``: a label for the table.
+
+Each fixture is one grader call, in this process (a forked child per sync call, killed at its
+``timeout_s``) or with ``--faas`` in the function runtime with the job's limits; the result is a
+pass/fail row per fixture and an exit status for CI: 0 when every fixture passed, 1 when one did
+not, 2 when the fixtures file or the job is invalid (each problem named by its line and field).
+Group graders are not covered yet (a fixture naming one is refused with that message).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plugtune.errors import DataError, PluginCallError, Problem
+from plugtune.jobs.plugins import JobFunction
+from plugtune.jobs.validation import ValidatedJob
+from plugtune.pretest.deployment import deploy_job
+from plugtune.runtime.runtime import BaseRuntime
+from plugtune.sdk import Context, Kind, Sample, Trajectory
+
+VERDICTS = ("failure", "retry", "discard", "error")
+MAX_FIXTURES = 10_000
+MAX_LINE_BYTES = 1 << 20
+DEFAULT_TOLERANCE = 1e-6
+KEYS = {"row", "sample", "completion", "messages", "expect", "tolerance", "grader", "name"}
+
+
+@dataclass(frozen=True)
+class Fixture:
+    line: int
+    name: str
+    grader: str
+    sample: Sample
+    trajectory: Trajectory
+    expect: float | str | None
+    tolerance: float
+
+
+@dataclass(frozen=True)
+class FixtureResult:
+    fixture: Fixture
+    got: (
+        str  # what the grader did, as the table shows it: "1.0", "None", "failure: reason", "error: 500: ..."
+    )
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        f = self.fixture
+        return {
+            "line": f.line,
+            "name": f.name,
+            "grader": f.grader,
+            "expect": f.expect,
+            "got": self.got,
+            "passed": self.passed,
+        }
+
+
+def read_fixtures(path: Path, job: ValidatedJob, rows: list[dict[str, Any]]) -> list[Fixture]:
+    """The fixtures of ``path``; DataError naming every bad line and field (nothing is run then)."""
+    name = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError([Problem(name, f"cannot be read: {exc.strerror or exc}")]) from None
+    graders = {ref.name: ref for ref in job.graders}
+    group_graders = {ref.name for ref in job.group_graders}
+    fixtures: list[Fixture] = []
+    problems: list[Problem] = []
+    for number, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if len(fixtures) + len(problems) >= MAX_FIXTURES:
+            problems.append(Problem(name, f"more than {MAX_FIXTURES} fixtures: split the file", number))
+            break
+
+        def bad(message: str, field: str | None = None, line_no: int = number) -> None:
+            problems.append(Problem(name, message, line_no, field))
+
+        if len(line) > MAX_LINE_BYTES:
+            bad(f"is {len(line)} bytes; a fixture line holds at most {MAX_LINE_BYTES}")
+            continue
+        try:
+            data = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            bad(f"is not JSON ({exc}); write one object per line")
+            continue
+        if not isinstance(data, dict):
+            bad("is not a JSON object; write one object per line")
+            continue
+        unknown = sorted(set(data) - KEYS)
+        if unknown:
+            bad(f"unknown key(s) {', '.join(unknown)}; a fixture takes {', '.join(sorted(KEYS))}", unknown[0])
+            continue
+        fixture = _fixture(data, number, graders, group_graders, rows, bad)
+        if fixture is not None:
+            fixtures.append(fixture)
+    if not fixtures and not problems:
+        problems.append(
+            Problem(name, "holds no fixture: write one JSON object per line (see plugtune test --help)")
+        )
+    if problems:
+        raise DataError(problems)
+    return fixtures
+
+
+def _fixture(
+    data: dict[str, Any],
+    number: int,
+    graders: dict[str, Any],
+    group_graders: set[str],
+    rows: list[dict[str, Any]],
+    bad: Any,
+) -> Fixture | None:
+    grader = data.get("grader")
+    if grader is None:
+        if len(graders) != 1:
+            bad(f"the job has {len(graders)} graders ({', '.join(graders)}): name one", "grader")
+            return None
+        grader = next(iter(graders))
+    elif grader in group_graders:
+        bad(f"{grader!r} is a group grader; fixtures cover graders only for now", "grader")
+        return None
+    elif grader not in graders:
+        bad(f"no grader {grader!r} in the job; its graders: {', '.join(graders) or 'none'}", "grader")
+        return None
+    if ("row" in data) == ("sample" in data):
+        bad("give the sample as exactly one of row (an index into data.train) or sample (a dataset row)")
+        return None
+    if "row" in data:
+        row = data["row"]
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < len(rows):
+            bad(f"must be a row index from 0 to {len(rows) - 1} of data.train", "row")
+            return None
+        sample_dict: Any = rows[row]
+        index = row
+    else:
+        sample_dict, index = data["sample"], 0
+    try:
+        if not isinstance(sample_dict, dict):
+            raise TypeError("a dataset row is an object")
+        if "messages" not in sample_dict and isinstance(sample_dict.get("prompt"), str):
+            sample_dict = {**sample_dict, "messages": [{"role": "user", "content": sample_dict["prompt"]}]}
+        sample = dataclasses.replace(Sample.from_dict(sample_dict), index=index)
+    except (KeyError, TypeError, ValueError) as exc:
+        bad(f"is not a dataset row ({exc}): give messages (or prompt) and extra", "sample")
+        return None
+    if ("completion" in data) == ("messages" in data):
+        bad("give the reply as exactly one of completion (a string) or messages (the whole conversation)")
+        return None
+    if "completion" in data:
+        if not isinstance(data["completion"], str):
+            bad("must be a string", "completion")
+            return None
+        messages = [*sample.messages, {"role": "assistant", "content": data["completion"]}]
+    else:
+        messages = data["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            bad("must be a list of messages, each an object with a role", "messages")
+            return None
+    if "expect" not in data:
+        bad(f"missing: a reward, null (unscorable) or one of {', '.join(VERDICTS)}", "expect")
+        return None
+    expect = data["expect"]
+    if isinstance(expect, bool) or not (
+        expect is None or isinstance(expect, (int, float)) and math.isfinite(expect) or expect in VERDICTS
+    ):
+        bad(f"must be a finite number, null or one of {', '.join(VERDICTS)}; got {expect!r}", "expect")
+        return None
+    tolerance = data.get("tolerance", DEFAULT_TOLERANCE)
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, (int, float))
+        or not 0 <= tolerance < math.inf
+    ):
+        bad("must be a number >= 0", "tolerance")
+        return None
+    label = data.get("name", "")
+    return Fixture(
+        line=number,
+        name=str(label)[:200] if label is not None else "",
+        grader=str(grader),
+        sample=sample,
+        trajectory=Trajectory(trajectory_id=f"fixture-{number}", messages=list(messages)),
+        expect=float(expect) if isinstance(expect, (int, float)) else expect,
+        tolerance=float(tolerance),
+    )
+
+
+async def run_fixtures(rt: BaseRuntime, job: ValidatedJob, fixtures: list[Fixture]) -> list[FixtureResult]:
+    """Deploy the job's plugins in ``rt`` and ask each fixture's grader, one call per fixture."""
+    deployed = {jf.spec.name: jf for jf in await deploy_job(rt, job) if jf.spec.kind is Kind.GRADER}
+    return [await _check(deployed[f.grader], f) for f in fixtures]
+
+
+async def _check(fn: JobFunction, fixture: Fixture) -> FixtureResult:
+    ctx = Context(
+        job_id="fixtures", phase="test", trajectory_id=fixture.trajectory.trajectory_id, plugin=fixture.grader
+    )
+    try:
+        outcome = await fn.invoke(ctx, fixture.sample, fixture.trajectory)
+    except PluginCallError as exc:
+        return FixtureResult(fixture, f"error: {exc.cause}: {exc.message}"[:500], fixture.expect == "error")
+    if outcome.status != "success":
+        said = f"{outcome.status}: {outcome.reason}" if outcome.reason else outcome.status
+        return FixtureResult(fixture, said[:500], fixture.expect == outcome.status)
+    value = outcome.value
+    if value is None:
+        return FixtureResult(fixture, "None", fixture.expect is None)
+    got = float(value)
+    expect = fixture.expect
+    passed = isinstance(expect, float) and abs(got - expect) <= fixture.tolerance
+    return FixtureResult(fixture, repr(got), passed)

@@ -22,9 +22,9 @@ from fastapi.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from plugtune.store import Store  # noqa: E402
-from plugtune.types import ErrorRecord, LogLine, MetricPoint, TrajectoryRecord  # noqa: E402
-from plugtune.web import create_app  # noqa: E402
+from plugtune.store import Store
+from plugtune.types import ErrorRecord, LogLine, MetricPoint, TrajectoryRecord
+from plugtune.web import create_app
 
 CHUNK = 5_000
 PLUGINS = ("solve", "exact")

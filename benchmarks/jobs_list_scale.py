@@ -22,9 +22,9 @@ from fastapi.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from plugtune.store import Store  # noqa: E402
-from plugtune.types import MetricPoint  # noqa: E402
-from plugtune.web import create_app  # noqa: E402
+from plugtune.store import Store
+from plugtune.types import MetricPoint
+from plugtune.web import create_app
 
 NAMES = ("adder-grpo", "math-lr-sweep", "tool-use", "summarize", "code-repair")
 CURVES = ("reward/mean", "loss", "kl", "response_length", "time/step_s", "plugin/failed_calls/Timeout")

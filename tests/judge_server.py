@@ -25,7 +25,7 @@ from typing import Any
 class _Judge(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(min(length, 1 << 20))

@@ -74,7 +74,7 @@ async def _chat(
         body = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     except ApiError as exc:
         status, body = exc.status, json.dumps(exc.body()).encode()
-    except Exception as exc:  # noqa: BLE001 - the caller gets an OpenAI-shaped 500, the server goes on
+    except Exception as exc:  # the caller gets an OpenAI-shaped 500, the server goes on
         logger.error("policy gateway failed on %s", CHAT_PATH, exc_info=exc)
         error = ApiError(500, f"the policy gateway failed: {type(exc).__name__}: {exc}", "server_error")
         status, body = 500, json.dumps(error.body()).encode()

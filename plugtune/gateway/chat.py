@@ -112,7 +112,7 @@ class ChatRenderer:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False
             )
-        except Exception as exc:  # noqa: BLE001 - jinja raises many kinds; all mean "cannot render this"
+        except Exception as exc:  # jinja raises many kinds; all mean "cannot render this"
             raise TemplateError(f"the chat template cannot render these messages: {exc}") from exc
         return str(text)
 

@@ -349,7 +349,7 @@ class GenerationEngine:
         try:
             self._decode_batch(batch, lambda row: self._deliver(row, version, len(batch)))
             self._last_batch_s = time.monotonic() - started
-        except Exception as exc:  # noqa: BLE001 - every waiting caller must hear about it
+        except Exception as exc:  # every waiting caller must hear about it
             logger.exception("generation failed for a batch of %d", len(batch))
             for pending in batch:
                 if not pending.future.done():

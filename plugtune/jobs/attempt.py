@@ -43,7 +43,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 3
 LIVE_TAIL_S = LOG_READ_S  # how often plugin logs reach the store while a step runs
 
 
-class Sigterm(Exception):  # noqa: N818
+class Sigterm(Exception):
     """SIGTERM reached the attempt: a cancel when the store holds the job's cancel request (the
     control plane records it before it signals), otherwise a stop from outside (``Terminated``)."""
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         asyncio.run(run_attempt(store, settings, job_id, job.spec))
-    except BaseException as exc:  # every failure is classified once, here
+    except BaseException as exc:  # noqa: BLE001 - every failure is classified once, here
         if isinstance(exc, (Sigterm, asyncio.CancelledError)):
             if store.cancel_request(job_id) is not None:
                 store.end_attempt(job_id, number, "cancelled")

@@ -48,7 +48,7 @@ _STATUS_KINDS = {
 }
 
 
-class JobStop(Exception):  # noqa: N818 - a control-flow signal, not an error of its own
+class JobStop(Exception):  # a control-flow signal, not an error of its own
     """Raised when a failed plugin call must end the job; ``error`` is the classified cause."""
 
     def __init__(

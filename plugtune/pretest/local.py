@@ -25,7 +25,7 @@ from plugtune.sdk import Context
 from plugtune.types import CallOutcome
 
 
-class PluginExit(Exception):  # noqa: N818 - it is what the plugin did
+class PluginExit(Exception):  # it is what the plugin did
     """Raised in place of ``os._exit`` / ``sys.exit`` while plugins run in this process.
 
     A SystemExit would end the test's own event loop, so exits travel as this ordinary

@@ -147,13 +147,13 @@ def _handler_for(relay: PolicyRelay) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
             log.debug("relay: " + format, *args)
 
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:  # the stdlib's name
             if self.path.rstrip("/").endswith("/models"):
                 self._send(200, {"object": "list", "data": [{"id": relay.model_name, "object": "model"}]})
             else:
                 self._send(404, _error(f"no route {self.path}"))
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 self._send(404, _error(f"no route {self.path}; use POST /v1/chat/completions"))
                 return

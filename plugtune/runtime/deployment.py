@@ -196,7 +196,7 @@ class LocalDeployment:
         try:
             await instance.attach(parent, out_r)
             await self.launcher.launch(instance, config, child.fileno(), out_w)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - cleaned up, then raised again
             child.close()
             os.close(out_w)
             instance.kill("start-up failed")

@@ -28,7 +28,7 @@ READ_SIZE = 1 << 16
 MESSAGE, DONE, ERROR = "message", "done", "error"
 
 
-class ChildDied(Exception):  # noqa: N818 - what happened to the child
+class ChildDied(Exception):  # what happened to the child
     """The child ended before it sent its result; ``how`` says how (its exit status or signal)."""
 
     def __init__(self, how: str) -> None:

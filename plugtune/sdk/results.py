@@ -42,7 +42,7 @@ class GraderResult:
     reason: str = ""
 
 
-class Retry(Exception):  # noqa: N818 - the name is the SDK's public word
+class Retry(Exception):  # the name is the SDK's public word
     """Raise to ask for this call to be retried; after ``max_attempts`` the sample is dropped."""
 
     def __init__(self, reason: str = "") -> None:
@@ -50,7 +50,7 @@ class Retry(Exception):  # noqa: N818 - the name is the SDK's public word
         self.reason = reason
 
 
-class Discard(Exception):  # noqa: N818
+class Discard(Exception):
     """Raise to drop this prompt's whole group from the batch."""
 
     def __init__(self, reason: str = "") -> None:

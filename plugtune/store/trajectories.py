@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Select, func, select
 from plugtune.store.base import StoreBase, count_rows, dumps, loads, page_size
 from plugtune.store.database import Database, contains_text, upsert
 from plugtune.store.records import NotFoundError, TrajectorySummary
-from plugtune.store.schema import trajectories as T
+from plugtune.store.schema import trajectories as T  # noqa: N812 - the table, as SQL names it
 from plugtune.types import ErrorRecord, TrajectoryRecord
 
 Order = Literal["newest", "oldest", "reward_asc", "reward_desc"]

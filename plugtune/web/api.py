@@ -191,7 +191,7 @@ def plugin_metrics(
     request: Request,
     job_id: JobId,
     name: PluginName,
-    range: Annotated[
+    range: Annotated[  # noqa: A002 - the query parameter's name
         str,
         Query(
             description="life (the plugin's lifetime), 1h, 3h, 6h, 12h, 3d, 7d or custom (start and end)",

@@ -14,7 +14,7 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request, next: str | None = None) -> Response:
+def login_form(request: Request, next: str | None = None) -> Response:  # noqa: A002 - ?next=
     if request.app.state.api_token is None:
         return RedirectResponse(safe_next(next), status_code=303)
     return _form(request, safe_next(next), error="", status_code=200)

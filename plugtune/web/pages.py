@@ -191,7 +191,10 @@ def retry_page(request: Request, job_id: JobId) -> Response:
 
 @router.get("/jobs/{job_id}/plugins", response_class=HTMLResponse)
 def plugins_page(
-    request: Request, job_id: JobId, plugin: str | None = None, range: str | None = None
+    request: Request,
+    job_id: JobId,
+    plugin: str | None = None,
+    range: str | None = None,  # noqa: A002
 ) -> HTMLResponse:
     store = _store(request)
     job = service.require_job(store, job_id)

@@ -90,7 +90,7 @@ async def drive(
                 return Result(call, exc.cause, exc.message[:200])
             except TimeoutError:
                 return Result(call, NO_ANSWER, f"no answer in {answer_s} s")
-            except Exception as exc:  # anything but a classified error is a bug the matrix shows
+            except Exception as exc:  # noqa: BLE001 - anything but a classified error is a bug the matrix shows
                 return Result(call, f"raised {type(exc).__name__}", str(exc)[:200])
             if outcome.status != "success" or outcome.value != float(call.index):
                 return Result(call, "wrong answer", f"{outcome.status} {outcome.value!r}")

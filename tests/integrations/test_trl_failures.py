@@ -179,7 +179,7 @@ def test_a_crashing_rollout_under_fail_job_stops_the_run_with_the_classified_err
     assert "the rollout cannot start row 1" in job_row.error.message
 
 
-GROUP_GRADER = '''
+GROUP_GRADER = """
 from plugtune import group_grader
 
 
@@ -187,7 +187,7 @@ from plugtune import group_grader
 def one_question(ctx, sample, trajectories):
     asked = {t.messages[0]["content"] for t in trajectories} | {sample.messages[0]["content"]}
     return [1.0 if len(asked) == 1 else 0.0 for _ in trajectories]
-'''
+"""
 
 
 def test_a_group_never_mixes_prompts_when_num_generations_differs_from_group_size(

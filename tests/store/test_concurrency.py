@@ -63,7 +63,7 @@ def test_threads_share_one_store(store: Store) -> None:
                     writer.add_log(LogLine(time=float(i), level="INFO", plugin="p", message=str(i)))
                     if i % 50 == 0:
                         store.logs(job_id, limit=5)
-        except BaseException as e:  # surfaced below
+        except BaseException as e:  # noqa: BLE001 - surfaced below
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(j,)) for j in job_ids]

@@ -66,7 +66,7 @@ class Collector:
         paths = self.paths
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:  # http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 paths.append(self.path)
                 request = ExportTraceServiceRequest()

@@ -137,7 +137,7 @@ class RayBackend:
     def kill_actor(self, handle: Any) -> None:
         try:
             self.ray.kill(handle, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
+        except Exception:  # noqa: BLE001, S110 - already gone
             pass
 
     def check_cluster(self) -> None:

@@ -93,7 +93,7 @@ class ChannelHandler(logging.Handler):
             text = clip_line(self.format(record))
             call_id, trajectory_id = CURRENT_CALL.get()
             self.channel.send([LOG, record.created, record.levelname, text, "logger", call_id, trajectory_id])
-        except Exception:  # a log line must never break the call
+        except Exception:  # noqa: BLE001 - a log line must never break the call
             self.handleError(record)
 
 

@@ -40,9 +40,9 @@ def _counting_loop(base: type) -> type:
             port: Any,
             *,
             family: int = 0,
-            type: int = 0,
+            type: int = 0,  # noqa: A002 - asyncio's own keyword
             proto: int = 0,
-            flags: int = 0,  # noqa: A002
+            flags: int = 0,
         ) -> Any:
             if network.GUARD is None:
                 return await super().getaddrinfo(

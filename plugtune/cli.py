@@ -667,7 +667,8 @@ def replay(
 
 @app.command()
 def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
-    """Explain a failed job: the classified error, owner and hint, the failing plugin's traceback at
+    """Explain a failed job: the classified error, owner and hint, the service it failed on (a
+    dependency: its name, address, cause, status and what to do), the failing plugin's traceback at
     your line, the worst trajectories and the resource metrics around the failure."""
     from plugtune.jobs.report import doctor_document
 
@@ -685,6 +686,7 @@ def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JS
             typer.echo("no error recorded")
             return
         _echo_error(doc["error"])
+        _echo_dependency(doc["dependency"])
         if doc["traceback"]:
             typer.echo("\ntraceback (your code first):\n" + doc["traceback"])
         if doc["plugin"]:
@@ -699,6 +701,18 @@ def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JS
             typer.echo(f"  failed trajectory {t['trajectory_id']} (step {t['step']})")
         for line in doc["recent_logs"][-10:]:
             typer.echo(f"  log {line['level']} {line['plugin']}: {line['message']}")
+
+
+def _echo_dependency(dep: dict[str, Any] | None) -> None:
+    """The service a job failed on (doctor_document's ``dependency``): not the plugin's code."""
+    if dep is None:
+        return
+    name = dep["name"] or "(not declared in job.yaml)"
+    status = f", HTTP {dep['status']}" if dep["status"] is not None else ""
+    typer.echo(f"dependency {name} at {dep['address'] or 'an unknown address'}: {dep['cause']}{status}")
+    typer.echo("  the plugin's code is not at fault; what to do:")
+    for line in dep["what_to_do"]:
+        typer.echo(f"  - {line}")
 
 
 def _echo_loss_nan_batch(doc: dict[str, Any], most: int = 10) -> None:

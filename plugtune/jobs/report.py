@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from plugtune.jobs.plugin_metrics import latest_stats
@@ -70,7 +71,9 @@ def doctor_document(store: Store, job_id: int) -> dict[str, Any]:
             points = store.metrics(job_id, plugin["name"], [name], since=until - 600, until=until + 60)
             window[name] = [p.to_dict() for p in points.get(name, [])][-20:]
     logs = store.logs(job_id, plugin=plugin["name"] if plugin else None, limit=20)
+    job = store.get_job(job_id)
     return {
+        "dependency": dependency_failure(error, job.spec if job is not None else {}),
         "loss_nan_batch": _loss_nan_batch(store, job_id, evidence),
         "job": {k: doc[k] for k in ("id", "name", "status", "steps_done", "steps_total")},
         "error": error or None,
@@ -80,6 +83,75 @@ def doctor_document(store: Store, job_id: int) -> dict[str, Any]:
         "lowest_reward_trajectories": [t.to_dict() for t in worst],
         "metrics_window": window,
         "recent_logs": [line.to_dict() for line in reversed(logs)],
+    }
+
+
+#: What a dependency's failure message starts with (plugtune/runtime/worker/dependency.py): its
+#: name when it is declared, and the host:port the request went to.
+_DEPENDENCY_MESSAGE = re.compile(
+    r"^(?:the dependency (?P<name>[^\s(]+)|a service the plugin calls) \((?P<address>[^)]*)\)"
+)
+_HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
+
+
+def dependency_failure(error: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The service a job failed on, when its error is a `Dependency error` (owner dependency):
+    ``name`` as job.yaml declares it ("" when undeclared), ``address`` (host:port), ``declared``,
+    ``cause``, ``status`` (the HTTP status, None when none came back), ``policy`` (the job's
+    ``failure_policy.dependency``) and ``what_to_do``: the lines ``doctor`` prints; None otherwise."""
+    from plugtune.jobs.spec import DependencyRetry
+    from plugtune.runtime.dependencies import parse_target
+
+    if error.get("owner") != "dependency":
+        return None
+    evidence = error.get("evidence") or {}
+    message = str(error.get("message") or "")
+    said = _DEPENDENCY_MESSAGE.match(message)
+    name = str(evidence.get("dependency") or (said.group("name") if said and said.group("name") else ""))
+    declared_deps = spec.get("dependencies") or {}
+    declared = declared_deps.get(name) if name and isinstance(declared_deps, dict) else None
+    address = said.group("address") if said else ""
+    limits: dict[str, Any] = {}
+    if declared is not None:
+        url = declared if isinstance(declared, str) else str(declared.get("url") or "")
+        limits = {} if isinstance(declared, str) else {k: declared.get(k) for k in ("rpm", "concurrency")}
+        try:
+            host, port = parse_target(url)
+            address = f"{host}:{port}"
+        except ValueError:
+            pass
+    status = _HTTP_STATUS.search(message)
+    raw_policy = (spec.get("failure_policy") or {}).get("dependency") or {}
+    policy = DependencyRetry.model_validate(raw_policy).model_dump()
+    cause = str(error.get("cause") or "")
+    who = f"dependency {name}" if name else "the service"
+    where = f" at {address}" if address else ""
+    todo = [f"check {who}{where}: is it up, and what do its status page and logs say?"]
+    if cause == "rate limited":
+        budget = ", ".join(f"{k} {v}" for k, v in limits.items() if v is not None) or "none declared"
+        todo.append(
+            f"its rate limit: the job asked more than it allows; set `rpm`/`concurrency` under "
+            f"job.yaml `dependencies: {name or 'NAME'}:` to the service's limit (now: {budget}), or raise "
+            "the service's limit"
+        )
+    if declared is None:
+        todo.append(
+            "declare it in job.yaml `dependencies:` (name: URL or host:port) so its calls are budgeted "
+            "and reported under its name"
+        )
+    todo.append(
+        f"failure_policy.dependency bounds the retries and waits (max_attempts {policy['max_attempts']}, "
+        f"max_wait_s {policy['max_wait_s']:g}): raise max_wait_s to ride out a longer outage; the job is "
+        "retried automatically (retry:) like a platform error"
+    )
+    return {
+        "name": name,
+        "address": address,
+        "declared": declared is not None,
+        "cause": cause,
+        "status": int(status.group(1)) if status else None,
+        "policy": policy,
+        "what_to_do": todo,
     }
 
 

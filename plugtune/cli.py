@@ -140,7 +140,8 @@ def lint(
     """Check plugins statically: blocking calls in async code, NaN-prone graders, swallowed errors,
     missing decorators, signatures the runtime rejects and reward functions written for TRL or
     verl. Exits 1 when anything is found; when nothing is, says which files, plugins and rules it
-    checked."""
+    checked. Also notes (on stderr and in --json's summary, never as a finding or in the exit
+    status) each grader of a job.yaml that no fixture in the fixtures.jsonl beside it covers."""
     import json
 
     from plugtune.lint import lint_paths
@@ -159,6 +160,8 @@ def lint(
             typer.echo(f"{len(report.findings)} finding(s) in {len(report.files)} file(s)", err=True)
         else:
             typer.echo(report.checked(), err=True)
+        for note in report.notes():
+            typer.echo(note, err=True)
     raise typer.Exit(1 if report.findings else 0)
 
 

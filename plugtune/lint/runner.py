@@ -1,9 +1,16 @@
-"""Run every lint rule over files and folders; ``job.yaml`` files tell which functions are plugins."""
+"""Run every lint rule over files and folders; ``job.yaml`` files tell which functions are plugins.
+
+Beside the findings, lint notes each grader a ``job.yaml`` names that no fixture covers in the
+``fixtures.jsonl`` beside it (``plugtune test --expect``): a fixture covers the grader its ``grader``
+names, or the job's only grader when it names none. A note never changes the findings or the exit
+status; group graders are left out (fixtures do not cover them yet).
+"""
 
 from __future__ import annotations
 
 import ast
 import io
+import json
 import re
 import tokenize
 from collections.abc import Iterable, Sequence
@@ -24,6 +31,8 @@ from plugtune.sdk.decorators import Kind
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "venv", "build", "dist"}
 JOB_FILES = ("job.yaml", "job.yml")
 SECTIONS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
+FIXTURES_FILE = "fixtures.jsonl"
+MAX_FIXTURE_LINES = 10_000  # as many as `plugtune test --expect` reads
 NOQA = re.compile(r"#\s*noqa(?::\s*(?P<rules>[A-Z0-9, ]+))?", re.IGNORECASE)
 
 
@@ -34,6 +43,8 @@ class LintReport:
     files: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     plugins: list[str] = field(default_factory=list)  # "file:function (kind)", each one checked
+    # notes, not findings: {"job", "grader", "fixtures"} for each grader no fixture beside its job.yaml covers
+    graders_without_fixtures: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         by_rule: dict[str, int] = {}
@@ -46,8 +57,20 @@ class LintReport:
                 "findings": len(self.findings),
                 "by_rule": by_rule,
                 "plugins": self.plugins,
+                "graders_without_fixtures": self.graders_without_fixtures,
             },
         }
+
+    def notes(self) -> list[str]:
+        """Lines for stderr about what is not wrong but not checked either (never a finding)."""
+        by_job: dict[tuple[str, str], list[str]] = {}
+        for note in self.graders_without_fixtures:
+            by_job.setdefault((note["job"], note["fixtures"]), []).append(note["grader"])
+        return [
+            f"note: {job}: no fixture in {fixtures} covers grader(s) {', '.join(graders)}; add a line "
+            f'with "grader": "{graders[0]}" and run plugtune test --expect {fixtures}'
+            for (job, fixtures), graders in by_job.items()
+        ]
 
     def checked(self) -> str:
         """What was checked, for a run that found nothing."""
@@ -86,7 +109,49 @@ def lint_paths(paths: Sequence[str | Path]) -> LintReport:
         report.plugins.extend(_plugin_names(path, expected.get(path, {})))
     for job in job_files:
         report.findings.extend(_name_findings(job))
+        report.graders_without_fixtures.extend(_graders_without_fixtures(job))
     return report
+
+
+def _graders_without_fixtures(job: Path) -> list[dict[str, str]]:
+    """The graders of ``job`` (by job.yaml name) that no fixture in the fixtures.jsonl beside it covers.
+
+    Lines that are not a fixture are skipped here (``plugtune test --expect`` names them); [] when
+    the job.yaml cannot be read (validation reports that).
+    """
+    from plugtune.jobs.plugin_names import named_entries
+
+    try:
+        spec = job_yaml.load(job.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    plugins = spec.get("plugins") if isinstance(spec, dict) else None
+    graders = [e.name for e in named_entries(plugins, {}) if e.field.startswith("plugins.graders[")]
+    if not graders:
+        return []
+    fixtures = job.parent / FIXTURES_FILE
+    covered: set[str] = set()
+    try:
+        lines = fixtures.read_bytes().splitlines()[:MAX_FIXTURE_LINES]
+    except OSError:
+        lines = []  # no fixtures file: no grader is covered
+    for line in lines:
+        try:
+            data = json.loads(line) if line.strip() else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        named = data.get("grader")
+        if named is None and len(graders) == 1:
+            covered.add(graders[0])
+        elif isinstance(named, str):
+            covered.add(named)
+    return [
+        {"job": _display(job), "grader": g, "fixtures": _display(fixtures)}
+        for g in graders
+        if g not in covered
+    ]
 
 
 def _name_findings(job: Path) -> list[Finding]:

@@ -66,6 +66,7 @@ def test_lint_is_quiet_on_the_init_project(project: Path) -> None:
     report = lint_paths([project])
     assert sorted(Path(f).name for f in report.files) == ["grader.py", "job.yaml", "rollout.py"]
     assert report.findings == []
+    assert report.graders_without_fixtures == []  # the template's fixtures.jsonl covers its grader
 
 
 def test_init_refuses_to_overwrite(tmp_path: Path) -> None:
@@ -181,6 +182,7 @@ def test_cli_lint_in_the_project_folder_is_quiet(project: Path, monkeypatch: pyt
     result = CliRunner().invoke(app, ["lint"])
     assert result.exit_code == 0 and result.stdout == ""  # no finding; what it checked goes to stderr
     assert "no finding in 2 Python file(s)" in result.stderr and "solve (rollout)" in result.stderr
+    assert "note:" not in result.stderr  # the template's fixtures cover its grader
     (project / "plugins/grader.py").write_text(
         (project / "plugins/grader.py").read_text().replace("return None", "return float('nan')")
     )

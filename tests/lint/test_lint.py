@@ -129,3 +129,58 @@ def test_cli_exit_status_and_json(tmp_path: Path) -> None:
     assert {"file", "line", "col", "rule", "name", "message", "fix"} <= set(document["findings"][0])
     result = runner.invoke(app, ["lint", str(tmp_path / "missing")])
     assert result.exit_code == 2 and "no such file" in result.output
+
+
+def test_graders_without_fixtures_are_a_note_not_a_finding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugtune.init_project import create_project
+
+    project = tmp_path / "two graders"
+    create_project(project)
+    grader = project / "plugins/grader.py"
+    grader.write_text(
+        grader.read_text() + "\n\n@grader(weight=0.5)\n"
+        "def brief(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:\n"
+        "    return 1.0 if len(trajectory.completion) < 40 else 0.0\n"
+    )
+    job = project / "job.yaml"
+    job.write_text(
+        job.read_text().replace(
+            "    - {entry: plugins/grader.py:exact, weight: 1.0}\n",
+            "    - {entry: plugins/grader.py:exact, weight: 1.0}\n"
+            "    - {entry: plugins/grader.py:brief, weight: 0.5, name: short}\n",
+        )
+    )
+    monkeypatch.chdir(project)
+    runner = CliRunner()
+    # the template's fixtures name no grader: with two graders in the job they cover neither
+    result = runner.invoke(app, ["lint"])
+    assert result.exit_code == 0 and result.stdout == "", result.output
+    assert "note: job.yaml: no fixture in fixtures.jsonl covers grader(s) exact, short;" in result.stderr
+    (project / "fixtures.jsonl").write_text(
+        '{"grader": "exact", "row": 0, "completion": "3 + 4 = 7", "expect": 1.0}\n'
+        "not json: skipped here, plugtune test names it\n"
+    )
+    report = lint_paths(["."])
+    assert report.findings == []
+    assert report.graders_without_fixtures == [
+        {"job": "job.yaml", "grader": "short", "fixtures": "fixtures.jsonl"}
+    ]
+    result = runner.invoke(app, ["lint"])
+    assert result.exit_code == 0 and result.stdout == ""  # a note leaves the exit status alone
+    assert result.stderr.startswith("no finding in 2 Python file(s) and 1 job.yaml file(s)")
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [
+        'note: job.yaml: no fixture in fixtures.jsonl covers grader(s) short; add a line with "grader": '
+        '"short" and run plugtune test --expect fixtures.jsonl'
+    ]
+    document = json.loads(runner.invoke(app, ["lint", "--json"]).stdout)
+    assert document["findings"] == [] and document["summary"]["findings"] == 0
+    assert document["summary"]["graders_without_fixtures"] == report.graders_without_fixtures
+    # with a finding, the exit status is lint's own (1) and the note is still there
+    grader.write_text(grader.read_text().replace("return None", "return float('nan')"))
+    result = runner.invoke(app, ["lint"])
+    assert result.exit_code == 1 and "PT201" in result.stdout and "note:" not in result.stdout
+    assert "1 finding(s) in 3 file(s)" in result.stderr and "covers grader(s) short;" in result.stderr
+    assert [f.rule for f in lint_paths(["."]).findings] == ["PT201"]

@@ -220,9 +220,10 @@ def test_plugins(
 ) -> None:
     """Run the job's rollout and graders on a few dataset rows and show trajectories, rewards, logs and
     every error with its cause and hint; with --faas, load-test them in the function runtime (QPS,
-    latency, errors by cause, memory, instances, event-loop blocking, trainer demand). With --expect
-    FILE, run the graders on fixtures whose result is known and print a pass/fail table (exit 1 when
-    one fails: for CI).
+    latency, errors by cause, the calls that failed on a declared dependency by service and cause,
+    apart from the plugins' own errors, memory, instances, event-loop blocking, trainer demand). With
+    --expect FILE, run the graders on fixtures whose result is known and print a pass/fail table (exit
+    1 when one fails: for CI).
 
     Without --faas the plugins run in this process, UNSANDBOXED, with your user and files (it is your
     own code; as root a warning says so); --faas runs them in the runtime's sandbox.

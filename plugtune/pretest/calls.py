@@ -24,13 +24,23 @@ class CallError:
     hint: str
     traceback: str = ""
     peak_memory_mb: float | None = None
+    dependency: str = ""  # a Dependency error's service, as job.yaml declares it ("" when undeclared)
 
     @classmethod
     def of(cls, exc: PluginCallError) -> CallError:
-        return cls(exc.type, exc.owner, exc.cause, exc.message, exc.hint, exc.traceback, exc.peak_memory_mb)
+        return cls(
+            exc.type,
+            exc.owner,
+            exc.cause,
+            exc.message,
+            exc.hint,
+            exc.traceback,
+            exc.peak_memory_mb,
+            str(getattr(exc, "dependency", "") or ""),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "type": self.type,
             "owner": self.owner,
             "cause": self.cause,
@@ -38,6 +48,9 @@ class CallError:
             "hint": self.hint,
             "traceback": self.traceback,
         }
+        if self.owner == "dependency":
+            out["dependency"] = self.dependency
+        return out
 
 
 @dataclass(frozen=True)

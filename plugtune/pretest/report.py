@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from plugtune.errors import ErrorType
 from plugtune.pretest import summary as s
 from plugtune.pretest.calls import CallRecord
 from plugtune.pretest.trial import TrialResult
@@ -36,6 +37,7 @@ def build_summary(result: TrialResult, extra: dict[str, Any] | None = None) -> d
         "qps": round(len(calls) / result.wall_s, 3) if result.wall_s > 0 else 0.0,
         "latency": s.latency(calls),
         "errors_by_cause": s.errors_by_cause(calls),
+        "dependency_errors": s.dependency_errors(calls),
         "plugin_metrics": s.plugin_metrics(calls),
         "plugins": [s.plugin_summary(fn, calls, result.wall_s) for fn in result.functions],
     }
@@ -210,14 +212,40 @@ def render_faas(console: Console, doc: dict[str, Any]) -> None:
             for line in blocking["first"].splitlines():
                 console.print(Text(f"  | {line}", style="dim"))
     for cause, first in summary["errors_by_cause"].items():
+        if first["type"] == ErrorType.DEPENDENCY.value:
+            continue  # below, by dependency
         what = f"\n{cause}: {first['count']} call(s); first in {first['plugin']}"
         console.print(Text(what, style="bold red"))
         render_error(console, {**first, "cause": cause})
+    deps = summary["dependency_errors"]
+    _render_dependency_errors(console, deps)
     render_plugin_metrics(console, summary.get("plugin_metrics") or {})
     _render_demand(console, summary["demand"])
     ok = summary["ok"]
     verdict = "\nall calls succeeded" if ok else "\nFAILED"
+    if not ok and deps["calls"] and not deps["plugin_errors"]:
+        verdict += " (on dependencies: the services the plugins call, not the plugins' code)"
     console.print(Text(verdict, style="bold green" if ok else "bold red"))
+
+
+def _render_dependency_errors(console: Console, deps: dict[str, Any]) -> None:
+    """The calls that failed on a service the plugins call, by dependency and cause, apart from the
+    plugins' own errors (build_summary's ``dependency_errors``)."""
+    if not deps["calls"]:
+        return
+    console.print(
+        Text(
+            f"\ndependency errors: {deps['calls']} call(s) failed on services the plugins call, not on "
+            f"their code (plugin errors: {deps['plugin_errors']})",
+            style="bold red",
+        )
+    )
+    for name, causes in deps["by_dependency"].items():
+        counts = ", ".join(f"{cause} {first['count']}" for cause, first in causes.items())
+        console.print(Text(f"  {name}: {counts}"))
+        for cause, first in causes.items():
+            console.print(Text(f"    {cause}, first in {first['plugin']}: {_clip(first['message'])}"))
+            console.print(Text(f"    what to do: {first['hint']}", style="dim"))
 
 
 def render_plugin_metrics(console: Console, found: dict[str, dict[str, dict[str, float]]]) -> None:

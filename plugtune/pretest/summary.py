@@ -66,6 +66,36 @@ def errors_by_cause(calls: Sequence[CallRecord]) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: The name a Dependency error of an undeclared service is counted under.
+UNDECLARED = "(undeclared)"
+
+
+def dependency_errors(calls: Sequence[CallRecord]) -> dict[str, Any]:
+    """The calls that failed on a service the plugins call (owner ``dependency``), apart from the
+    plugins' own errors: ``{"calls", "plugin_errors", "by_dependency": {name: {cause: {count,
+    plugin, message, hint}}}}`` (the first call's plugin, message and hint per dependency and
+    cause; an undeclared service's name is ``(undeclared)``)."""
+    failed = sorted((c for c in calls if c.error is not None), key=lambda c: c.started)
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for call in failed:
+        error = call.error
+        if error is None or error.owner != "dependency":
+            continue
+        causes = by.setdefault(error.dependency or UNDECLARED, {})
+        seen = causes.get(error.cause)
+        if seen is not None:
+            seen["count"] += 1
+            continue
+        causes[error.cause] = {
+            "count": 1,
+            "plugin": call.plugin,
+            "message": error.message,
+            "hint": error.hint,
+        }
+    on_dependencies = sum(n["count"] for causes in by.values() for n in causes.values())
+    return {"calls": on_dependencies, "plugin_errors": len(failed) - on_dependencies, "by_dependency": by}
+
+
 def plugin_metrics(calls: Sequence[CallRecord]) -> dict[str, dict[str, dict[str, float]]]:
     """Every call's ``ctx.metric`` values as a job's step aggregates them: plugin -> name ->
     {mean, min, max, count}."""

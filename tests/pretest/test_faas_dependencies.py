@@ -1,0 +1,60 @@
+"""``plugtune test --faas`` reports the calls that failed on a declared dependency (a judge answering
+500 or 429) apart from the plugins' own errors: counts by dependency and cause, in text and --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plugtune.cli import app
+from tests.jobs.jobkit import make_job
+from tests.judge_server import judge
+
+runner = CliRunner()
+
+JUDGED = """
+import httpx
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    reply = httpx.post("{url}", json={{"answer": trajectory.completion}}, timeout=5)
+    reply.raise_for_status()
+    return float(reply.json()["score"])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "cause"), [("500", "server error"), ("429", "rate limited")])
+def test_faas_counts_a_judges_failures_by_dependency_and_cause_apart_from_plugin_errors(
+    tmp_path: Path, mode: str, cause: str
+) -> None:
+    with judge() as server:
+        port = server.server_address[1]
+        job_file = make_job(
+            tmp_path / "judged",
+            grader=JUDGED.format(url=f"http://127.0.0.1:{port}/{mode}"),
+            extra={"dependencies": {"judge": {"url": f"http://127.0.0.1:{port}", "rpm": 600}}},
+        )
+        args = ["test", "--faas", str(job_file), "--samples", "2", "--concurrency", "2"]
+        as_json = runner.invoke(app, [*args, "--json"])
+        text = runner.invoke(app, args)
+        requests = server.requests  # type: ignore[attr-defined]
+    assert as_json.exit_code == 1, as_json.output
+    summary = json.loads(as_json.stdout)["summary"]
+    deps = summary["dependency_errors"]
+    graded = [c for c in json.loads(as_json.stdout)["calls"] if c["kind"] == "grader"]
+    assert len(graded) == 2 and requests >= 4  # two graded rollouts, each run twice (json and text)
+    assert deps["calls"] == 2 and deps["plugin_errors"] == 0
+    assert list(deps["by_dependency"]) == ["judge"] and list(deps["by_dependency"]["judge"]) == [cause]
+    first = deps["by_dependency"]["judge"][cause]
+    assert first["count"] == 2 and f"HTTP {mode}" in first["message"] and first["plugin"].endswith(":exact")
+    assert {c["error"]["dependency"] for c in graded} == {"judge"}
+    assert text.exit_code == 1, text.output
+    out = text.output
+    assert "dependency errors: 2 call(s) failed on services the plugins call, not on their code" in out
+    assert "(plugin errors: 0)" in out and f"  judge: {cause} 2\n" in out
+    assert "FAILED (on dependencies: the services the plugins call, not the plugins' code)" in out

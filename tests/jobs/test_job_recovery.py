@@ -170,7 +170,8 @@ def test_a_retried_job_that_succeeds_keeps_no_pending_retry(
 ) -> None:
     """The automatic retry of a killed attempt succeeds: next_retry_at is gone and `jobs show` says
     nothing about an automatic retry (it said "automatic retry 1 in 0 s"); the job can be deleted."""
-    job_id, _ = create_job(store, make_job(tmp_path / "r", hyper={"steps": 3}))
+    # 30 steps, as the other kill tests: with 3 the job could end before the 0.5 s poll saw a step
+    job_id, _ = create_job(store, make_job(tmp_path / "r", hyper={"steps": 30}))
     kill = _kill_running_attempt(store, signal.SIGKILL)
 
     def first_attempt_only(jid: int) -> None:

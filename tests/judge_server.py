@@ -110,3 +110,21 @@ def dead_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+#: A grader that asks the judge at ``{url}`` (``.format(url=...)``) for its score, with httpx.
+JUDGED_GRADER = """
+import httpx
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    reply = httpx.post("{url}", json={{"answer": trajectory.completion}}, timeout=5)
+    reply.raise_for_status()
+    return float(reply.json()["score"])
+"""
+
+
+def url_of(server: ThreadingHTTPServer, path: str) -> str:
+    """The judge's URL for ``path`` (its mode first, e.g. ``500`` or ``flaky/k/2``)."""
+    return f"http://127.0.0.1:{server.server_address[1]}/{path}"

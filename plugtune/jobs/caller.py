@@ -192,6 +192,14 @@ class PolicyCaller:
             total.plugin_metrics.merge(c.plugin_metrics)
         return total
 
+    def _failed_call(self, fn: PluginFunction, ctx: Context, started_ns: int, exc: PluginCallError) -> None:
+        """A try that raised: its span and its count (a dependency's failures too)."""
+        name, cause = fn.spec.name, exc.cause
+        self.spans.record(
+            name, ctx, started_ns, status="error", cause=cause, call_id=exc.call_id, message=str(exc)
+        )
+        self._count_error(ctx.step, exc.plugin or name, cause, exc)
+
     def _count_error(self, step: int, plugin: str, cause: str, error: PluginCallError | None = None) -> None:
         counts = self.counts(step)
         counts.errors[cause] += 1
@@ -230,19 +238,11 @@ class PolicyCaller:
             try:
                 outcome = await fn.invoke(call_ctx, *args)
             except DependencyCallError as exc:
-                self.spans.record(
-                    fn.spec.name,
-                    call_ctx,
-                    started_ns,
-                    status="error",
-                    cause=exc.cause,
-                    call_id=exc.call_id,
-                    message=str(exc),
-                )
-                self._count_error(ctx.step, exc.plugin or fn.spec.name, exc.cause, exc)
+                self._failed_call(fn, call_ctx, started_ns, exc)
                 self.counts(ctx.step).dependency_errors[exc.cause] += 1
-                failed_on.add(exc.dependency or "?")
-                self._failed_on(exc.dependency or "?", exc.cause)
+                dependency = exc.dependency or "?"
+                failed_on.add(dependency)
+                self._failed_on(dependency, exc.cause)
                 now = time.monotonic()
                 if dependency_tries == 0:
                     first_dependency_failure = now
@@ -251,12 +251,12 @@ class PolicyCaller:
                     exc.retry_after_s,
                     dependency_tries,
                     now - first_dependency_failure,
-                    down=(exc.dependency or "?") in self.waiting(),
+                    down=dependency in self.waiting(),
                 )
                 if delay is None:
                     policy = self.failure.dependency
                     reason = (
-                        f"dependency {exc.dependency or '?'}: {dependency_tries} tries in "
+                        f"dependency {dependency}: {dependency_tries} tries in "
                         f"{now - first_dependency_failure:.0f} s (failure_policy.dependency: max_attempts "
                         f"{policy.max_attempts}, max_wait_s {policy.max_wait_s:g})"
                     )
@@ -266,7 +266,7 @@ class PolicyCaller:
                     fn.spec.name,
                     delay,
                     exc.instance_id or "?",
-                    exc.dependency or "?",
+                    dependency,
                     exc.cause,
                     attempt + 1,
                 )
@@ -275,16 +275,7 @@ class PolicyCaller:
                 attempt, self.retries, prefer = attempt + 1, self.retries + 1, exc.instance_id
                 continue
             except PluginCallError as exc:
-                self.spans.record(
-                    fn.spec.name,
-                    call_ctx,
-                    started_ns,
-                    status="error",
-                    cause=exc.cause,
-                    call_id=exc.call_id,
-                    message=str(exc),
-                )
-                self._count_error(ctx.step, exc.plugin or fn.spec.name, exc.cause, exc)
+                self._failed_call(fn, call_ctx, started_ns, exc)
                 kind = (
                     FailureKind.CREATE_FAULT
                     if exc.cause_enum is Cause.CREATE_FAULT

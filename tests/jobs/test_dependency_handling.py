@@ -22,7 +22,7 @@ from plugtune.jobs.spec import CircuitBreaker, DependencyRetry, FailurePolicy
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.function import Function
 from plugtune.sdk import Context
-from tests.judge_server import dead_port, judge
+from tests.judge_server import dead_port, judge, url_of
 from tests.runtime.helpers import entry, sample, trajectory
 
 
@@ -36,10 +36,6 @@ def server() -> Iterator[ThreadingHTTPServer]:
 async def rt() -> AsyncIterator[LocalRuntime]:
     async with LocalRuntime() as runtime:
         yield runtime
-
-
-def _url(server: ThreadingHTTPServer, path: str) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}/{path}"
 
 
 async def _deploy(rt: LocalRuntime, server: ThreadingHTTPServer, **runtime: int) -> Function:
@@ -63,10 +59,10 @@ async def test_a_call_rate_limited_by_its_judge_is_retried_after_retry_after_on_
     # the busy call takes the first instance; the flaky one runs on the other, gets a 429 with
     # Retry-After: 1, and when it is retried both are idle (the first would be picked by default)
     busy = caller(
-        fn, Context(job_id="j", trajectory_id="busy"), sample(url=_url(server, "wait/0.3")), trajectory()
+        fn, Context(job_id="j", trajectory_id="busy"), sample(url=url_of(server, "wait/0.3")), trajectory()
     )
     flaky = caller(
-        fn, Context(job_id="j", trajectory_id="flaky"), sample(url=_url(server, "flaky/f/1")), trajectory()
+        fn, Context(job_id="j", trajectory_id="flaky"), sample(url=url_of(server, "flaky/f/1")), trajectory()
     )
     started = time.monotonic()
     outcomes = await asyncio.wait_for(asyncio.gather(busy, flaky), 60)
@@ -96,7 +92,7 @@ async def test_a_short_429_storm_does_not_trip_the_circuit_breaker(
         caller(
             fn,
             Context(job_id="j", trajectory_id=f"t{i}"),
-            sample(url=_url(server, f"flaky/k{i}/2")),
+            sample(url=url_of(server, f"flaky/k{i}/2")),
             trajectory(),
         )
         for i in range(16)
@@ -154,7 +150,7 @@ async def test_a_judge_that_stays_down_fails_the_job_as_the_dependencys_after_th
     with pytest.raises(JobStop) as info:
         await asyncio.wait_for(
             PolicyCaller(policy)(
-                fn, Context(job_id="j", trajectory_id="r"), sample(url=_url(server, "429")), trajectory()
+                fn, Context(job_id="j", trajectory_id="r"), sample(url=url_of(server, "429")), trajectory()
             ),
             60,
         )
@@ -192,7 +188,7 @@ async def test_a_plugins_retry_on_its_judges_429_gets_the_dependency_backoff(
     caller = PolicyCaller(FailurePolicy())
     outcome = await asyncio.wait_for(
         caller(
-            fn, Context(job_id="j", trajectory_id="r"), sample(url=_url(server, "flaky/r/2")), trajectory()
+            fn, Context(job_id="j", trajectory_id="r"), sample(url=url_of(server, "flaky/r/2")), trajectory()
         ),
         60,
     )

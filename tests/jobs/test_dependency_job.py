@@ -15,21 +15,9 @@ from plugtune.jobs.caller import waiting_summary
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.jobs.jobkit import make_job
-from tests.judge_server import dead_port, judge
+from tests.judge_server import JUDGED_GRADER, dead_port, judge
 
 runner = CliRunner()
-
-JUDGED = """
-import httpx
-from plugtune import grader
-
-@grader
-def exact(ctx, sample, trajectory):
-    reply = httpx.post("{url}", json={{"answer": trajectory.completion}}, timeout=5)
-    reply.raise_for_status()
-    return float(reply.json()["score"])
-"""
-
 
 @pytest.mark.slow
 def test_a_judges_500_fails_the_run_as_a_dependency_error_retried_automatically(
@@ -39,7 +27,7 @@ def test_a_judges_500_fails_the_run_as_a_dependency_error_retried_automatically(
         port = server.server_address[1]
         job_file = make_job(
             tmp_path / "judged",
-            grader=JUDGED.format(url=f"http://127.0.0.1:{port}/500"),
+            grader=JUDGED_GRADER.format(url=f"http://127.0.0.1:{port}/500"),
             hyper={"steps": 1},
             extra={"dependencies": {"judge": {"url": f"http://127.0.0.1:{port}", "rpm": 60}}},
         )
@@ -139,7 +127,7 @@ def test_a_judge_that_stays_down_is_waited_for_and_said_then_fails_the_run_as_th
     dead = dead_port()
     job_file = make_job(
         tmp_path / "down",
-        grader=JUDGED.format(url=f"http://127.0.0.1:{dead}/ok"),
+        grader=JUDGED_GRADER.format(url=f"http://127.0.0.1:{dead}/ok"),
         hyper={"steps": 1},
         extra={
             "dependencies": {"judge": f"http://127.0.0.1:{dead}"},

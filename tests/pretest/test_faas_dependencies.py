@@ -11,21 +11,9 @@ from typer.testing import CliRunner
 
 from plugtune.cli import app
 from tests.jobs.jobkit import make_job
-from tests.judge_server import judge
+from tests.judge_server import JUDGED_GRADER, judge
 
 runner = CliRunner()
-
-JUDGED = """
-import httpx
-from plugtune import grader
-
-@grader
-def exact(ctx, sample, trajectory):
-    reply = httpx.post("{url}", json={{"answer": trajectory.completion}}, timeout=5)
-    reply.raise_for_status()
-    return float(reply.json()["score"])
-"""
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "cause"), [("500", "server error"), ("429", "rate limited")])
@@ -36,7 +24,7 @@ def test_faas_counts_a_judges_failures_by_dependency_and_cause_apart_from_plugin
         port = server.server_address[1]
         job_file = make_job(
             tmp_path / "judged",
-            grader=JUDGED.format(url=f"http://127.0.0.1:{port}/{mode}"),
+            grader=JUDGED_GRADER.format(url=f"http://127.0.0.1:{port}/{mode}"),
             extra={"dependencies": {"judge": {"url": f"http://127.0.0.1:{port}", "rpm": 600}}},
         )
         args = ["test", "--faas", str(job_file), "--samples", "2", "--concurrency", "2"]

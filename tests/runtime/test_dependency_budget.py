@@ -19,7 +19,7 @@ from plugtune.errors import PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.budget import DependencyBudget
 from plugtune.sdk import Context
-from tests.judge_server import judge
+from tests.judge_server import judge, url_of
 from tests.runtime.helpers import entry, sample, trajectory
 
 
@@ -35,14 +35,10 @@ async def rt() -> AsyncIterator[LocalRuntime]:
         yield runtime
 
 
-def _url(server: ThreadingHTTPServer, path: str) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}/{path}"
-
-
 async def test_a_burst_of_64_calls_from_two_plugins_never_exceeds_the_declared_concurrency(
     rt: LocalRuntime, server: ThreadingHTTPServer
 ) -> None:
-    judge_dep = {"judge": {"url": _url(server, ""), "concurrency": 4}}
+    judge_dep = {"judge": {"url": url_of(server, ""), "concurrency": 4}}
     plugins = [
         await rt.deploy(
             entry("judge.py", "asks_judge_logged"),
@@ -53,7 +49,7 @@ async def test_a_burst_of_64_calls_from_two_plugins_never_exceeds_the_declared_c
     ]
     calls = [
         plugins[i % 2].invoke(
-            Context(job_id="j", trajectory_id=f"t{i}"), sample(url=_url(server, "wait/0.2")), trajectory()
+            Context(job_id="j", trajectory_id=f"t{i}"), sample(url=url_of(server, "wait/0.2")), trajectory()
         )
         for i in range(64)
     ]
@@ -76,10 +72,10 @@ async def test_rpm_bounds_the_connections_opened_in_a_minute(
     fn = await rt.deploy(
         entry("judge.py", "asks_judge"),
         runtime={"max_concurrency": 8, "max_instances": 1},
-        dependencies={"judge": {"url": _url(server, ""), "rpm": 4}},
+        dependencies={"judge": {"url": url_of(server, ""), "rpm": 4}},
     )
     calls = [
-        fn.invoke(Context(job_id="j", trajectory_id=f"t{i}"), sample(url=_url(server, "ok")), trajectory())
+        fn.invoke(Context(job_id="j", trajectory_id=f"t{i}"), sample(url=url_of(server, "ok")), trajectory())
         for i in range(6)
     ]
     results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
@@ -97,27 +93,27 @@ async def test_a_429_halves_the_concurrency_in_use_until_calls_succeed_again(
     fn = await rt.deploy(
         entry("judge.py", "asks_judge_logged"),
         runtime={"max_concurrency": 16, "max_instances": 1},
-        dependencies={"judge": {"url": _url(server, ""), "concurrency": 8}},
+        dependencies={"judge": {"url": url_of(server, ""), "concurrency": 8}},
     )
     budget = rt.backend.budgets.get(("127.0.0.1", server.server_address[1]))  # type: ignore[union-attr]
     assert budget is not None and budget.limit == 8
     with pytest.raises(PluginCallError) as info:
         await asyncio.wait_for(
-            fn.invoke(Context(job_id="j"), sample(url=_url(server, "429")), trajectory()), 30
+            fn.invoke(Context(job_id="j"), sample(url=url_of(server, "429")), trajectory()), 30
         )
     assert info.value.cause == "rate limited"
     assert budget.limit == 4 and budget.decreases == 1  # multiplicative decrease
     before = server.peak  # type: ignore[attr-defined]
     calls = [
         fn.invoke(
-            Context(job_id="j", trajectory_id=f"t{i}"), sample(url=_url(server, "wait/0.3")), trajectory()
+            Context(job_id="j", trajectory_id=f"t{i}"), sample(url=url_of(server, "wait/0.3")), trajectory()
         )
         for i in range(4)
     ]
     # 8 calls: the first 4 run alone (the lowered limit), the next ones only as successes raise it
     calls += [
         fn.invoke(
-            Context(job_id="j", trajectory_id=f"u{i}"), sample(url=_url(server, "wait/0.3")), trajectory()
+            Context(job_id="j", trajectory_id=f"u{i}"), sample(url=url_of(server, "wait/0.3")), trajectory()
         )
         for i in range(4)
     ]
@@ -126,7 +122,7 @@ async def test_a_429_halves_the_concurrency_in_use_until_calls_succeed_again(
     assert max(before, 1) <= server.peak <= 5, server.peak  # type: ignore[attr-defined]  # not the declared 8
     for _ in range(40):  # additive increase: about one more per round of successes, up to 8
         await asyncio.wait_for(
-            fn.invoke(Context(job_id="j"), sample(url=_url(server, "ok")), trajectory()), 30
+            fn.invoke(Context(job_id="j"), sample(url=url_of(server, "ok")), trajectory()), 30
         )
     assert budget.limit == 8
 
@@ -155,13 +151,13 @@ async def test_an_openai_client_per_call_never_closed_does_not_starve_on_its_idl
     fn = await rt.deploy(
         entry("judge.py", "asks_judge_openai"),
         runtime={"max_concurrency": 4, "max_instances": 1},
-        dependencies={"judge": {"url": _url(server, ""), "concurrency": 1}},
+        dependencies={"judge": {"url": url_of(server, ""), "concurrency": 1}},
     )
     started = time.monotonic()
     for i in range(4):
         out = await asyncio.wait_for(
             fn.invoke(
-                Context(job_id="j", trajectory_id=f"t{i}"), sample(url=_url(server, "v1")), trajectory()
+                Context(job_id="j", trajectory_id=f"t{i}"), sample(url=url_of(server, "v1")), trajectory()
             ),
             30,
         )

@@ -38,6 +38,7 @@ from plugtune.sdk import Context, Kind, Sample, Trajectory
 VERDICTS = ("failure", "retry", "discard", "error")
 MAX_FIXTURES = 10_000
 MAX_LINE_BYTES = 1 << 20
+MAX_FILE_BYTES = 64 << 20
 DEFAULT_TOLERANCE = 1e-6
 KEYS = {"row", "sample", "completion", "messages", "expect", "tolerance", "grader", "name"}
 
@@ -77,6 +78,11 @@ def read_fixtures(path: Path, job: ValidatedJob, rows: list[dict[str, Any]]) -> 
     """The fixtures of ``path``; DataError naming every bad line and field (nothing is run then)."""
     name = str(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise DataError(
+                [Problem(name, f"is {size} bytes; a fixtures file holds at most {MAX_FILE_BYTES}")]
+            )
         raw = path.read_bytes()
     except OSError as exc:
         raise DataError([Problem(name, f"cannot be read: {exc.strerror or exc}")]) from None

@@ -108,6 +108,10 @@ def test_a_bad_fixtures_file_names_each_line_and_field_and_runs_nothing(project:
         assert where in err, err
     code, _, err = _run("--expect", "missing.jsonl")
     assert code == 2 and "missing.jsonl: cannot be read" in err
+    with (project / "huge.jsonl").open("wb") as f:  # sparse: the size is refused before any read
+        f.truncate((64 << 20) + 1)
+    code, _, err = _run("--expect", "huge.jsonl")
+    assert code == 2 and "huge.jsonl: is 67108865 bytes; a fixtures file holds at most 67108864" in err
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the function runtime's sandbox needs root here")

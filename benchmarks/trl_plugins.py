@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from plugtune.integrations import trl as pt  # noqa: E402
-from plugtune.jobs.validation_rows import read_dataset  # noqa: E402
+from plugtune.spec.rows import read_dataset  # noqa: E402
 from plugtune.trainer.model import load_model  # noqa: E402
 
 DEMO = ROOT / "plugtune/demo"

@@ -371,8 +371,8 @@ def eval_model(
     from plugtune.jobs.caller import JobStop
     from plugtune.jobs.classify import classify
     from plugtune.jobs.evaluate import evaluate_model
-    from plugtune.jobs.validation import validate_job
     from plugtune.settings import Settings
+    from plugtune.spec.validation import validate_job
 
     try:
         job = validate_job(job_file)
@@ -995,9 +995,9 @@ def _submission_policy(secrets: list[str], shared: list[str]) -> Any:
     """The secrets and folders `serve` lets submitted jobs use; exit 1 naming a bad one."""
     from pathlib import Path
 
-    from plugtune.jobs.spec import check_env_name
-    from plugtune.jobs.submission import SubmissionPolicy
     from plugtune.settings import Settings
+    from plugtune.spec.models import check_env_name
+    from plugtune.spec.reach import SubmissionPolicy
 
     settings = Settings.from_env()
 

@@ -45,10 +45,10 @@ from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
 from plugtune.jobs.plugins import Drain, JobFunction, deploy_all, record_deployed
 from plugtune.jobs.report import JOB_WARNINGS
-from plugtune.jobs.spec import CircuitBreaker, FailurePolicy
-from plugtune.jobs.validation import ValidatedJob, validate_job
 from plugtune.runtime.runtime import BaseRuntime, LocalRuntime
 from plugtune.sdk import Context, Kind
+from plugtune.spec.models import CircuitBreaker, FailurePolicy
+from plugtune.spec.validation import ValidatedJob, validate_job
 from plugtune.store import Store, StoreWriter
 from plugtune.types import CallOutcome, LogLine, MetricPoint, TrajectoryRecord
 

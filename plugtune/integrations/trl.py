@@ -38,9 +38,9 @@ from typing import Any
 from plugtune.errors import PluginCallError, discarded_by, reported_status
 from plugtune.integrations.recording import EngineRun
 from plugtune.jobs.plugins import JobFunction
-from plugtune.jobs.validation import ValidatedJob, validate_job
-from plugtune.jobs.validation_rows import read_dataset
 from plugtune.sdk import Context, PluginSpec, Sample, Sampling, Status, Trajectory
+from plugtune.spec.rows import read_dataset
+from plugtune.spec.validation import ValidatedJob, validate_job
 from plugtune.trainer.rewards import final_reward
 from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
 

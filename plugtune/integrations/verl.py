@@ -51,7 +51,7 @@ from plugtune.gateway.engine import GenerationEngine, SamplingParams
 from plugtune.integrations.recording import EngineRun
 from plugtune.integrations.token_gateway import TokenGateway, TokenReply
 from plugtune.integrations.verl_trajectory import TrajectoryRunner, plain, sample_of
-from plugtune.jobs.validation import validate_job
+from plugtune.spec.validation import validate_job
 from plugtune.types import TrajectoryRecord
 
 log = logging.getLogger(__name__)

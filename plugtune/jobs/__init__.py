@@ -1,5 +1,5 @@
-"""Jobs: the spec and its validation, the attempt loop, classification, retries and the scheduler.
+"""Jobs: the attempt loop, classification, retries and the scheduler (the spec and its validation
+are :mod:`plugtune.spec`).
 
-Import the submodules you need (``plugtune.jobs.spec``, ``plugtune.jobs.validation``, ...); this
-package imports nothing heavy on purpose.
+Import the submodules you need; this package imports nothing heavy on purpose.
 """

@@ -28,9 +28,9 @@ from plugtune.jobs.evaluate import build_evaluator, is_eval_step
 from plugtune.jobs.evidence import stopped_records
 from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed, record_waiting
 from plugtune.jobs.report import JOB_WARNINGS
-from plugtune.jobs.validation import ValidatedJob, validate_job
-from plugtune.jobs.validation_rows import read_dataset
 from plugtune.settings import Settings
+from plugtune.spec.rows import read_dataset
+from plugtune.spec.validation import ValidatedJob, validate_job
 from plugtune.store import Store, StoreWriter
 from plugtune.trainer.evaluation import Evaluator
 from plugtune.trainer.health import EvalPoint, eval_point, eval_warnings

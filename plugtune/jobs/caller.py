@@ -30,9 +30,9 @@ from typing import Any
 from plugtune.errors import Cause, DependencyCallError, PluginCallError, StatusCause
 from plugtune.jobs.plugin_metrics import MAX_NAMES, PluginMetrics
 from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, breaker, decide
-from plugtune.jobs.spec import CircuitBreaker, DependencyRetry, FailurePolicy
 from plugtune.runtime.backend import PREFER_INSTANCE
 from plugtune.sdk import Context, Status
+from plugtune.spec.models import CircuitBreaker, DependencyRetry, FailurePolicy
 from plugtune.trainer.protocols import PluginFunction
 from plugtune.trainer.tracking import CallSpans
 from plugtune.types import CallOutcome, LogLine, MetricPoint

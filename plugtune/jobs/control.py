@@ -13,12 +13,12 @@ from pathlib import Path
 import yaml
 
 from plugtune.errors import DataError
-from plugtune.jobs import job_yaml
 from plugtune.jobs.classify import classify
 from plugtune.jobs.scheduler import CANCELLED_BY_USER, AttemptRunner, recover_interrupted, run_job
-from plugtune.jobs.submission import Confinement, is_submission, submission_root
-from plugtune.jobs.validation import validate_job
 from plugtune.settings import Settings
+from plugtune.spec import job_yaml
+from plugtune.spec.reach import Confinement, is_submission, submission_root
+from plugtune.spec.validation import validate_job
 from plugtune.store import Store
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from plugtune.errors import InvalidValueError, Problem
-from plugtune.jobs.spec import BUILTIN_MODEL_PREFIX, JobSpec, resolve_model
-from plugtune.jobs.validation import ValidatedJob
-from plugtune.jobs.validation_rows import read_dataset
 from plugtune.settings import Settings
+from plugtune.spec.models import BUILTIN_MODEL_PREFIX, JobSpec, resolve_model
+from plugtune.spec.rows import read_dataset
+from plugtune.spec.validation import ValidatedJob
 from plugtune.trainer.evaluation import EvalResult, EvalSettings, Evaluator
 from plugtune.trainer.groups import Plugins
 from plugtune.trainer.protocols import Caller

@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugtune.jobs.plugin_names import named_entries
 from plugtune.runtime import leftovers
 from plugtune.runtime.quota import Quota
 from plugtune.runtime.sandbox import group_of
 from plugtune.settings import Settings
+from plugtune.spec.plugin_names import named_entries
 from plugtune.store import Store
 from plugtune.store.records import Attempt, Job, Plugin
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from plugtune.errors import InvalidValueError, PluginCallError, Problem
-from plugtune.jobs.validation import PluginRef, ValidatedJob, field_line
 from plugtune.runtime import Function
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.runtime.snapshot import SnapshotError, collect, content_hash
 from plugtune.sdk import Context, Kind, PluginSpec
+from plugtune.spec.validation import PluginRef, ValidatedJob
 from plugtune.store import Store
 from plugtune.trainer.groups import Plugins
 from plugtune.types import CallOutcome, LogLine, MetricPoint
@@ -68,7 +68,7 @@ def plugin_env(job: ValidatedJob, environ: Mapping[str, str] | None = None) -> d
     env = dict(job.spec.env)
     problems = []
     for index, name in enumerate(job.spec.secrets):
-        line = field_line(job.job_file, ("secrets", index))
+        line = job.line_of(("secrets", index))
         if name in job.spec.env:
             message = f"{name} is in both env and secrets; keep it in one (secrets for keys and tokens)"
         elif name not in source:

@@ -99,8 +99,8 @@ def dependency_failure(error: dict[str, Any], spec: dict[str, Any]) -> dict[str,
     ``name`` as job.yaml declares it ("" when undeclared), ``address`` (host:port), ``declared``,
     ``cause``, ``status`` (the HTTP status, None when none came back), ``policy`` (the job's
     ``failure_policy.dependency``) and ``what_to_do``: the lines ``doctor`` prints; None otherwise."""
-    from plugtune.jobs.spec import DependencyRetry
     from plugtune.runtime.dependencies import parse_target
+    from plugtune.spec.models import DependencyRetry
 
     if error.get("owner") != "dependency":
         return None

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from plugtune.errors import Cause, DataError, LossNanError, PluginCallError
-from plugtune.jobs.spec import CircuitBreaker, FailurePolicy, RetryPolicy
+from plugtune.spec.models import CircuitBreaker, FailurePolicy, RetryPolicy
 
 
 class FailureKind(str, enum.Enum):

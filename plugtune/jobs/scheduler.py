@@ -30,9 +30,9 @@ import psutil
 from plugtune.errors import HINTS, OWNERS, ErrorType
 from plugtune.jobs.classify import attempt_died
 from plugtune.jobs.retry_policy import FailureKind, RetryJobAfter, Stop, decide
-from plugtune.jobs.spec import RetryPolicy
 from plugtune.jobs.support_bundle import write_bundle
 from plugtune.settings import Settings
+from plugtune.spec.models import RetryPolicy
 from plugtune.store import IllegalTransitionError, Job, Store
 
 #: ``-P``: the attempt never imports a module from the server's working folder (``-m`` would first).

@@ -41,31 +41,6 @@ SKIPPED = frozenset({".plugtune", ".venv", "__pycache__", ".git"})  # never pack
 CHUNK = 1 << 16
 
 
-@dataclass(frozen=True)
-class SubmissionPolicy:
-    """What the server's operator lets a job submitted over the API use besides the files it sent:
-    folders of the server it may read (``plugtune serve --shared-dir DIR``: large datasets or
-    plugins kept on the server) and variables of the server's environment it may import as
-    ``secrets`` (``plugtune serve --secret NAME``). By default: nothing."""
-
-    shared_dirs: tuple[Path, ...] = ()
-    secrets: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class Confinement:
-    """Where one submitted job may read: its submission folder ``root`` and the policy's shared
-    folders; which secrets it may import. Validation applies it to every data and plugin path."""
-
-    root: Path
-    policy: SubmissionPolicy = SubmissionPolicy()
-
-    def allows(self, path: Path) -> bool:
-        """Is ``path`` (resolved: links followed) inside the submission or a shared folder?"""
-        real = path.resolve()
-        return any(real.is_relative_to(d.resolve()) for d in (self.root, *self.policy.shared_dirs))
-
-
 class SubmissionError(ValueError):
     """Raised when an uploaded project cannot be used as sent; ``problems`` name each file."""
 
@@ -86,18 +61,6 @@ def new_folder(home: Path) -> Path:
     """A fresh, empty submission folder under ``home/submissions``, owner-only (another team's code
     and data: no other user of this machine, plugins' uids included, reads it)."""
     return private_dir(home / "submissions" / uuid.uuid4().hex)
-
-
-def is_submission(home: Path, path: Path) -> bool:
-    """Is ``path`` inside a submission folder of ``home`` (so it goes when its job is deleted)?"""
-    root = (home / "submissions").resolve()
-    return path.resolve().is_relative_to(root) and path.resolve() != root
-
-
-def submission_root(home: Path, path: Path) -> Path:
-    """The submission folder (``home/submissions/<uuid>``) that holds ``path``."""
-    root = (home / "submissions").resolve()
-    return root / path.resolve().relative_to(root).parts[0]
 
 
 def unpack(data: bytes, folder: Path, *, name: str = "project") -> None:

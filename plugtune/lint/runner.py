@@ -20,13 +20,13 @@ from typing import Any
 
 import yaml
 
-from plugtune.jobs import job_yaml
 from plugtune.lint.blocking import check_blocking
 from plugtune.lint.findings import RULES, Finding, finding
 from plugtune.lint.graders import check_excepts, check_grader
 from plugtune.lint.names import import_map
 from plugtune.lint.plugins import check_exits, check_foreign, check_plugin, find_plugins, foreign_shape
 from plugtune.sdk.decorators import Kind
+from plugtune.spec import job_yaml
 
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "venv", "build", "dist"}
 JOB_FILES = ("job.yaml", "job.yml")
@@ -119,7 +119,7 @@ def _graders_without_fixtures(job: Path) -> list[dict[str, str]]:
     Lines that are not a fixture are skipped here (``plugtune test --expect`` names them); [] when
     the job.yaml cannot be read (validation reports that).
     """
-    from plugtune.jobs.plugin_names import named_entries
+    from plugtune.spec.plugin_names import named_entries
 
     try:
         spec = job_yaml.load(job.read_text(encoding="utf-8"))
@@ -156,7 +156,7 @@ def _graders_without_fixtures(job: Path) -> list[dict[str, str]]:
 
 def _name_findings(job: Path) -> list[Finding]:
     """PT404: two plugins of one job.yaml resolving to the same name (the job would be refused)."""
-    from plugtune.jobs.validation import plugin_name_problems  # pydantic and the spec: only when needed
+    from plugtune.spec.validation import plugin_name_problems  # pydantic and the spec: only when needed
 
     return [
         Finding(p.file, p.line or 1, 1, "PT404", f"[{p.field}] {p.message}", RULES["PT404"].fix)

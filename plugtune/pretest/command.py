@@ -12,7 +12,6 @@ from rich.text import Text
 
 from plugtune.errors import DataError, PlatformError, PluginCallError
 from plugtune.gateway.sampling import JobSampling
-from plugtune.jobs.validation import ValidatedJob, read_dataset, validate_job
 from plugtune.pretest.faas import Injection, default_concurrency, run_faas
 from plugtune.pretest.local import run_local
 from plugtune.pretest.policy import PolicyChoice
@@ -20,6 +19,7 @@ from plugtune.pretest.progress import LiveProgress
 from plugtune.pretest.report import document, dumps, render_error, render_faas, render_local
 from plugtune.pretest.summary import demand
 from plugtune.pretest.trial import TrialResult, group_size_of
+from plugtune.spec.validation import ValidatedJob, read_dataset, validate_job
 
 WIDE = 150  # a report piped to a file is not cut at 80 columns
 UNSANDBOXED_AS_ROOT = (

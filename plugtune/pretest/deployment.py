@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from plugtune.jobs.plugins import JobFunction, entry_of, plugin_env
-from plugtune.jobs.validation import PluginRef, ValidatedJob
 from plugtune.runtime import FaultInjection
 from plugtune.runtime.runtime import BaseRuntime
+from plugtune.spec.validation import PluginRef, ValidatedJob
 
 
 def refs_of(job: ValidatedJob) -> list[PluginRef]:

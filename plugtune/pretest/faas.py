@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from plugtune.jobs.validation import ValidatedJob
 from plugtune.pretest.calls import CallRecord
 from plugtune.pretest.deployment import deploy_job
 from plugtune.pretest.policy import PolicyChoice, serving
@@ -15,6 +14,7 @@ from plugtune.pretest.trial import TrialResult, group_size_of, run_trial, sample
 from plugtune.runtime import FaultInjection, Quota, runtime_for
 from plugtune.runtime.faults import FAULTS
 from plugtune.settings import Settings
+from plugtune.spec.validation import ValidatedJob
 
 METRICS_PERIOD_S = 0.5
 

@@ -30,10 +30,10 @@ from typing import Any
 
 from plugtune.errors import DataError, PluginCallError, Problem
 from plugtune.jobs.plugins import JobFunction
-from plugtune.jobs.validation import ValidatedJob
 from plugtune.pretest.deployment import deploy_job
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.sdk import Context, Kind, Sample, Trajectory
+from plugtune.spec.validation import ValidatedJob
 
 VERDICTS = ("failure", "retry", "discard", "error")
 MAX_FIXTURES = 10_000

@@ -16,12 +16,12 @@ from typing import Any, NoReturn
 
 from plugtune.errors import Cause, PluginCallError
 from plugtune.jobs.plugins import JobFunction
-from plugtune.jobs.validation import ValidatedJob
 from plugtune.pretest.deployment import deploy_job
 from plugtune.pretest.policy import PolicyChoice, serving
 from plugtune.pretest.trial import TrialResult, group_size_of, run_trial, samples_of
 from plugtune.runtime import FaultInjection, InProcessRuntime
 from plugtune.sdk import Context
+from plugtune.spec.validation import ValidatedJob
 from plugtune.types import CallOutcome
 
 

@@ -28,7 +28,6 @@ from typing import Any
 
 from plugtune.errors import InvalidDataError, Problem
 from plugtune.jobs.plugins import JobFunction
-from plugtune.jobs.validation import read_dataset
 from plugtune.pretest.local import ExitsAsEof, exits_raise
 from plugtune.pretest.relay import PolicyRelay, RelayError, completion
 from plugtune.pretest.report import logs_of, trajectory_document
@@ -36,6 +35,7 @@ from plugtune.pretest.trial import TrialResult, run_trial
 from plugtune.runtime import InProcessRuntime, LocalRuntime
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.sdk import Context, Runtime, Sample, Sampling
+from plugtune.spec.validation import read_dataset
 from plugtune.store import Plugin, Store
 from plugtune.types import CallOutcome, ErrorRecord, TrajectoryRecord
 

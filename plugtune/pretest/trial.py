@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugtune.jobs.plugins import JobFunction
-from plugtune.jobs.validation import ValidatedJob
 from plugtune.pretest.calls import CallLog, CallRecord, RecordedFunction
 from plugtune.sdk import Kind, Runtime, Sample, Sampling
+from plugtune.spec.validation import ValidatedJob
 from plugtune.trainer.groups import GroupRunner, Plugins
 from plugtune.trainer.protocols import PolicyServer, call_once
 from plugtune.types import LogLine, MetricPoint, TrajectoryRecord

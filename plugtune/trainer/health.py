@@ -113,7 +113,7 @@ _EXAMPLES_SAID = "Example trajectories: "
 
 @dataclass(frozen=True)
 class SignalThresholds:
-    """When the reward-signal checks warn: job.yaml's ``signal:`` block (``plugtune.jobs.spec.SignalSpec``
+    """When the reward-signal checks warn: job.yaml's ``signal:`` block (``plugtune.spec.models.SignalSpec``
     documents each field); the defaults are the ones job.yaml documents."""
 
     unscorable_share: float = 0.5  # a grader's share of None over the window above which it warns

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from plugtune import __version__
 from plugtune.errors import PlatformError
-from plugtune.jobs.submission import SubmissionPolicy
+from plugtune.spec.reach import SubmissionPolicy
 from plugtune.store import Store
 from plugtune.web import (
     api,

@@ -19,13 +19,10 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
 from plugtune.errors import HINTS, DataError, ErrorType, Problem
-from plugtune.jobs import job_yaml
 from plugtune.jobs.control import check_job, create_job, delete_job, request_cancel
 from plugtune.jobs.submission import (
     MAX_FILES,
-    Confinement,
     SubmissionError,
-    SubmissionPolicy,
     Upload,
     new_folder,
     unpack,
@@ -33,6 +30,8 @@ from plugtune.jobs.submission import (
     write_spec,
 )
 from plugtune.settings import Settings
+from plugtune.spec import job_yaml
+from plugtune.spec.reach import Confinement, SubmissionPolicy
 from plugtune.store import Store
 from plugtune.web import service
 from plugtune.web.guard import MULTIPART, YAML_TYPES

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from plugtune import Context, Retry, Sample, Trajectory
 from plugtune.cli import app
 from plugtune.init_project import ProjectExistsError, create_project, project_name
-from plugtune.jobs.spec import resolve_model
-from plugtune.jobs.validation import read_dataset, validate_job
 from plugtune.lint import lint_paths
 from plugtune.sdk import Kind, Policy, PolicyError, spec_of
+from plugtune.spec.models import resolve_model
+from plugtune.spec.validation import read_dataset, validate_job
 
 DEMO_MODEL = resolve_model("builtin:tiny-chat", Path("."))
 

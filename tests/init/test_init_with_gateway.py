@@ -11,8 +11,8 @@ import pytest
 
 from plugtune import Context, Sample, Sampling, Trajectory
 from plugtune.init_project import create_project
-from plugtune.jobs.spec import resolve_model
-from plugtune.jobs.validation import read_dataset
+from plugtune.spec.models import resolve_model
+from plugtune.spec.validation import read_dataset
 
 MODEL = resolve_model("builtin:tiny-chat", Path("."))
 pytestmark = [

@@ -6,8 +6,8 @@ import pytest
 
 from plugtune.errors import PluginCallError
 from plugtune.integrations.recording import EngineRun
-from plugtune.jobs.spec import FailurePolicy
 from plugtune.sdk import Context, Sample, Trajectory
+from plugtune.spec.models import FailurePolicy
 from plugtune.store import Store
 from tests.integrations.conftest import TASK
 

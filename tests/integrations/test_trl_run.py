@@ -12,8 +12,8 @@ import pytest
 
 from plugtune.errors import InvalidValueError
 from plugtune.jobs.control import create_job
-from plugtune.jobs.validation import validate_job
 from plugtune.settings import Settings
+from plugtune.spec.validation import validate_job
 from plugtune.store import Store
 from tests.integrations.conftest import TASK
 

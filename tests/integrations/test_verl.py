@@ -26,8 +26,8 @@ from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
 from plugtune.errors import PluginCallError  # noqa: E402
 from plugtune.gateway.engine import GenerationEngine  # noqa: E402
 from plugtune.integrations import verl as plugtune_verl  # noqa: E402
-from plugtune.jobs.validation import validate_job  # noqa: E402
 from plugtune.settings import Settings  # noqa: E402
+from plugtune.spec.validation import validate_job  # noqa: E402
 from plugtune.store import Store  # noqa: E402
 from plugtune.trainer.model import load_model  # noqa: E402
 

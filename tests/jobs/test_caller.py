@@ -8,8 +8,8 @@ import pytest
 
 from plugtune.errors import HINTS, Cause, PluginCallError, StatusCause
 from plugtune.jobs.caller import JobStop, PolicyCaller
-from plugtune.jobs.spec import FailurePolicy
 from plugtune.sdk import Context, Kind, PluginSpec, Runtime
+from plugtune.spec.models import FailurePolicy
 from plugtune.types import CallOutcome
 
 
@@ -119,7 +119,7 @@ async def test_counts_are_kept_by_the_step_a_call_belongs_to() -> None:
 
 def test_a_step_mostly_failed_trips_the_breaker_with_the_first_errors_evidence() -> None:
     from plugtune.jobs.caller import FAILED_CALLS, StepCounts
-    from plugtune.jobs.spec import CircuitBreaker
+    from plugtune.spec.models import CircuitBreaker
 
     counts = StepCounts()
     counts.calls = 10

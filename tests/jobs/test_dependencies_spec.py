@@ -9,9 +9,9 @@ import pytest
 
 from plugtune.errors import InvalidValueError
 from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryJobAfter, decide
-from plugtune.jobs.spec import RetryPolicy, spec_reference
-from plugtune.jobs.validation import validate_job
 from plugtune.runtime.dependencies import Dependency
+from plugtune.spec.models import RetryPolicy, spec_reference
+from plugtune.spec.validation import validate_job
 from tests.jobs.jobkit import make_job
 
 

@@ -18,10 +18,10 @@ import pytest
 
 from plugtune.errors import DependencyCallError, DependencyCause
 from plugtune.jobs.caller import JobStop, PolicyCaller
-from plugtune.jobs.spec import CircuitBreaker, DependencyRetry, FailurePolicy
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.function import Function
 from plugtune.sdk import Context
+from plugtune.spec.models import CircuitBreaker, DependencyRetry, FailurePolicy
 from tests.judge_server import dead_port, judge, url_of
 from tests.runtime.helpers import entry, sample, trajectory
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from plugtune.errors import InvalidValueError
-from plugtune.jobs.validation import validate_job
-from plugtune.jobs.validation_rows import read_dataset
+from plugtune.spec.rows import read_dataset
+from plugtune.spec.validation import validate_job
 from tests.jobs.jobkit import ROWS, make_job
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plugtune.jobs.demo import demo_job_file
 from plugtune.jobs.evaluate import eval_settings, is_eval_step
-from plugtune.jobs.validation import validate_job
+from plugtune.spec.validation import validate_job
 
 
 def test_the_demo_evaluates_250_rows_greedily_before_training_and_twice() -> None:

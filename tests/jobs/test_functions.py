@@ -270,7 +270,7 @@ def test_the_plugin_tab_shows_job_yamls_limits_until_the_plugin_is_deployed(
     tmp_path: Path, home: Settings, store: Store
 ) -> None:
     from plugtune.jobs.plugins import record_waiting
-    from plugtune.jobs.validation import validate_job
+    from plugtune.spec.validation import validate_job
 
     job_file = make_job(tmp_path / "job", rollout_runtime={"memory_mb": 700})
     job_id, invalid = create_job(store, job_file)

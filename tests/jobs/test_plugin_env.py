@@ -8,8 +8,8 @@ import pytest
 
 from plugtune.errors import InvalidValueError
 from plugtune.jobs.plugins import deploy_all
-from plugtune.jobs.validation import validate_job
 from plugtune.runtime import LocalRuntime
+from plugtune.spec.validation import validate_job
 from tests.jobs.jobkit import make_job
 from tests.runtime.helpers import ctx, sample, trajectory
 

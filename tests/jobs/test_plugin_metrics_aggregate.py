@@ -13,8 +13,8 @@ from plugtune import grader
 from plugtune.jobs import plugin_metrics
 from plugtune.jobs.caller import PolicyCaller
 from plugtune.jobs.plugin_metrics import MAX_NAMES, PluginMetrics
-from plugtune.jobs.spec import FailurePolicy
 from plugtune.sdk import Context
+from plugtune.spec.models import FailurePolicy
 from plugtune.store import Store
 from plugtune.trainer.testing import InProcessFunction
 from plugtune.web import create_app

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from plugtune.cli import app
 from plugtune.errors import InvalidValueError
-from plugtune.jobs.validation import validate_job
 from plugtune.settings import Settings
+from plugtune.spec.validation import validate_job
 from plugtune.store import Store
 from tests.jobs.jobkit import make_job
 

@@ -15,7 +15,7 @@ from plugtune.jobs.retry_policy import (
     decide,
     kind_of,
 )
-from plugtune.jobs.spec import CircuitBreaker, FailurePolicy, RetryPolicy
+from plugtune.spec.models import CircuitBreaker, FailurePolicy, RetryPolicy
 
 FAIL = FailurePolicy(max_attempts=3, on_exhausted="fail_job")
 DROP = FailurePolicy(max_attempts=3, on_exhausted="drop_sample")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from plugtune.errors import InvalidValueError
-from plugtune.jobs.spec import JobSpec, spec_reference
-from plugtune.jobs.validation import validate_job
+from plugtune.spec.models import JobSpec, spec_reference
+from plugtune.spec.validation import validate_job
 from plugtune.trainer.health import SignalThresholds
 from tests.jobs.test_validation import JOB, find, make_project, problems_of
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from plugtune.jobs.spec import (
+from plugtune.sdk import Runtime
+from plugtune.spec.models import (
     BUILTIN_ROLLOUT,
     JobSpec,
     RuntimeOverrides,
@@ -14,7 +15,6 @@ from plugtune.jobs.spec import (
     resolve_model,
     spec_reference,
 )
-from plugtune.sdk import Runtime
 from plugtune.trainer.config import TrainerConfig
 
 MINIMAL = {

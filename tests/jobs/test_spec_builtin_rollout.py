@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugtune.jobs.builtin_rollout import single_turn
-from plugtune.jobs.spec import BUILTIN_ROLLOUT, parse_entry
 from plugtune.sdk import Context, Kind, Policy, Sample, Sampling, spec_of
+from plugtune.spec.models import BUILTIN_ROLLOUT, parse_entry
 
 
 @dataclass(frozen=True)

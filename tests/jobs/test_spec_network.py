@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from plugtune.errors import InvalidValueError
-from plugtune.jobs.validation import validate_job
+from plugtune.spec.validation import validate_job
 from tests.jobs.jobkit import make_job
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from plugtune.errors import InvalidDataError, InvalidValueError, Problem
-from plugtune.jobs.spec import BUILTIN_ROLLOUT
-from plugtune.jobs.validation import load_spec, read_dataset, validate_job, validate_row
 from plugtune.sdk import Kind
+from plugtune.spec.models import BUILTIN_ROLLOUT
+from plugtune.spec.validation import load_spec, read_dataset, validate_job, validate_row
 
 JOB = """\
 name: arithmetic-grpo

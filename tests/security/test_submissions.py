@@ -30,9 +30,10 @@ from typer.testing import CliRunner
 
 from plugtune.cli import app as cli
 from plugtune.errors import InvalidDataError, InvalidValueError
-from plugtune.jobs.submission import SubmissionPolicy, pack
-from plugtune.jobs.validation import validate_job
+from plugtune.jobs.submission import pack
 from plugtune.runtime.snapshot import SnapshotError, take
+from plugtune.spec.reach import SubmissionPolicy
+from plugtune.spec.validation import validate_job
 from plugtune.store import Store
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job

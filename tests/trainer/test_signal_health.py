@@ -17,8 +17,8 @@ from plugtune.demo.plugins import rollout as demo_rollout
 from plugtune.gateway import JobSampling, PolicyGateway
 from plugtune.jobs.demo import demo_job_file
 from plugtune.jobs.evaluate import build_evaluator
-from plugtune.jobs.validation import validate_job
 from plugtune.sdk import Context, Sample, Trajectory
+from plugtune.spec.validation import validate_job
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.groups import Plugins
 from plugtune.trainer.grpo import GRPOTrainer, StepResult

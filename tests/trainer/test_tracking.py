@@ -15,8 +15,8 @@ import pytest
 from plugtune import grader
 from plugtune.errors import PluginCallError
 from plugtune.jobs.caller import PolicyCaller
-from plugtune.jobs.spec import FailurePolicy
 from plugtune.sdk import Context
+from plugtune.spec.models import FailurePolicy
 from plugtune.trainer.testing import InProcessFunction
 from plugtune.trainer.tracking import TENSORBOARD_DIR, WANDB_DIR, CallSpans, Trackers
 

@@ -11,8 +11,8 @@ import transformers
 
 from plugtune.jobs.control import create_job
 from plugtune.jobs.scheduler import run_job
-from plugtune.jobs.validation import validate_job
 from plugtune.settings import Settings
+from plugtune.spec.validation import validate_job
 from plugtune.store import Store
 from plugtune.trainer import lora
 from plugtune.trainer.tracking import TENSORBOARD_DIR

@@ -17,7 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from plugtune.jobs import submission
-from plugtune.jobs.submission import SubmissionPolicy, pack
+from plugtune.jobs.submission import pack
+from plugtune.spec.reach import SubmissionPolicy
 from plugtune.store import Store
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job

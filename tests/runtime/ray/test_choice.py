@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from plugtune.jobs.spec import JobSpec
 from plugtune.runtime import LocalRuntime, RayRuntime, runtime_for
+from plugtune.spec.models import JobSpec
 
 JOB = {
     "name": "arith",

@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from plugtune.errors import Problem
-from plugtune.jobs.spec import BUILTIN_ROLLOUT, ENTRY_PATTERN
+from plugtune.spec.models import BUILTIN_ROLLOUT, ENTRY_PATTERN
 
 Path_ = tuple[str | int, ...]
 

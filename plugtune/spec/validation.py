@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from plugtune.errors import InvalidValueError, Problem
-from plugtune.jobs import job_yaml
-from plugtune.jobs.plugin_names import duplicate_names, named_entries
-from plugtune.jobs.spec import (
+from plugtune.sdk.decorators import Kind
+from plugtune.spec import job_yaml
+from plugtune.spec.models import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_ROLLOUT,
     GraderEntry,
@@ -32,10 +31,9 @@ from plugtune.jobs.spec import (
     parse_entry,
     resolve_model,
 )
-from plugtune.jobs.submission import Confinement, is_submission, submission_root
-from plugtune.jobs.validation_rows import Found, describe, parse_rows, read_dataset, read_text, validate_row
-from plugtune.sdk.decorators import Kind
-from plugtune.settings import Settings
+from plugtune.spec.plugin_names import duplicate_names, named_entries
+from plugtune.spec.reach import Confinement, Reach
+from plugtune.spec.rows import Found, describe, parse_rows, read_dataset, read_text, validate_row
 from plugtune.trainer.config import TrainerConfig
 
 SECTION_KINDS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
@@ -60,7 +58,7 @@ class PluginRef:
     ``path`` is the resolved file for user plugins; ``module`` is set instead for the built-in rollout.
     ``name`` keys its rewards, metrics and logs (job.yaml's ``name:``, else the function; unique in
     the job); ``field`` and ``line`` say where job.yaml lists it.
-    Merge the decorator's Runtime with ``runtime`` using :func:`plugtune.jobs.spec.merge_runtime`.
+    Merge the decorator's Runtime with ``runtime`` using :func:`plugtune.spec.models.merge_runtime`.
     """
 
     kind: Kind
@@ -90,6 +88,12 @@ class ValidatedJob:
     rollout: PluginRef
     graders: tuple[PluginRef, ...]
     group_graders: tuple[PluginRef, ...]
+    lines: Mapping[Path_, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def line_of(self, loc: Path_) -> int | None:
+        """The line of job.yaml that holds ``loc`` (e.g. ``("secrets", 0)``), or of the nearest key
+        above it; read when the job was validated, so job.yaml is not parsed again."""
+        return _line_of(loc, self.lines)
 
 
 # --- job.yaml -------------------------------------------------------------------------------
@@ -103,78 +107,6 @@ def load_spec(path: str | Path) -> JobSpec:
     if spec is None:  # every failure path above records a problem
         raise InvalidValueError([Problem(str(path), "job.yaml could not be read")])
     return spec
-
-
-#: plugtune's folders in PLUGTUNE_HOME (each job's files, the runtime's snapshots and state, unpacked
-#: submissions, support bundles); every file at the home's top (the store, serve.json, locks) is its too.
-HOME_FOLDERS = frozenset({"jobs", "runtime", "submissions", "support"})
-
-
-@dataclass(frozen=True)
-class Reach:
-    """What a job's paths may not or must reach: plugtune's own files (the SQLite store, the files
-    at PLUGTUNE_HOME's top and its HOME_FOLDERS) are never read as a job's data or plugins, except
-    the job's own submission folder; a job submitted over the API reads only inside its
-    :class:`Confinement`."""
-
-    job_file: Path
-    home: Path
-    store_file: Path | None
-    confine: Confinement | None
-
-    @classmethod
-    def of(cls, job_file: Path, confine: Confinement | None) -> Reach:
-        settings = Settings.from_env()
-        url = settings.database_url
-        store = (
-            Path(url.removeprefix("sqlite:///").partition("?")[0]) if url.startswith("sqlite:///") else None
-        )
-        return cls(job_file.resolve(), settings.home.resolve(), store.resolve() if store else None, confine)
-
-    def refusal(self, path: Path, what: str) -> str | None:
-        """Why ``path`` may not be read as the job's ``what`` (None when it may)."""
-        if self.confine is not None and not self.confine.allows(path):
-            return (
-                f"is outside the submitted project: a job submitted over the API reads its {what} only "
-                "from the files it sent (or a folder the server's operator shares with `plugtune serve "
-                "--shared-dir`); add the file to the project and name it relative to job.yaml"
-            )
-        if self.is_platform_file(path):
-            return (
-                f"is one of plugtune's own files (the store, jobs or runtime under PLUGTUNE_HOME="
-                f"{self.home}): they are never read as a job's {what} (reading the store's file breaks its "
-                "locks); put the file in the project's folder"
-            )
-        return None
-
-    def is_platform_file(self, path: Path) -> bool:
-        """Is ``path`` the store (or a hard link to it), a file at PLUGTUNE_HOME's top, or inside one
-        of plugtune's folders there (other than this job's own submission)?"""
-        real = path.resolve()
-        if real.is_relative_to(self.home):
-            own = is_submission(self.home, self.job_file)
-            if own and real.is_relative_to(submission_root(self.home, self.job_file)):
-                return False
-            parts = real.relative_to(self.home).parts
-            return len(parts) <= 1 or parts[0] in HOME_FOLDERS  # a user's project folder there is not
-        if self.store_file is None:
-            return False
-        store = self.store_file
-        if real.parent == store.parent and real.name in {
-            store.name + x for x in ("", "-wal", "-shm", "-journal")
-        }:
-            return True
-        try:
-            return os.path.samefile(real, self.store_file)  # a hard link to it
-        except OSError:
-            return False
-
-    def holds_home(self, folder: Path) -> bool:
-        """Would a snapshot of ``folder`` copy PLUGTUNE_HOME (inside it, not under a dot folder)?"""
-        real = folder.resolve()
-        if not self.home.is_relative_to(real):
-            return False
-        return not any(part.startswith(".") for part in self.home.relative_to(real).parts)
 
 
 def validate_job(
@@ -221,6 +153,7 @@ def validate_job(
         rollout=_with_overrides(refs["rollout"], [spec.plugins.rollout])[0],
         graders=_with_overrides(refs["graders"], spec.plugins.graders),
         group_graders=_with_overrides(refs["group_graders"], spec.plugins.group_graders),
+        lines=dict(lines),
     )
 
 
@@ -307,7 +240,7 @@ def _display(path: Path) -> str:
 
 
 def _compose(text: str) -> tuple[Any, dict[Path_, int], yaml.Node | None]:
-    """Load YAML (within :mod:`plugtune.jobs.job_yaml`'s bounds), the 1-based line of every key and
+    """Load YAML (within :mod:`plugtune.spec.job_yaml`'s bounds), the 1-based line of every key and
     list item by path, and the node tree."""
     data, node = job_yaml.compose(text)
     lines: dict[Path_, int] = {}
@@ -418,16 +351,7 @@ def _model_at(loc: Path_) -> type[BaseModel] | None:
     return model
 
 
-def field_line(job_file: Path, loc: Path_) -> int | None:
-    """The line of job.yaml that holds ``loc`` (e.g. ``("secrets", 0)``); None when unreadable."""
-    try:
-        _, lines, _ = _compose(job_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    return _line_of(loc, lines)
-
-
-def _line_of(loc: Path_, lines: dict[Path_, int]) -> int | None:
+def _line_of(loc: Path_, lines: Mapping[Path_, int]) -> int | None:
     for end in range(len(loc), -1, -1):
         if loc[:end] in lines:
             return lines[loc[:end]]

@@ -782,7 +782,7 @@ def _is_list(annotation: Any) -> bool:
 
 def _type_text(annotation: Any) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    return text or str(annotation).replace("typing.", "").replace("plugtune.jobs.spec.", "")
+    return text or str(annotation).replace("typing.", "").replace("plugtune.spec.models.", "")
 
 
 def _default_text(info: Any) -> str:

@@ -216,7 +216,7 @@ class LocalDeployment:
                 f"the instance was not ready within {self.backend.start_timeout_s:g} s (is setup() stuck?)"
             ) from None
         except DeployFailed as exc:
-            exc.intentional = bool(instance.kill_reason)  # the runtime killed it (close, kill, scale)
+            exc.intentional = bool(instance.fate.killed)  # the runtime killed it (close, kill, scale)
             instance.kill("it failed to start")
             raise
         ready_ms = (time.perf_counter() - started) * 1000
@@ -249,9 +249,9 @@ class LocalDeployment:
             self.instances.remove(instance)
         if instance is self.spare:
             self.spare = None
-        why = instance.kill_reason or "it ended"
+        why = instance.fate.killed or "it ended"
         self.runtime_log(
-            "WARNING" if not instance.kill_reason else "INFO",
+            "WARNING" if not instance.fate.killed else "INFO",
             f"instance {instance.id} removed: {why}",
             instance.id,
         )
@@ -261,7 +261,7 @@ class LocalDeployment:
             self._refill_spare()
 
     async def _cleanup(self, instance: Instance) -> None:
-        instance.kill(instance.kill_reason or "cleanup")
+        instance.kill(instance.fate.killed or "cleanup")
         for _ in range(50):
             if instance.limits.remove():
                 break
@@ -308,7 +308,7 @@ class LocalDeployment:
 
     def _take_spare(self) -> bool:
         spare, self.spare = self.spare, None
-        if spare is None or spare.ended or spare.draining:
+        if spare is None or spare.fate.draining:
             return False
         spare.last_used = time.monotonic()
         self.instances.append(spare)
@@ -333,7 +333,7 @@ class LocalDeployment:
         best: Instance | None = None
         limit = self.runtime.max_concurrency
         for instance in self.instances:
-            if instance.draining or instance.ended or not instance.ready.done() or instance.ready.exception():
+            if instance.fate.draining or not instance.ready.done() or instance.ready.exception():
                 continue
             if instance.cancel_timers:  # a timed-out call has not stopped yet: the loop may be blocked
                 continue
@@ -357,7 +357,7 @@ class LocalDeployment:
             instance = self._pick()
             if instance is not None:
                 return instance
-            live = len([i for i in self.instances if not i.ended and i.ready.done()]) + self.starting
+            live = len([i for i in self.instances if not i.fate.ended and i.ready.done()]) + self.starting
             waiting = len(self.waiters) + 1
             if live < self.runtime.max_instances and self.starting * self.runtime.max_concurrency < waiting:
                 self._scale_up()
@@ -459,11 +459,11 @@ class LocalDeployment:
         and the fault waits until its other calls are done, so they are not failed with it and
         each fault is classified as itself. Bounded: after half the call's time it goes ahead."""
         for _ in range(3):
-            instance.draining = True
+            instance.fate.drain()
             until = time.monotonic() + (deadline - time.monotonic()) / 2
-            while instance.in_flight and not instance.ended and time.monotonic() < until:
+            while instance.in_flight and not instance.fate.ended and time.monotonic() < until:
                 await asyncio.sleep(ALONE_POLL_S)
-            if not instance.ended:
+            if not instance.fate.ended:
                 return instance
             got = await self._acquire(deadline)  # it ended meanwhile (another fault): another one
             if isinstance(got, Failed):
@@ -498,7 +498,7 @@ class LocalDeployment:
         happened = Happened.DEADLINE
         if instance.hit_pids():  # it was stuck behind its own fork bomb
             happened, message = Happened.PIDS_LIMIT, f"{message} ({instance.pids_text()})"
-            instance.draining = True  # recycled by invoke(); nothing else is routed here meanwhile
+            instance.fate.drain()  # recycled by invoke(); nothing else is routed here meanwhile
         peak = instance.limits.peak_mb() or (instance.peak_rss_mb or None)
         pending.future.set_result(Failed(happened, message, pending.logs, "", instance.id, peak, latency))
         if self.spec.is_async:
@@ -509,7 +509,7 @@ class LocalDeployment:
             instance.cancel_timers[request.call_id] = handle
         else:
             # A sync call's thread cannot be stopped: stop routing calls here, recycle once idle.
-            instance.draining = True
+            instance.fate.drain()
             self.runtime_log(
                 "WARNING",
                 f"instance {instance.id} draining: a sync call is stuck past its deadline",
@@ -519,12 +519,12 @@ class LocalDeployment:
             self._wake()
 
     def _recycle(self, instance: Instance, reason: str) -> None:
-        if not instance.ended:
+        if not instance.fate.ended:
             self.runtime_log("WARNING", f"recycling instance {instance.id}: {reason}", instance.id)
             instance.kill(reason)
 
     def _recycle_when_idle(self, instance: Instance) -> None:
-        if instance.ended:
+        if instance.fate.ended:
             return
         if instance.in_flight == 0:
             self._recycle(instance, "a sync call was stuck past its deadline")
@@ -536,7 +536,7 @@ class LocalDeployment:
     async def scale(self, instances: int) -> None:
         """Set the number of live instances (between min and max instances)."""
         target = max(self.runtime.min_instances, min(instances, self.runtime.max_instances))
-        live = [i for i in self.instances if not i.ended and not i.draining]
+        live = [i for i in self.instances if not i.fate.draining]
         if len(live) < target:
             await asyncio.gather(*(self.add_instance() for _ in range(target - len(live))))
         for instance in sorted(live, key=lambda i: i.in_flight)[: max(0, len(live) - target)]:
@@ -548,8 +548,7 @@ class LocalDeployment:
                 instance.kill("killed on request")
 
     def _retire(self, instance: Instance, reason: str) -> None:
-        instance.draining = True
-        instance.kill_reason = reason
+        instance.fate.kill(reason)
         if instance.in_flight == 0:
             instance.kill(reason)
         else:
@@ -577,7 +576,7 @@ class LocalDeployment:
     def _scale_down_idle(self, now: float) -> None:
         if self.spare is not None and now - self.last_scale_up > self.backend.idle_timeout_s:
             self.drop_spare(f"no scale-up for {self.backend.idle_timeout_s:g} s")
-        live = [i for i in self.instances if not i.ended and not i.draining and i.ready.done()]
+        live = [i for i in self.instances if not i.fate.draining and i.ready.done()]
         extra = len(live) - self.runtime.min_instances
         for instance in live:
             if extra <= 0:
@@ -587,7 +586,7 @@ class LocalDeployment:
                 extra -= 1
 
     def _keep_minimum(self) -> None:
-        live = len([i for i in self.instances if not i.ended and not i.draining]) + self.starting
+        live = len([i for i in self.instances if not i.fate.draining]) + self.starting
         if live < self.runtime.min_instances and self.last_create_error is None:
             self._scale_up()
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import DeployFailed, Failed, Happened, Returned
+from plugtune.runtime.fate import Fate, Overrun
 from plugtune.runtime.limits import InstanceLimits
 from plugtune.runtime.loglimit import MARKER_CHARS, MAX_LINE_CHARS, LogBudget, clip_line
 from plugtune.runtime.processes import Held, kill_tree
@@ -82,12 +83,7 @@ class Instance:
         self.exit_code: asyncio.Future[int | None] = self.loop.create_future()
         self.output_done: asyncio.Future[None] = self.loop.create_future()
         self.tail: collections.deque[str] = collections.deque(maxlen=60)
-        self.draining = False
-        self.ended = False
-        self.kill_reason = ""
-        self.watchdog_oom = ""
-        self.disk_full = ""  # set when the temp folder's size watch killed it (what it held)
-        self.pids_over = ""  # set when the process watch killed it (what it counted)
+        self.fate = Fate()
         self.last_used = time.monotonic()
         self.started_at = time.monotonic()
         self.outbound_bytes = 0
@@ -111,7 +107,7 @@ class Instance:
 
         class Conn(asyncio.Protocol):
             def data_received(self, data: bytes) -> None:
-                if instance.kill_reason:
+                if instance.fate.killed:
                     return
                 try:
                     for message in reader.feed(data):
@@ -123,7 +119,7 @@ class Instance:
                     instance.on_bad_frame(reader.broken)
 
             def connection_lost(self, exc: Exception | None) -> None:
-                instance.draining = True  # no call is routed to it while its end is being read
+                instance.fate.drain()  # no call is routed to it while its end is being read
                 instance.end_task = instance.loop.create_task(instance.on_connection_lost())
 
         class Output(asyncio.Protocol):
@@ -249,7 +245,7 @@ class Instance:
         if happened in RECYCLED:
             # Route nothing here from now on: a call picked before the caller of this one resumes
             # and recycles the instance would die with it and be answered with this call's cause.
-            self.draining = True
+            self.fate.drain()
         latency = (time.perf_counter() - pending.started) * 1000
         peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
         pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency, cause))
@@ -319,9 +315,7 @@ class Instance:
     def kill(self, reason: str) -> None:
         """Kill the instance's processes: everything in its cgroup and, without one, its descendants
         and the rest of its session, each checked in /proc and signalled by pidfd."""
-        if not self.kill_reason:
-            self.kill_reason = reason
-        self.draining = True
+        self.fate.kill(reason)
         if self.process is not None:
             if self.limits.watchdog:  # no cgroup holds its children: found by parentage and session
                 kill_tree(self.process, self.uid)
@@ -331,10 +325,15 @@ class Instance:
         if self.transport is not None:
             self.transport.close()
 
+    def kill_over(self, limit: Overrun, what: str, reason: str) -> None:
+        """A watch found it over ``limit`` (``what``: what it saw): kill it, its calls fail with that."""
+        self.fate.overran(limit, what)
+        self.kill(reason)
+
     def retire_when_idle(self, reason: str) -> None:
         """Route no more calls here; kill it once the calls it still runs have been answered."""
-        self.draining = True
-        if self.ended:
+        self.fate.drain()
+        if self.fate.ended:
             return
         if self.in_flight == 0:
             self.kill(reason)
@@ -342,12 +341,11 @@ class Instance:
             self.loop.call_later(0.05, self.retire_when_idle, reason)
 
     async def on_connection_lost(self) -> None:
-        if self.ended:
+        if not self.fate.end():
             return
-        self.ended = True
         for _ in range(2):  # the last output and the exit status arrive a moment after the socket closes
             await asyncio.wait([self.output_done, self.exit_code], timeout=DRAIN_OUTPUT_S)  # type: ignore[type-var]
-        oom = self.limits.oom_kills() > 0 or bool(self.watchdog_oom)
+        oom = self.limits.oom_kills() > 0 or bool(self.fate.over_memory)
         peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
         code = self.exit_code.result() if self.exit_code.done() else None
         message = self._death_message(oom, code, peak)
@@ -364,8 +362,8 @@ class Instance:
                 fatal = DeployFailed(text, tb, self.startup_logs)
             self.ready.set_exception(fatal)
         happened = Happened.OOM_KILLED if oom else Happened.DIED
-        if not oom and self.disk_full:
-            happened, message = Happened.DISK_FULL, self.disk_full
+        if not oom and self.fate.over_disk:
+            happened, message = Happened.DISK_FULL, self.fate.over_disk
         elif not oom and self.hit_pids():
             happened, message = Happened.PIDS_LIMIT, f"{message} ({self.pids_text()})"
         for pending in list(self.pending.values()):
@@ -380,11 +378,11 @@ class Instance:
 
     def hit_pids(self) -> bool:
         """Its pids limit refused it a process or thread (cgroup), or the process watch killed it."""
-        return bool(self.pids_over) or self.limits.pids_hits() > 0
+        return bool(self.fate.over_pids) or self.limits.pids_hits() > 0
 
     def pids_text(self) -> str:
-        if self.pids_over:
-            return self.pids_over
+        if self.fate.over_pids:
+            return self.fate.over_pids
         hits = self.limits.pids_hits()
         return f"its cgroup refused {hits} new process(es) or thread(s) at pids.max, max_pids={self.max_pids}"
 
@@ -392,13 +390,13 @@ class Instance:
         where = f"instance {self.id} (pid {self.pid})"
         if oom:
             how = (
-                self.watchdog_oom
+                self.fate.over_memory
                 or f"the kernel killed it (cgroup oom_kill counter went up, {_describe_exit(code)})"
             )
             peak_text = f"; peak {peak:.0f} MiB" if peak else ""
             return f"{where} went over memory_mb={self.limits.memory_mb}: {how}{peak_text}"
-        if self.kill_reason:
-            return f"{where} was killed by the runtime: {self.kill_reason}"
+        if self.fate.killed:
+            return f"{where} was killed by the runtime: {self.fate.killed}"
         return f"{where} ended during the call: {_describe_exit(code)}"
 
 

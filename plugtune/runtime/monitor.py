@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 
 from plugtune.runtime import protocol as p
+from plugtune.runtime.fate import Overrun
 from plugtune.runtime.instance import Instance
 from plugtune.runtime.limits import pids_max
 from plugtune.sdk import Runtime
@@ -24,7 +25,7 @@ class ResourceMonitor:
         self._cpu: dict[int, tuple[float, float]] = {}
 
     def sample(self, instances: list[Instance]) -> dict[str, float]:
-        live = [i for i in instances if not i.ended and i.pid]
+        live = [i for i in instances if not i.fate.ended and i.pid]
         cpu_total = 0.0
         mem_percent = 0.0
         now = time.monotonic()
@@ -54,46 +55,44 @@ class ResourceMonitor:
     def watch_memory(self, instances: list[Instance]) -> None:
         """Kill an instance whose resident memory is over its limit (the rlimit fallback's OOM)."""
         for instance in instances:
-            if not instance.pid or instance.ended:
+            if not instance.pid or instance.fate.ended:
                 continue
             rss = rss_mb(instance.pid)
             instance.peak_rss_mb = max(instance.peak_rss_mb, rss)
-            if instance.limits.watchdog and rss > instance.limits.memory_mb and not instance.watchdog_oom:
-                instance.watchdog_oom = (
-                    f"the memory watchdog killed it at {rss:.0f} MiB resident (limits: rlimit+watchdog)"
-                )
-                instance.kill("over its memory limit")
+            if instance.limits.watchdog and rss > instance.limits.memory_mb and not instance.fate.over_memory:
+                what = f"the memory watchdog killed it at {rss:.0f} MiB resident (limits: rlimit+watchdog)"
+                instance.kill_over(Overrun.MEMORY, what, "over its memory limit")
 
     def watch_pids(self, instances: list[Instance], table: ProcessTable) -> None:
         """Kill an instance running more processes and threads than its pids limit (the rlimit
         fallback's pids.max: RLIMIT_NPROC counts the function's whole uid, so it is only a backstop)."""
         limit = pids_max(self.runtime.max_pids, self.runtime.max_concurrency)
-        live = [i for i in instances if i.pid and not i.ended and not i.pids_over]
+        live = [i for i in instances if i.pid and not i.fate.ended and not i.fate.over_pids]
         if not live:
             return
         table.refresh()
         for instance in live:
             tasks = table.tasks_of(instance.pid)
             if tasks > limit:
-                instance.pids_over = (
+                what = (
                     f"the process watch counted {tasks} processes and threads in it, more than its "
                     f"limit of {limit} (max_pids={self.runtime.max_pids} plus the runtime's own)"
                 )
-                instance.kill("over its pids limit")
+                instance.kill_over(Overrun.PIDS, what, "over its pids limit")
 
     def watch_disk(self, instances: list[Instance]) -> None:
         """Kill an instance whose temp folder holds more than ``tmp_mb`` (the tmpfs's job, where the
         runtime may not mount one)."""
         for instance in instances:
-            if instance.ended or instance.tmp_dir is None or instance.disk_full:
+            if instance.fate.ended or instance.tmp_dir is None or instance.fate.over_disk:
                 continue
             used = folder_mb(instance.tmp_dir)
             if used > self.runtime.tmp_mb:
-                instance.disk_full = (
+                what = (
                     f"the temp folder's size watch killed it: {instance.tmp_dir} held {used:.1f} MiB, "
                     f"more than tmp_mb={self.runtime.tmp_mb}"
                 )
-                instance.kill("its temp space is over tmp_mb")
+                instance.kill_over(Overrun.DISK, what, "its temp space is over tmp_mb")
 
 
 def folder_mb(path: Path, max_entries: int = 100_000) -> float:

@@ -186,7 +186,7 @@ async def test_a_call_arriving_as_an_instance_dies_is_not_sent_to_it(rt: LocalRu
     (dying,) = fn.deployment.instances  # type: ignore[attr-defined]
     crash = asyncio.create_task(fn.invoke(ctx("crash"), sample(fail=True), trajectory(tid="crash")))
     assert await turns_until(lambda: dying.end_task is not None), "the instance did not end"
-    assert not dying.ended  # its end is not read yet: the window
+    assert not dying.fate.ended  # its end is not read yet: the window
     after = await fn.invoke(ctx("after"), sample(fail=False), trajectory(tid="after"))
     with pytest.raises(PluginCallError) as info:
         await crash

@@ -200,8 +200,8 @@ async def test_a_limit_hit_after_the_deadline_retires_the_instance() -> None:
         with pytest.raises(PluginCallError) as info:
             await fn.invoke(ctx("bomb"), sample(bomb=True), trajectory(tid="bomb"))
         assert info.value.cause == Cause.TIMEOUT.value, info.value
-        assert await turns_until(lambda: bombed.draining or bombed.ended, within_s=10)
-        assert await turns_until(lambda: bombed.ended, within_s=10), "the bombed instance still runs"
+        assert await turns_until(lambda: bombed.fate.draining or bombed.fate.ended, within_s=10)
+        assert await turns_until(lambda: bombed.fate.ended, within_s=10), "the bombed instance still runs"
         after = await fn.invoke(ctx("after"), sample(), trajectory(tid="after"))
     assert after.value == 1.0 and after.instance_id != bombed.id
 

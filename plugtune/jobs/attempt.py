@@ -249,7 +249,7 @@ def job_trackers(out: Path, spec: Any, job_id: int) -> Trackers:
     """TensorBoard event files under the job's folder, and an offline W&B run when asked for (the
     embedded trainer's and a ``trainer: trl`` job's)."""
     wandb = spec.tracking.wandb
-    config = {"model": spec.model, **dataclasses.asdict(spec.hyperparameters)}
+    config = {"model": spec.model, **spec.hyperparameters.model_dump()}
     return Trackers(out, f"{spec.name}-{job_id}", wandb.project if wandb else None, config)
 
 

@@ -7,7 +7,6 @@ web page can print. Paths in the spec are relative to the folder that holds ``jo
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -16,7 +15,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from plugtune.errors import InvalidValueError
 from plugtune.runtime.dependencies import LIMITS as DEPENDENCY_LIMITS
 from plugtune.runtime.dependencies import NAME as DEPENDENCY_NAME
 from plugtune.runtime.dependencies import Dependency, parse_target
@@ -651,16 +649,6 @@ class JobSpec(BaseModel):
             return {k: {"url": v} if isinstance(v, str) else v for k, v in value.items()}
         return value
 
-    @field_validator("hyperparameters", mode="before")
-    @classmethod
-    def _trainer_config(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        try:
-            return TrainerConfig.from_dict(value)
-        except InvalidValueError as exc:
-            raise ValueError("; ".join(f"{p.field}: {p.message}" for p in exc.problems)) from None
-
     @field_validator("trainer")
     @classmethod
     def _trl_installed(cls, value: str) -> str:
@@ -758,10 +746,11 @@ def spec_reference(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[F
 
 
 def _trainer_reference(prefix: str) -> list[FieldDoc]:
-    docs = TrainerConfig.docs()
+    """The trainer's fields, each documented with its default and range (``TrainerConfig.docs``)."""
+    docs, types = TrainerConfig.docs(), TrainerConfig.__annotations__  # the annotations as written
     return [
-        FieldDoc(prefix + f.name, str(f.type), repr(f.default), docs[f.name])
-        for f in dataclasses.fields(TrainerConfig)
+        FieldDoc(prefix + name, str(types[name]), repr(info.default), docs[name])
+        for name, info in TrainerConfig.model_fields.items()
     ]
 
 

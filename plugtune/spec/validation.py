@@ -34,7 +34,7 @@ from plugtune.spec.models import (
 from plugtune.spec.plugin_names import duplicate_names, named_entries
 from plugtune.spec.reach import Confinement, Reach
 from plugtune.spec.rows import Found, describe, parse_rows, read_dataset, read_text, validate_row
-from plugtune.trainer.config import TrainerConfig
+from plugtune.trainer.config import TrainerConfig, config_message
 
 SECTION_KINDS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
 
@@ -195,39 +195,12 @@ def _load(path: Path, found: Found) -> tuple[JobSpec | None, dict[str, Any] | No
         )
         return None, None, {}
     found.value.extend(_duplicates(node, name))
-    hyper_problems = _hyperparameter_problems(raw.get("hyperparameters"), lines, name)
-    found.value.extend(hyper_problems)
-    checked = {**raw, "hyperparameters": {}} if hyper_problems else raw
     try:
-        spec = JobSpec.model_validate(checked)
+        spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
         found.value.extend(_pydantic_problems(exc, lines, name))
         return None, raw, lines
-    return (None if hyper_problems else spec), raw, lines
-
-
-def _hyperparameter_problems(value: Any, lines: dict[Path_, int], name: str) -> list[Problem]:
-    """Per-field problems of ``hyperparameters``, checked by the trainer's own TrainerConfig."""
-    if not isinstance(value, dict):
-        return []  # a wrong shape is reported by the model check
-    try:
-        TrainerConfig.from_dict(value, file=name)
-    except InvalidValueError as exc:
-        out = []
-        for problem in exc.problems:
-            loc = tuple((problem.field or "hyperparameters").split("."))
-            doc = _trainer_doc(loc[-1])
-            message = problem.message + (f" ({doc})" if "range" in problem.message and doc else "")
-            out.append(Problem(name, message, _line_of(loc, lines), problem.field))
-        return out
-    return []
-
-
-def _trainer_doc(field_name: str) -> str:
-    for f in dataclasses.fields(TrainerConfig):
-        if f.name == field_name:
-            return str(f.metadata.get("doc", "")).rstrip(".")
-    return ""
+    return spec, raw, lines
 
 
 def _display(path: Path) -> str:
@@ -289,11 +262,26 @@ def _pydantic_problems(exc: ValidationError, lines: dict[Path_, int], name: str)
     problems = []
     for error in exc.errors(include_url=False):
         loc: Path_ = tuple(error["loc"])
+        if len(loc) > 1 and loc[0] == "hyperparameters":
+            problems.append(_trainer_problem(error, lines, name))
+            continue
         message = _message(error)
         if error["type"] in _BOUNDS and _description(loc):
             message += f" ({_description(loc)})"
         problems.append(Problem(name, message, line=_line_of(loc, lines), field=_field_text(loc) or None))
     return problems
+
+
+def _trainer_problem(error: Any, lines: dict[Path_, int], name: str) -> Problem:
+    """A ``hyperparameters`` problem in the trainer's own words, with its field's description when
+    it is out of range."""
+    field, message = config_message({**error, "loc": error["loc"][1:]})
+    info = TrainerConfig.model_fields.get(field) if field != "lora" else None
+    doc = (info.description or "").rstrip(".") if info is not None else ""
+    if "range" in message and doc:
+        message += f" ({doc})"
+    dotted = f"hyperparameters.{field}"
+    return Problem(name, message, _line_of(tuple(dotted.split(".")), lines), dotted)
 
 
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}

@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
-import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plugtune.home import private_dir
 
@@ -31,63 +30,69 @@ ADAPTER_DIR = "adapter"  # under a checkpoint or the final model
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-@dataclass(frozen=True)
-class LoraSettings:
+class LoraSettings(BaseModel):
     """``hyperparameters.lora``: train a low-rank adapter instead of every weight."""
 
-    r: int = field(default=16, metadata={"doc": "Rank of the update (1 .. 1024)."})
-    alpha: float = field(default=32.0, metadata={"doc": "Scale numerator: the update is (alpha / r) B A."})
-    dropout: float = field(
-        default=0.0, metadata={"doc": "Dropout on the adapter's input in training [0, 1)."}
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+    r: int = Field(default=16, ge=1, le=1024, description="Rank of the update (1 .. 1024).")
+    alpha: float = Field(
+        default=32.0, gt=0, le=1e6, description="Scale numerator: the update is (alpha / r) B A."
     )
-    target_modules: tuple[str, ...] = field(
+    dropout: float = Field(
+        default=0.0, ge=0, lt=1, description="Dropout on the adapter's input in training [0, 1)."
+    )
+    target_modules: tuple[str, ...] = Field(
         default=LLAMA_PROJECTIONS,
-        metadata={"doc": "Module names that get an adapter (default: every attention and MLP projection)."},
+        description="Module names that get an adapter (default: every attention and MLP projection).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _peft_installed(cls, value: Any) -> Any:
+        if importlib.util.find_spec("peft") is None:
+            raise ValueError(_NO_PEFT)
+        return value
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _module_names(cls, value: Any) -> Any:
+        names = list(value) if isinstance(value, (list, tuple)) else None
+        if not names or not all(isinstance(t, str) and t for t in names):
+            raise ValueError(f"must be a non-empty list of module names, got {value!r}")
+        return tuple(names)
 
     @classmethod
     def docs(cls) -> str:
-        from dataclasses import fields
-
-        parts = [f"{f.name} ({f.metadata['doc']} Default {_shown(f.default)})" for f in fields(cls)]
+        parts = [
+            f"{name} ({info.description} Default {_shown(info.default)})"
+            for name, info in cls.model_fields.items()
+        ]
         return "LoRA adapter through peft (absent: full fine-tuning): " + "; ".join(parts) + "."
 
-    @classmethod
-    def problems_of(cls, value: Any) -> list[tuple[str, str]]:
-        """(field suffix, message) for everything wrong in a job.yaml ``lora`` mapping."""
-        if value is None:
-            return []
-        if importlib.util.find_spec("peft") is None:
-            return [("", "LoRA needs peft installed: pip install -e '.[lora]'")]
-        if not isinstance(value, dict):
-            return [("", f"must be a mapping with r, alpha, dropout, target_modules; got {value!r}")]
-        known = ("r", "alpha", "dropout", "target_modules")
-        out = [(f".{k}", f"unknown LoRA setting; known: {', '.join(known)}") for k in value if k not in known]
-        r, alpha, dropout = value.get("r", 16), value.get("alpha", 32.0), value.get("dropout", 0.0)
-        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 1024:
-            out.append((".r", f"must be a whole number in [1, 1024], got {r!r}"))
-        if not _is_number(alpha) or not 0 < alpha <= 1e6:
-            out.append((".alpha", f"must be a number in (0, 1e6], got {alpha!r}"))
-        if not _is_number(dropout) or not 0 <= dropout < 1:
-            out.append((".dropout", f"must be a number in [0, 1), got {dropout!r}"))
-        targets = value.get("target_modules", list(LLAMA_PROJECTIONS))
-        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
-            out.append((".target_modules", f"must be a non-empty list of module names, got {targets!r}"))
-        return out
 
-    @classmethod
-    def from_value(cls, value: dict[str, Any]) -> LoraSettings:
-        """From a mapping ``problems_of`` found nothing wrong in."""
-        return cls(
-            r=int(value.get("r", 16)),
-            alpha=float(value.get("alpha", 32.0)),
-            dropout=float(value.get("dropout", 0.0)),
-            target_modules=tuple(value.get("target_modules", LLAMA_PROJECTIONS)),
-        )
+_NO_PEFT = "LoRA needs peft installed: pip install -e '.[lora]'"
+#: How each setting's problems are worded (followed by ``, got <value>``).
+_WANTED = {
+    "r": "must be a whole number in [1, 1024]",
+    "alpha": "must be a number in (0, 1e6]",
+    "dropout": "must be a number in [0, 1)",
+}
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def lora_message(loc: tuple[str, ...], kind: str, value: Any, text: str) -> tuple[str, str]:
+    """(field suffix below ``lora``, message) of one pydantic error of a job.yaml ``lora`` mapping."""
+    text = text.removeprefix("Value error, ")
+    if not loc:
+        if kind in ("model_type", "model_attributes_type", "dict_type"):
+            return "", f"must be a mapping with r, alpha, dropout, target_modules; got {value!r}"
+        return "", text
+    name = loc[0]
+    if kind == "extra_forbidden":
+        return f".{name}", f"unknown LoRA setting; known: {', '.join(LoraSettings.model_fields)}"
+    if name in _WANTED:
+        return f".{name}", f"{_WANTED[name]}, got {value!r}"
+    return f".{name}", text
 
 
 def _shown(value: Any) -> str:

@@ -265,7 +265,7 @@ async def demo_steps(steps: int, every: int) -> tuple[list[StepResult], list[Eva
     does (every 30)."""
     job = validate_job(demo_job_file())
     spec = job.spec
-    config = replace(spec.hyperparameters, steps=steps)
+    config = spec.hyperparameters.model_copy(update={"steps": steps})
     lm = load_model(DEMO / "model")
     rows: list[dict[str, Any]] = [
         json.loads(line) for line in (DEMO / "data" / "train.jsonl").read_text().splitlines()

@@ -13,7 +13,10 @@ What is counted is **connections**, not requests:
   idle connection (a client's pool) keeps its slot until the client closes it (httpx and openai
   after 5 s idle), and HTTP/2 can carry several requests on one connection.
 - ``rpm`` bounds the connections opened in any 60 s window (a burst of up to ``rpm`` at once,
-  then one as each ages out). The later requests a kept-alive connection carries are not counted.
+  then one as each ages out, ``MARGIN_S`` after its 60 s: the service starts its clock when the
+  request arrives, a little after the bridge let the connection open, and a slot freed on the
+  bridge's clock alone was answered 429 by a judge holding the same limit). The later requests
+  a kept-alive connection carries are not counted.
 
 Clients that open a connection per request (``httpx.post``, ``requests.post``, ``urllib``, a fresh
 ``httpx.Client`` or ``openai.OpenAI`` per call) are bounded exactly. Under ``network: any`` nothing
@@ -44,6 +47,7 @@ from typing import Protocol
 from plugtune.runtime.dependencies import Dependency
 
 WINDOW_S = 60.0
+MARGIN_S = 1.0  # a connection counts against rpm for WINDOW_S + MARGIN_S (see the module's doc)
 IDLE_S = 1.0  # while connections wait: a held connection idle this long after its reply is closed
 REAP_S = 0.25  # how often idle held connections are looked for while connections wait
 
@@ -132,11 +136,12 @@ class DependencyBudget:
     def _rate_delay(self, now: float) -> float:
         if self.rpm is None:
             return 0.0
-        while self.starts and self.starts[0] <= now - WINDOW_S:
+        span = WINDOW_S + MARGIN_S
+        while self.starts and self.starts[0] <= now - span:
             self.starts.popleft()
         if len(self.starts) < self.rpm:
             return 0.0
-        return self.starts[0] + WINDOW_S - now
+        return self.starts[0] + span - now
 
     def _pump(self) -> None:
         """Grant waiting connections while the budget allows (bounded by the waiters queued)."""

@@ -15,15 +15,18 @@ from tests.jobs.jobkit import make_job
 pytestmark = pytest.mark.slow
 runner = CliRunner()
 
-# No sampling settings at all (the job's apply), and a second turn whose history edits the answer.
+# No sampling settings but a seed (the job's apply), and a second turn whose history edits the answer.
+# The seed makes every reply the same on every run: how many of them max_new_tokens cuts (the
+# truncated warning needs more than half) no longer depends on the draw.
 EDITING_ROLLOUT = """
 from plugtune import rollout
 
 @rollout
 def answer(ctx, policy, sample):
-    first = policy.chat(sample.messages)
+    seed = 1000 * ctx.step + 10 * sample.index + 2 * ctx.rollout_index
+    first = policy.chat(sample.messages, seed=seed)
     edited = {"role": "assistant", "content": "I think " + policy.content(first)}
-    policy.chat([*sample.messages, edited, {"role": "user", "content": "Sure?"}])
+    policy.chat([*sample.messages, edited, {"role": "user", "content": "Sure?"}], seed=seed + 1)
     return None
 """
 

@@ -17,7 +17,7 @@ from plugtune.pretest.local import run_local
 from plugtune.pretest.policy import PolicyChoice
 from plugtune.pretest.progress import LiveProgress
 from plugtune.pretest.report import document, dumps, render_error, render_faas, render_local
-from plugtune.pretest.summary import demand
+from plugtune.pretest.summary import demand, dependency_demand
 from plugtune.pretest.trial import TrialResult, group_size_of
 from plugtune.spec.validation import ValidatedJob, read_dataset, validate_job
 
@@ -106,14 +106,18 @@ def faas_test(options: TestOptions, progress: Any = None) -> dict[str, Any]:
         return deploy_failed("faas", head, exc)
     config = job.spec.hyperparameters
     driven = min(concurrency, rollouts)
+    pace = demand(
+        config.batch_size, config.group_size, result.functions[0], result.calls, result.wall_s, driven
+    )
+    pace["dependencies"] = dependency_demand(
+        result.dependencies, len(result.trajectories), pace["needed_qps"]
+    )
     extra = {
         "samples": options.samples,
         "concurrency": concurrency,
         "limits": limits,
         "injection": options.injection.to_dict() if options.injection else None,
-        "demand": demand(
-            config.batch_size, config.group_size, result.functions[0], result.calls, result.wall_s, driven
-        ),
+        "demand": pace,
     }
     return document("faas", result, head, extra)
 

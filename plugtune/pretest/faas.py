@@ -3,6 +3,7 @@ driven at the trainer's concurrency; optionally with injected faults."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ from plugtune.pretest.deployment import deploy_job
 from plugtune.pretest.policy import PolicyChoice, serving
 from plugtune.pretest.trial import TrialResult, group_size_of, run_trial, samples_of
 from plugtune.runtime import FaultInjection, Quota, runtime_for
+from plugtune.runtime.budget import Budgets
 from plugtune.runtime.faults import FAULTS
 from plugtune.settings import Settings
 from plugtune.spec.validation import ValidatedJob
@@ -90,4 +92,7 @@ async def run_faas(
                 group_size=group_size_of(job),
                 on_call=on_call,
             )
+        budgets = getattr(rt.backend, "budgets", None)  # the Ray backend enforces none
+        if isinstance(budgets, Budgets):
+            result = dataclasses.replace(result, dependencies=budgets.usage())
         return result, rt.limits_mechanism

@@ -303,8 +303,34 @@ def _render_demand(console: Console, d: dict[str, Any]) -> None:
     )
     if d.get("suggestion"):
         console.print(Text(f"  suggestion: {d['suggestion']}", style="yellow"))
+    for dep in d.get("dependencies", ()):
+        _render_dependency_demand(console, dep, d["needed_qps"])
     if d.get("note"):
         console.print(Text(f"  note: {d['note']}", style="dim"))
+
+
+def _render_dependency_demand(console: Console, dep: dict[str, Any], needed_qps: float) -> None:
+    """One line per declared dependency: what the trainer's pace asks of it against its budget."""
+    per = dep["requests_per_rollout"]
+    line = f"  dependency {dep['name']}: {per:.2f} requests per rollout"
+    if dep["rpm"] is None:
+        line += f", {dep['needed_rpm']:.0f}/min at the trainer's pace; no rpm declared"
+    else:
+        pace = f"the trainer's pace ({needed_qps:.2f} rollouts/s)"
+        line += f"; {pace} needs {dep['needed_rpm']:.0f}/min, rpm {dep['rpm']}"
+        if dep["rpm_sets_pace"]:
+            line += (
+                f" allows {dep['allowed_qps']:.2f} rollouts/s — the budget, not the runtime, sets the "
+                "pace (raise the dependency's rpm if its service allows)"
+            )
+        else:
+            line += " — within budget"
+    if dep["concurrency_full"]:
+        line += f"; all of its concurrency {dep['concurrency']} was in use: calls waited for it"
+    if dep["rate_limited"]:
+        line += f"; it answered 429 {dep['rate_limited']} time(s)"
+    warn = dep["rpm_sets_pace"] or dep["concurrency_full"] or dep["rate_limited"]
+    console.print(Text(line, style="yellow" if warn else "green"))
 
 
 def _clip(text: str) -> str:

@@ -198,6 +198,36 @@ def demand(
     return out
 
 
+def dependency_demand(
+    usage: dict[str, dict[str, Any]], rollouts: int, needed_qps: float
+) -> list[dict[str, Any]]:
+    """Per declared dependency, its budget against the trainer's demand: the requests one rollout
+    made of it in this run (the connections its budget opened per rollout, graders' included),
+    what the trainer's pace (``needed_qps`` rollouts/s) needs of it per minute, the rollouts/s its
+    ``rpm`` allows, and whether all of its ``concurrency`` was in use (calls then waited for it)."""
+    out = []
+    for name, u in sorted(usage.items()):
+        per_rollout = u["opened"] / rollouts if rollouts else 0.0
+        needed_rpm = needed_qps * 60.0 * per_rollout
+        rpm, concurrency = u["rpm"], u["concurrency"]
+        allowed_qps = rpm / 60.0 / per_rollout if rpm and per_rollout else None
+        out.append(
+            {
+                "name": name,
+                "requests_per_rollout": round(per_rollout, 3),
+                "needed_rpm": round(needed_rpm, 1),
+                "rpm": rpm,
+                "allowed_qps": None if allowed_qps is None else round(allowed_qps, 3),
+                "rpm_sets_pace": rpm is not None and needed_rpm > rpm,
+                "concurrency": concurrency,
+                "peak": u["peak"],
+                "concurrency_full": concurrency is not None and u["peak"] >= concurrency,
+                "rate_limited": u["decreases"],
+            }
+        )
+    return out
+
+
 def active_window_s(calls: Sequence[CallRecord]) -> float:
     """From the first call's start to the last call's end (0 for no calls)."""
     if not calls:

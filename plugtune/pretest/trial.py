@@ -45,6 +45,8 @@ class TrialResult:
     calls: list[CallRecord]
     functions: list[FunctionSnapshot]
     wall_s: float
+    #: each declared dependency's budget use (``Budgets.usage()``), when the runtime enforced them
+    dependencies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def samples_of(job: ValidatedJob, rows: list[dict[str, Any]], n: int) -> list[tuple[int, Sample]]:

@@ -201,3 +201,18 @@ class Budgets:
 
     def get(self, target: tuple[str, int]) -> DependencyBudget | None:
         return self.by_target.get(target)
+
+    def usage(self) -> dict[str, dict[str, float | int | None]]:
+        """What each budget allowed and saw so far, by dependency name: its bounds (``rpm``,
+        ``concurrency``), the connections it ``opened``, the most open at once (``peak``) and the
+        429s that lowered it (``decreases``)."""
+        return {
+            b.name: {
+                "rpm": b.rpm,
+                "concurrency": b.ceiling,
+                "opened": b.opened,
+                "peak": b.peak,
+                "decreases": b.decreases,
+            }
+            for b in self.by_target.values()
+        }

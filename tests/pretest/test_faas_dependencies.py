@@ -46,3 +46,31 @@ def test_faas_counts_a_judges_failures_by_dependency_and_cause_apart_from_plugin
     assert "dependency errors: 2 call(s) failed on services the plugins call, not on their code" in out
     assert "(plugin errors: 0)" in out and f"  judge: {cause} 2\n" in out
     assert "FAILED (on dependencies: the services the plugins call, not the plugins' code)" in out
+
+
+@pytest.mark.slow
+def test_faas_weighs_a_dependencys_rpm_against_the_trainers_pace(tmp_path: Path) -> None:
+    """A judge asked once per rollout: rpm 60 cannot keep a trainer that wants several rollouts a
+    second (the line says the budget sets the pace), a generous rpm can (within budget)."""
+    with judge() as server:
+        port = server.server_address[1]
+        outputs = {}
+        for rpm in (60, 1_000_000):
+            job_file = make_job(
+                tmp_path / f"rpm{rpm}",
+                grader=JUDGED_GRADER.format(url=f"http://127.0.0.1:{port}/ok"),
+                extra={"dependencies": {"judge": {"url": f"http://127.0.0.1:{port}", "rpm": rpm}}},
+            )
+            args = ["test", "--faas", str(job_file), "--samples", "4", "--concurrency", "4"]
+            as_json = runner.invoke(app, [*args, "--json"])
+            assert as_json.exit_code == 0, as_json.output
+            outputs[rpm] = (json.loads(as_json.stdout)["summary"]["demand"], runner.invoke(app, args).output)
+    (tight, tight_text), (ample, ample_text) = outputs[60], outputs[1_000_000]
+    [dep] = tight["dependencies"]
+    assert dep["name"] == "judge" and dep["requests_per_rollout"] == 1.0 and dep["rpm"] == 60
+    assert dep["needed_rpm"] == pytest.approx(tight["needed_qps"] * 60, rel=0.01) and dep["needed_rpm"] > 60
+    assert dep["rpm_sets_pace"] and dep["allowed_qps"] == 1.0
+    assert "dependency judge: 1.00 requests per rollout; the trainer's pace" in tight_text
+    assert "rpm 60 allows 1.00 rollouts/s — the budget, not the runtime, sets the pace" in tight_text
+    assert not ample["dependencies"][0]["rpm_sets_pace"]
+    assert "rpm 1000000 — within budget" in ample_text

@@ -1,0 +1,213 @@
+"""Commands that explain a job: ``logs``, ``trajectories``, ``replay`` and ``doctor``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import typer
+
+from plugtune.cli.base import JSON_OPTION, echo_error, echo_json, job_or_exit, opened_store
+
+
+def logs(
+    job_id: int = typer.Argument(..., help="Job id."),
+    plugin: str = typer.Option("", help="Only this plugin's lines."),
+    trajectory: str = typer.Option("", help="Only this trajectory's lines."),
+    level: str = typer.Option("", help="Only this level (DEBUG, INFO, WARNING, ERROR)."),
+    text: str = typer.Option("", help="Only lines containing this text."),
+    limit: int = typer.Option(
+        100, min=1, max=1_000_000, help="How many lines (the newest); the older ones are counted on stderr."
+    ),
+    every: bool = typer.Option(False, "--all", help="Every line from the oldest (instead of --limit)."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Then print every new line, once and in order, until Ctrl-C."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Print plugin log lines, oldest first: the newest --limit of them (or --all), then with
+    --follow each new line as it is stored. Lines left out are counted, never dropped silently."""
+    with opened_store() as (_, store):
+        job_or_exit(store, job_id)
+        filters: dict[str, Any] = {
+            "plugin": plugin or None,
+            "trajectory_id": trajectory or None,
+            "level": level.upper() or None,
+            "text": text or None,
+        }
+        if every:
+            rows = list(store.logs_after(job_id, 0, **filters))
+        else:
+            rows = store.newest_logs(job_id, limit, **filters)
+        older = store.count_logs(job_id, before_id=rows[0].id, **filters) if rows and not every else 0
+        if as_json:
+            echo_json({"logs": [r.to_dict() for r in rows], "older_not_shown": older})
+            return
+        if older:
+            typer.echo(f"({older} older lines not shown: raise --limit, or --all prints them)", err=True)
+        last = _print_logs(rows, 0)
+        while follow:
+            try:
+                time.sleep(1.0)
+                for r in store.logs_after(job_id, last, **filters):
+                    last = _print_logs([r], last)
+            except KeyboardInterrupt:
+                break
+
+
+def _print_logs(rows: list[Any], last: int) -> int:
+    for r in rows:
+        stamp = time.strftime("%H:%M:%S", time.localtime(r.time))
+        typer.echo(f"{stamp} {r.level:<7} {r.plugin} [{r.trajectory_id or '-'}] {r.message}")
+        last = max(last, r.id)
+    return last
+
+
+def trajectories(
+    job_id: int = typer.Argument(..., help="Job id."),
+    status: str = typer.Option("", help="Only success, failed or discard."),
+    step: int = typer.Option(-1, help="Only this step."),
+    limit: int = typer.Option(50, min=1, max=100_000, help="How many, newest first."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List a job's trajectories with status, reward, error cause and, when one gave the policy no
+    gradient (discarded, failed and dropped, unscorable, equal rewards, a step not applied), why.
+
+    With --json each one is its whole record: messages, prompt_ids, response_ids, response_mask
+    (1 = sampled by the policy), response_logprobs, reward per grader, errors and metrics."""
+    with opened_store() as (_, store):
+        job_or_exit(store, job_id)
+        rows = store.trajectories(job_id, status=status or None, step=None if step < 0 else step, limit=limit)
+        if as_json:
+            ids = [r.trajectory_id for r in rows]
+            records = {t.trajectory_id: t for t in store.trajectory_records(job_id, ids)}
+            whole = [
+                {**records[r.trajectory_id].to_dict(), **r.to_dict()}
+                for r in rows
+                if r.trajectory_id in records
+            ]
+            echo_json({"trajectories": whole})
+            return
+        for r in rows:
+            reward = "-" if r.reward is None else f"{r.reward:.3f}"
+            cause = f"  {r.error_cause}" if r.error_cause else ""
+            why = f"  — {r.discard_reason}" if r.discard_reason else ""
+            typer.echo(f"{r.trajectory_id:<20} step {r.step:>4}  {r.status:<8} reward {reward}{cause}{why}")
+
+
+def replay(
+    job_id: int = typer.Argument(..., help="Job id."),
+    trajectory_id: str = typer.Argument(..., help="Trajectory id (`plugtune trajectories JOB` lists them)."),
+    in_process: bool = typer.Option(
+        False,
+        "--in-process",
+        help="Run the plugins in this process (a debugger works) instead of the function runtime's "
+        "sandbox: UNSANDBOXED, with this process's user and files.",
+    ),
+    unsandboxed_as_root: bool = typer.Option(
+        False,
+        "--unsandboxed-as-root",
+        help="With --in-process as root: run the job's recorded code anyway (refused without it).",
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Re-run one trajectory's rollout and graders from the exact code that ran in the job, with the
+    policy's recorded answers played back (no model needed). That code is the job submitter's: it
+    runs in the function runtime's sandbox (its own user, limits), as `plugtune test --faas` does;
+    --in-process runs it in this process (a debugger works) with no sandbox, refused as root unless
+    --unsandboxed-as-root is given too.
+
+    The verdict: "reproduced" (the same failure: type, cause, plugin and, for a raise, the exception
+    class; or the same status and reward), "failed differently" (both failed, not alike; both
+    messages shown), "did not reproduce" (the job's trajectory failed, the replay did not) or
+    "ended differently" (it succeeded in the job). Exits 0 when reproduced, 1 otherwise, 2 when the
+    job, trajectory, code or data is missing, or an in-process replay as root is refused."""
+    from plugtune.errors import DataError
+    from plugtune.pretest.replay import ReplayError
+    from plugtune.pretest.replay import replay as replay_trajectory
+    from plugtune.pretest.report import dumps, render_replay
+
+    if in_process:
+        typer.secho(
+            "plugtune replay: --in-process: the job's recorded plugin code runs in this process, "
+            "UNSANDBOXED (this process's user and files)",
+            fg="yellow",
+            err=True,
+        )
+    with opened_store() as (_, store):
+        try:
+            doc = replay_trajectory(
+                store, job_id, trajectory_id, in_process=in_process, unsandboxed_as_root=unsandboxed_as_root
+            )
+        except (ReplayError, DataError) as exc:
+            typer.echo(f"plugtune replay: {exc}", err=True)
+            raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(dumps(doc))
+    else:
+        from rich.console import Console
+
+        render_replay(Console(highlight=False, soft_wrap=True), doc)
+    raise typer.Exit(0 if doc["reproduced"] else 1)
+
+
+def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
+    """Explain a failed job: the classified error, owner and hint, the service it failed on (a
+    dependency: its name, address, cause, status and what to do), the failing plugin's traceback at
+    your line, the worst trajectories and the resource metrics around the failure."""
+    from plugtune.jobs.report import doctor_document
+
+    with opened_store() as (_, store):
+        job_or_exit(store, job_id)
+        doc = doctor_document(store, job_id)
+        if as_json:
+            echo_json(doc)
+            return
+        job = doc["job"]
+        typer.echo(
+            f"job {job['id']} {job['name']}: {job['status']} ({job['steps_done']}/{job['steps_total']} steps)"
+        )
+        if not doc["error"]:
+            typer.echo("no error recorded")
+            return
+        echo_error(doc["error"])
+        _echo_dependency(doc["dependency"])
+        if doc["traceback"]:
+            typer.echo("\ntraceback (your code first):\n" + doc["traceback"])
+        if doc["plugin"]:
+            p = doc["plugin"]
+            typer.echo(f"plugin {p['name']}: {p['status']} — code {p['code_hash'][:12]} ({p['entry']})")
+        for name, points in doc["metrics_window"].items():
+            if points:
+                peak = max(pt["value"] for pt in points)
+                typer.echo(f"  {name}: last {points[-1]['value']:.4g}, peak {peak:.4g} (last 10 min)")
+        _echo_loss_nan_batch(doc)
+        for t in doc["failed_trajectories"]:
+            typer.echo(f"  failed trajectory {t['trajectory_id']} (step {t['step']})")
+        for line in doc["recent_logs"][-10:]:
+            typer.echo(f"  log {line['level']} {line['plugin']}: {line['message']}")
+
+
+def _echo_dependency(dep: dict[str, Any] | None) -> None:
+    """The service a job failed on (doctor_document's ``dependency``): not the plugin's code."""
+    if dep is None:
+        return
+    name = dep["name"] or "(not declared in job.yaml)"
+    status = f", HTTP {dep['status']}" if dep["status"] is not None else ""
+    typer.echo(f"dependency {name} at {dep['address'] or 'an unknown address'}: {dep['cause']}{status}")
+    typer.echo("  the plugin's code is not at fault; what to do:")
+    for line in dep["what_to_do"]:
+        typer.echo(f"  - {line}")
+
+
+def _echo_loss_nan_batch(doc: dict[str, Any], most: int = 10) -> None:
+    batch = doc["loss_nan_batch"]
+    if not batch:
+        return
+    step = (doc["error"].get("evidence") or {}).get("step", "?")
+    typer.echo(f"  the {len(batch)} trajectories of step {step}, the largest rewards first:")
+    for b in batch[:most]:
+        reward = "not stored" if not b["stored"] else f"reward {b['reward']}"
+        typer.echo(f"    {b['trajectory_id']} ({reward})")
+    if len(batch) > most:
+        typer.echo(f"    ... and {len(batch) - most} more (doctor --json lists them all)")

@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from plugtune.runtime.choice import runtime_for
     from plugtune.runtime.faults import FaultInjection
     from plugtune.runtime.function import Function
     from plugtune.runtime.inprocess import InProcessRuntime
     from plugtune.runtime.quota import Quota
     from plugtune.runtime.ray import RayRuntime
-    from plugtune.runtime.runtime import LocalRuntime, runtime_for
+    from plugtune.runtime.runtime import LocalRuntime
 
 _EXPORTS = {
     "FaultInjection": "plugtune.runtime.faults",
@@ -26,7 +27,7 @@ _EXPORTS = {
     "LocalRuntime": "plugtune.runtime.runtime",
     "Quota": "plugtune.runtime.quota",
     "RayRuntime": "plugtune.runtime.ray",
-    "runtime_for": "plugtune.runtime.runtime",
+    "runtime_for": "plugtune.runtime.choice",
 }
 
 

@@ -1,51 +1,78 @@
-"""One function deployed on the local backend: its instances, routing, timeouts, scaling, spare.
+"""One function deployed on the local backend: its instances are limited local processes.
 
-Calls go to the ready instance with the fewest calls in flight, below ``max_concurrency``; when
-all are busy a call waits and the pool grows (the warm spare first) up to ``max_instances``.
-Idle instances above ``min_instances`` are stopped. A call past its deadline gets ``DEADLINE``;
-its instance is asked to cancel it (async) or drained and recycled (a stuck sync thread).
+The :class:`~plugtune.runtime.pool.InstancePool` routes, scales and keeps the spare; this module is
+the local backend's part of it (create an instance in its cgroup and temp folder, start it from the
+zygote, watch its limits, end and clean it up) and the call itself: a call past its deadline gets
+``DEADLINE``; its instance is asked to cancel it (async) or drained and recycled (a stuck sync thread).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import math
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
 from plugtune.runtime import protocol as p
 from plugtune.runtime.backend import CallRequest, DeployFailed, DeployRequest, Failed, Happened, Returned
 from plugtune.runtime.bridge import PolicyBridge
 from plugtune.runtime.instance import RECYCLED, Instance
 from plugtune.runtime.launcher import Launcher
-from plugtune.runtime.limits import InstanceLimits, rlimits
-from plugtune.runtime.monitor import ResourceMonitor
-from plugtune.runtime.quota import QuotaExceeded
-from plugtune.runtime.sandbox import User
+from plugtune.runtime.limits import InstanceLimits, Limits, rlimits
+from plugtune.runtime.monitor import ProcessTable, ResourceMonitor
+from plugtune.runtime.pool import Deadlines, InstancePool
+from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
+from plugtune.runtime.sandbox import Sandbox, User
 from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import PluginSpec, Runtime
 from plugtune.types import LogLine
 
-if TYPE_CHECKING:
-    from plugtune.runtime.local import LocalBackend
-
 log = logging.getLogger(__name__)
 
 ASYNC_CANCEL_GRACE_S = 1.0
-DEADLINE_SLOT_S = 0.005  # calls' deadlines are kept in slots this long (one timer per slot)
 ENDS_INSTANCE = ("eof", "oom")  # injected faults that end their instance (FaultInjection)
 ALONE_POLL_S = 0.02
-MAX_LOG_LINES = 20_000
+IDLE_CHECK_S = 1.0  # at most this long between idle checks (a quarter of idle_timeout_s when shorter)
+
+
+class LocalHost(Protocol):
+    """What a local deployment uses of its backend (:class:`~plugtune.runtime.local.LocalBackend`):
+    the machine's limits, quota, sandbox and process table, shared by its functions."""
+
+    limits_mechanism: str
+    limits: Limits
+    ledger: QuotaLedger
+    sandbox: Sandbox
+    processes: ProcessTable
+    unremoved: list[InstanceLimits]
+    start_timeout_s: float
+    idle_timeout_s: float
+    watchdog_period_s: float
+    spares: bool
+
+    def reserve(self, memory_mb: int) -> None: ...
+
+    def next_instance_id(self) -> str: ...
+
+    def retry_removals(self) -> None: ...
+
+    def release(self, config: dict[str, Any]) -> None: ...
+
+
+class Watched(NamedTuple):
+    """A call whose deadline is watched."""
+
+    instance: Instance
+    request: CallRequest
+    started: float
 
 
 class LocalDeployment:
     def __init__(
         self,
-        backend: LocalBackend,
+        backend: LocalHost,
         request: DeployRequest,
         spec: PluginSpec,
         runtime: Runtime,
@@ -56,57 +83,47 @@ class LocalDeployment:
         self.request = request
         self.spec = spec
         self.runtime = runtime
+        self.plugin = request.entry
+        watchdog = backend.limits.mechanism == "rlimit+watchdog"
+        self.pool: InstancePool[Instance] = InstancePool(
+            self,
+            self.plugin,
+            runtime,
+            idle_timeout_s=backend.idle_timeout_s,
+            period_s=backend.watchdog_period_s if watchdog else 0.25,
+            idle_check_s=min(IDLE_CHECK_S, backend.idle_timeout_s / 4),
+            spares=backend.spares,
+        )
+        self.runtime_log = self.pool.runtime_log
         self.launcher = Launcher(zygote, self.runtime_log)
         self.monitor = ResourceMonitor(runtime)
         self.config = config
         self.user = User(*config["user"]) if config.get("user") else None
-        self.plugin = request.entry
-        self.instances: list[Instance] = []
-        self.starting = 0
-        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self.log_lines: collections.deque[LogLine] = collections.deque(maxlen=MAX_LOG_LINES)
-        self.closed = False
-        self.last_create_error: DeployFailed | None = None
         self.cold_starts_ms: list[float] = []
-        self._tasks: list[asyncio.Task[None]] = []
-        self.spare: Instance | None = None  # ready, idle, not routed to: handed out on the next scale-up
-        self._refilling = False
-        self.creating: set[Instance] = set()
-        self.background: set[asyncio.Task[None]] = set()
-        self.last_scale_up = time.monotonic()
-        self._deadlines: dict[int, dict[str, tuple[Instance, CallRequest, float]]] = {}
+        self.deadlines: Deadlines[Watched] = Deadlines(self._expire)
         self.bridge: PolicyBridge | None = None  # network policy-only: the instances' way to the policy
+
+    @property
+    def instances(self) -> list[Instance]:
+        """The instances calls are routed to (those starting among them; the spare is not)."""
+        return self.pool.instances
+
+    @property
+    def spare(self) -> Instance | None:
+        return self.pool.spare
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         self.runtime_log("INFO", f"deployed with limits: {self.backend.limits_mechanism}")
-        first = max(1, self.runtime.min_instances)
-        results = await asyncio.gather(*(self.add_instance() for _ in range(first)), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._housekeeping()))
-        self._refill_spare()
+        await self.pool.start()
 
     async def close(self) -> None:
-        self.closed = True
-        for task in self._tasks:
-            task.cancel()
-        spare = self.spare
-        self.drop_spare("the function was closed")
-        if spare is not None:
-            self.instances.append(spare)  # so its end is awaited below
-        self.instances.extend(i for i in self.creating if i not in self.instances)
-        for instance in list(self.instances):
+        ending = self.pool.close()
+        for instance in ending:
             instance.kill("the function was closed")
-        for waiter in self.waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        ending = list(self.instances)
         await asyncio.sleep(0)
-        tasks = [i.end_task for i in ending if i.end_task is not None] + list(self.background)
+        tasks = [i.end_task for i in ending if i.end_task is not None] + list(self.pool.background)
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
         for instance in ending:
@@ -116,26 +133,10 @@ class LocalDeployment:
         if self.bridge is not None:
             await self.bridge.close()
 
-    def runtime_log(self, level: str, text: str, instance_id: str = "") -> None:
-        self.log_lines.append(
-            LogLine(time.time(), level, self.plugin, text, "runtime", instance_id=instance_id)
-        )
-        # The function's own log keeps the level; the process log stays quiet unless it is an error.
-        log.log(logging.ERROR if level == "ERROR" else logging.DEBUG, "%s: %s", self.plugin, text)
+    # ---- the pool's maker: one instance's process, limits and end ----------------------------
 
-    # ---- instances --------------------------------------------------------------------------
-
-    async def add_instance(self, counted: bool = False) -> Instance:
-        """Create one instance (zygote fork, else a fresh spawn); raises DeployFailed."""
-        if not counted:
-            self.starting += 1
-        try:
-            return await self._create()
-        finally:
-            self.starting -= 1
-            self._wake_all()  # every waiting call looks again: pick the new instance or grow further
-
-    async def _create(self, serving: bool = True) -> Instance:
+    def make(self) -> Instance:
+        """A new instance: its quota, cgroup and temp folder (its process starts in :meth:`start`)."""
         runtime = self.runtime
         instance_id = self.backend.next_instance_id()
         try:
@@ -152,7 +153,10 @@ class LocalDeployment:
             self.backend.ledger.release(runtime.memory_mb)
             raise DeployFailed(f"could not create the instance's cgroup: {exc}") from None
         # on_freed: an abandoned call ended, so its slot is free for a waiter
-        instance = Instance(instance_id, self.plugin, limits, self.log_lines.append, self._on_end, self._wake)
+        instance = Instance(
+            instance_id, self.plugin, limits, self.pool.log_lines.append, self._on_end, self.pool.wake
+        )
+        instance.started_at = started
         instance.max_pids = runtime.max_pids
         instance.uid = uid
         try:
@@ -161,11 +165,16 @@ class LocalDeployment:
             limits.remove()
             self.backend.ledger.release(runtime.memory_mb)
             raise DeployFailed(f"could not create the instance's temp folder: {exc}") from None
+        return instance
+
+    async def launch(self, instance: Instance) -> None:
+        """Start the instance's process (zygote fork, else a fresh spawn) and wait until it is ready."""
+        runtime, limits = self.runtime, instance.limits
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         config = {
             **self.config,
-            "instance_id": instance_id,
+            "instance_id": instance.id,
             "cgroup_procs": limits.cgroup_procs,
             "cgroup_wait": self._cgroup_wait(limits),
             "rlimit_data": limits.rlimit_data,
@@ -174,25 +183,6 @@ class LocalDeployment:
             "memory_mb": runtime.memory_mb,
             "max_concurrency": runtime.max_concurrency,
         }
-        if serving:
-            self.instances.append(instance)
-        self.creating.add(instance)
-        try:
-            return await self._start(instance, config, parent, child, out_r, out_w, started)
-        finally:
-            self.creating.discard(instance)
-
-    async def _start(
-        self,
-        instance: Instance,
-        config: dict[str, Any],
-        parent: socket.socket,
-        child: socket.socket,
-        out_r: int,
-        out_w: int,
-        started: float,
-    ) -> Instance:
-        instance_id = instance.id
         try:
             await instance.attach(parent, out_r)
             await self.launcher.launch(instance, config, child.fileno(), out_w)
@@ -200,14 +190,16 @@ class LocalDeployment:
             child.close()
             os.close(out_w)
             instance.kill("start-up failed")
-            if instance in self.instances:
-                self.instances.remove(instance)
+            self.pool.forget(instance)
             await self._cleanup(instance)
             raise DeployFailed(f"could not start an instance: {exc}") from None
         child.close()
         os.close(out_w)
         if config["cgroup_wait"]:
             self._move_into_cgroup(instance)
+        await self._ready(instance)
+
+    async def _ready(self, instance: Instance) -> None:
         try:
             setup_ms = await asyncio.wait_for(asyncio.shield(instance.ready), self.backend.start_timeout_s)
         except asyncio.TimeoutError:
@@ -219,14 +211,13 @@ class LocalDeployment:
             exc.intentional = bool(instance.fate.killed)  # the runtime killed it (close, kill, scale)
             instance.kill("it failed to start")
             raise
-        ready_ms = (time.perf_counter() - started) * 1000
+        ready_ms = (time.perf_counter() - instance.started_at) * 1000
         self.cold_starts_ms.append(ready_ms)
         self.runtime_log(
             "INFO",
-            f"instance {instance_id} ready in {ready_ms:.1f} ms (setup {setup_ms:.0f} ms)",
-            instance_id,
+            f"instance {instance.id} ready in {ready_ms:.1f} ms (setup {setup_ms:.0f} ms)",
+            instance.id,
         )
-        return instance
 
     def _rlimits(self, runtime: Runtime) -> dict[str, int]:
         return rlimits(runtime, self.user is not None, self.backend.limits.has_pids)
@@ -245,10 +236,6 @@ class LocalDeployment:
                 f.write(str(instance.pid))
 
     def _on_end(self, instance: Instance) -> None:
-        if instance in self.instances:
-            self.instances.remove(instance)
-        if instance is self.spare:
-            self.spare = None
         why = instance.fate.killed or "it ended"
         self.runtime_log(
             "WARNING" if not instance.fate.killed else "INFO",
@@ -256,9 +243,7 @@ class LocalDeployment:
             instance.id,
         )
         asyncio.get_running_loop().create_task(self._cleanup(instance))
-        self._wake()
-        if time.monotonic() - self.last_scale_up < self.backend.idle_timeout_s:
-            self._refill_spare()
+        self.pool.ended(instance)
 
     async def _cleanup(self, instance: Instance) -> None:
         instance.kill(instance.fate.killed or "cleanup")
@@ -280,136 +265,38 @@ class LocalDeployment:
             instance.ledger_released = True
             self.backend.ledger.release(self.runtime.memory_mb)
 
-    # ---- the spare instance -----------------------------------------------------------------
+    def end(self, instance: Instance, reason: str) -> None:
+        instance.kill(reason)
 
-    def _refill_spare(self) -> None:
-        """Keep one instance ready to hand out while the function can still grow: a new instance is
-        then serving at once instead of after a fork and the kernel's cgroup attach."""
-        if not self.backend.spares or self.closed or self.spare is not None or self._refilling:
-            return
-        if len(self.instances) >= self.runtime.max_instances:
-            return
-        self._refilling = True
+    def retire(self, instance: Instance, reason: str) -> None:
+        instance.fate.kill(reason)
+        if instance.in_flight == 0:
+            instance.kill(reason)
+        else:
+            self._recycle_when_idle(instance)
 
-        async def refill() -> None:
-            try:
-                spare = await self._create(serving=False)
-            except DeployFailed as exc:
-                log.debug("%s: no spare instance: %s", self.plugin, exc.message)
-                return
-            finally:
-                self._refilling = False
-            if self.closed or self.spare is not None:
-                spare.kill("not needed")
-            else:
-                self.spare = spare
+    def discard(self, instance: Instance, reason: str) -> None:
+        instance.kill(reason)
+        self._release(instance)
 
-        self._background_task(refill())
-
-    def _take_spare(self) -> bool:
-        spare, self.spare = self.spare, None
-        if spare is None or spare.fate.draining:
-            return False
-        spare.last_used = time.monotonic()
-        self.instances.append(spare)
-        self.runtime_log("INFO", f"instance {spare.id} added (the spare, already warm)", spare.id)
-        self._wake_all()
-        self._refill_spare()
+    async def watch(self, instances: list[Instance]) -> bool:
+        """The watches for limits the kernel does not hold here (memory, temp space, pids)."""
+        if self.backend.limits.mechanism == "rlimit+watchdog":
+            self.monitor.watch_memory(instances)
+        if not self.backend.sandbox.can_mount:  # plain temp folders: nothing else caps their size
+            self.monitor.watch_disk(instances)
+        if not self.backend.limits.has_pids:  # no pids.max: RLIMIT_NPROC, if any, is per uid
+            self.monitor.watch_pids(instances, self.backend.processes)
         return True
+
+    def tidy(self) -> None:
+        self.backend.retry_removals()
 
     def drop_spare(self, reason: str) -> None:
         """Give up the spare, the warm one or one still starting, and its quota slot, now."""
-        spare, self.spare = self.spare, None
-        starting = [i for i in self.creating if i not in self.instances]  # a spare being made
-        for instance in ([spare] if spare is not None else []) + starting:
-            instance.kill(reason)
-            self._release(instance)
+        self.pool.drop_spare(reason)
 
     # ---- calls ------------------------------------------------------------------------------
-
-    def _pick(self, prefer: str = "") -> Instance | None:
-        """The usable instance with the fewest calls in flight; ``prefer`` (an instance id) wins when
-        it is usable (a call retried after its dependency failed stays where it ran)."""
-        best: Instance | None = None
-        limit = self.runtime.max_concurrency
-        for instance in self.instances:
-            if instance.fate.draining or not instance.ready.done() or instance.ready.exception():
-                continue
-            if instance.cancel_timers:  # a timed-out call has not stopped yet: the loop may be blocked
-                continue
-            n = instance.in_flight
-            if n < limit and prefer and instance.id == prefer:
-                return instance
-            if n < limit and (best is None or n < best.in_flight):
-                best = instance
-        return best
-
-    def _wake(self) -> None:
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    async def _acquire(self, deadline: float) -> Instance | Failed:
-        loop = asyncio.get_running_loop()
-        while not self.closed:
-            instance = self._pick()
-            if instance is not None:
-                return instance
-            live = len([i for i in self.instances if not i.fate.ended and i.ready.done()]) + self.starting
-            waiting = len(self.waiters) + 1
-            if live < self.runtime.max_instances and self.starting * self.runtime.max_concurrency < waiting:
-                self._scale_up()
-                instance = self._pick()  # the spare may have been handed out at once
-                if instance is not None:
-                    return instance
-            waiter = loop.create_future()
-            self.waiters.append(waiter)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                await asyncio.wait_for(waiter, remaining)
-            except asyncio.TimeoutError:
-                break
-            if not self.instances and self.starting == 0 and self.last_create_error is not None:
-                error = self.last_create_error
-                return Failed(Happened.NOT_CREATED, error.message, error.logs, error.traceback)
-        if self.closed:
-            return Failed(Happened.DIED, "the function was closed")
-        return Failed(Happened.DEADLINE, f"no instance was free within timeout_s={self.runtime.timeout_s:g}")
-
-    def _scale_up(self) -> None:
-        self.last_scale_up = time.monotonic()
-        if self._take_spare():
-            return
-        self.starting += 1  # counted now, so other waiters in this loop turn see it
-
-        self.last_create_error = None
-
-        async def grow() -> None:
-            try:
-                await self.add_instance(counted=True)
-                self._refill_spare()
-            except DeployFailed as exc:
-                if not exc.intentional:
-                    self.last_create_error = exc
-                    self.runtime_log("ERROR", f"could not add an instance: {exc.message}")
-                self._wake_all()
-
-        self._background_task(grow())
-
-    def _background_task(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-    def _wake_all(self) -> None:
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
 
     async def invoke(self, request: CallRequest) -> Returned | Failed:
         ctx = request.context
@@ -425,9 +312,9 @@ class LocalDeployment:
         trajectory_id = ctx.trajectory_id
         started = time.perf_counter()
         deadline = time.monotonic() + request.timeout_s
-        instance = self._pick(request.prefer_instance)
+        instance = self.pool.pick(request.prefer_instance)
         if instance is None:
-            got = await self._acquire(deadline)
+            got = await self.pool.acquire(deadline)
             if isinstance(got, Failed):
                 return got
             instance = got
@@ -437,7 +324,9 @@ class LocalDeployment:
                 return alone
             instance = alone
         pending = instance.start_call(request.call_id, trajectory_id, message)
-        watched = self._watch_deadline(deadline - time.monotonic(), instance, request, started)
+        watched = self.deadlines.watch(
+            deadline - time.monotonic(), request.call_id, Watched(instance, request, started)
+        )
         try:
             result = await pending.future
         except asyncio.CancelledError:
@@ -445,7 +334,7 @@ class LocalDeployment:
             raise
         finally:
             watched.pop(request.call_id, None)
-            self._wake()
+            self.pool.wake()
         if self.bridge is not None:
             self.bridge.observe(result)
         if isinstance(result, Failed) and result.happened in RECYCLED:
@@ -465,31 +354,14 @@ class LocalDeployment:
                 await asyncio.sleep(ALONE_POLL_S)
             if not instance.fate.ended:
                 return instance
-            got = await self._acquire(deadline)  # it ended meanwhile (another fault): another one
+            got = await self.pool.acquire(deadline)  # it ended meanwhile (another fault): another one
             if isinstance(got, Failed):
                 return got
             instance = got
         return instance
 
-    def _watch_deadline(
-        self, remaining_s: float, instance: Instance, request: CallRequest, started: float
-    ) -> dict[str, tuple[Instance, CallRequest, float]]:
-        """Expire the call when ``remaining_s`` has passed (up to DEADLINE_SLOT_S late). Calls whose
-        deadlines fall in the same slot share one timer, so a call costs two dict operations."""
-        loop = asyncio.get_running_loop()
-        slot = math.ceil((loop.time() + max(0.0, remaining_s)) / DEADLINE_SLOT_S)
-        calls = self._deadlines.get(slot)
-        if calls is None:
-            calls = self._deadlines[slot] = {}
-            loop.call_at(slot * DEADLINE_SLOT_S, self._expire_slot, slot)
-        calls[request.call_id] = (instance, request, started)
-        return calls
-
-    def _expire_slot(self, slot: int) -> None:
-        for instance, request, started in self._deadlines.pop(slot, {}).values():
-            self._expire(instance, request, started)
-
-    def _expire(self, instance: Instance, request: CallRequest, started: float) -> None:
+    def _expire(self, watched: Watched) -> None:
+        instance, request, started = watched
         pending = instance.expire(request.call_id, request.timeout_s)
         if pending is None or pending.future.done():
             return
@@ -516,7 +388,7 @@ class LocalDeployment:
                 instance.id,
             )
             self._recycle_when_idle(instance)
-            self._wake()
+            self.pool.wake()
 
     def _recycle(self, instance: Instance, reason: str) -> None:
         if not instance.fate.ended:
@@ -531,70 +403,20 @@ class LocalDeployment:
         else:
             asyncio.get_running_loop().call_later(0.05, self._recycle_when_idle, instance)
 
-    # ---- scaling, idle scale-down, the memory watchdog --------------------------------------
+    # ---- scaling, observation ---------------------------------------------------------------
 
     async def scale(self, instances: int) -> None:
         """Set the number of live instances (between min and max instances)."""
-        target = max(self.runtime.min_instances, min(instances, self.runtime.max_instances))
-        live = [i for i in self.instances if not i.fate.draining]
-        if len(live) < target:
-            await asyncio.gather(*(self.add_instance() for _ in range(target - len(live))))
-        for instance in sorted(live, key=lambda i: i.in_flight)[: max(0, len(live) - target)]:
-            self._retire(instance, "scaled down")
+        await self.pool.scale(instances)
 
     async def kill(self, instance_id: str | None = None) -> None:
-        for instance in list(self.instances):
+        for instance in list(self.pool.instances):
             if instance_id is None or instance.id == instance_id:
                 instance.kill("killed on request")
 
-    def _retire(self, instance: Instance, reason: str) -> None:
-        instance.fate.kill(reason)
-        if instance.in_flight == 0:
-            instance.kill(reason)
-        else:
-            self._recycle_when_idle(instance)
-
-    async def _housekeeping(self) -> None:
-        watchdog = self.backend.limits.mechanism == "rlimit+watchdog"
-        period = self.backend.watchdog_period_s if watchdog else 0.25
-        last_idle_check = time.monotonic()
-        while not self.closed:
-            await asyncio.sleep(period)
-            if watchdog:
-                self.monitor.watch_memory(self.instances)
-            if not self.backend.sandbox.can_mount:  # plain temp folders: nothing else caps their size
-                self.monitor.watch_disk(self.instances)
-            if not self.backend.limits.has_pids:  # no pids.max: RLIMIT_NPROC, if any, is per uid
-                self.monitor.watch_pids(self.instances, self.backend.processes)
-            now = time.monotonic()
-            if now - last_idle_check >= min(1.0, self.backend.idle_timeout_s / 4):
-                last_idle_check = now
-                self._scale_down_idle(now)
-                self._keep_minimum()
-                self.backend.retry_removals()
-
-    def _scale_down_idle(self, now: float) -> None:
-        if self.spare is not None and now - self.last_scale_up > self.backend.idle_timeout_s:
-            self.drop_spare(f"no scale-up for {self.backend.idle_timeout_s:g} s")
-        live = [i for i in self.instances if not i.fate.draining and i.ready.done()]
-        extra = len(live) - self.runtime.min_instances
-        for instance in live:
-            if extra <= 0:
-                break
-            if instance.in_flight == 0 and now - instance.last_used > self.backend.idle_timeout_s:
-                self._retire(instance, f"idle for more than {self.backend.idle_timeout_s:g} s")
-                extra -= 1
-
-    def _keep_minimum(self) -> None:
-        live = len([i for i in self.instances if not i.fate.draining]) + self.starting
-        if live < self.runtime.min_instances and self.last_create_error is None:
-            self._scale_up()
-
-    # ---- observation ------------------------------------------------------------------------
-
     def sample(self) -> dict[str, float]:
         """Resource gauges now (see ResourceMonitor); the spare is not counted."""
-        return self.monitor.sample(self.instances)
+        return self.monitor.sample(self.pool.instances)
 
     def logs(self) -> list[LogLine]:
-        return list(self.log_lines)
+        return list(self.pool.log_lines)

@@ -85,7 +85,7 @@ class Instance:
         self.tail: collections.deque[str] = collections.deque(maxlen=60)
         self.fate = Fate()
         self.last_used = time.monotonic()
-        self.started_at = time.monotonic()
+        self.started_at = time.perf_counter()  # when its creation began (its cold start's start)
         self.outbound_bytes = 0
         self.peak_rss_mb = 0.0
         self.cancel_timers: dict[str, asyncio.TimerHandle] = {}
@@ -149,6 +149,15 @@ class Instance:
     @property
     def in_flight(self) -> int:
         return len(self.pending)
+
+    @property
+    def started(self) -> bool:
+        """Its start-up is over (it is ready, or it failed)."""
+        return self.ready.done()
+
+    def is_usable(self) -> bool:
+        """Ready, and no call that timed out still runs here (its event loop may be blocked)."""
+        return self.ready.done() and not self.ready.exception() and not self.cancel_timers
 
     def start_call(self, call_id: str, trajectory_id: str, message: list[Any]) -> Pending:
         pending = Pending(call_id, trajectory_id, self.loop.create_future(), time.perf_counter())

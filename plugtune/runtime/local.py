@@ -106,7 +106,7 @@ class LocalBackend:
             raise DeployFailed(
                 f"memory_mb={runtime.memory_mb} is more than this machine has ({machine_mb} MiB)"
             )
-        self.deployments = [d for d in self.deployments if not d.closed]
+        self.deployments = [d for d in self.deployments if not d.pool.closed]
         deployment = LocalDeployment(
             self, request, spec, runtime, zygote if self.use_zygote else None, config
         )

@@ -171,27 +171,6 @@ def _check_options(runtime: Any, env: Any, inject: Any) -> None:
         raise TypeError(f"inject must be a FaultInjection, got {type(inject).__name__}")
 
 
-BACKENDS = ("local", "ray")
-
-
-def runtime_for(
-    backend: str,
-    ray_address: str | None = None,
-    quota: Quota | None = None,
-    state_dir: Path | None = None,
-    metrics_period_s: float = 5.0,
-) -> BaseRuntime:
-    """The runtime of job.yaml's ``plugins.runtime_backend``: ``local`` processes or ``ray`` actors
-    (on the cluster at ``ray_address``; None: a local Ray head started for this runtime)."""
-    if backend == "ray":
-        from plugtune.runtime.ray import RayRuntime
-
-        return RayRuntime(ray_address, quota, state_dir, metrics_period_s=metrics_period_s)
-    if backend == "local":
-        return LocalRuntime(quota, state_dir, metrics_period_s=metrics_period_s)
-    raise ValueError(f"runtime backend {backend!r}: use one of {', '.join(BACKENDS)}")
-
-
 class LocalRuntime(BaseRuntime):
     """The function runtime on this machine: each instance is a limited local process.
 

@@ -50,7 +50,7 @@ def live_instances(rt: LocalRuntime) -> set[str]:
     ids: set[str] = set()
     for d in rt.backend.deployments:  # type: ignore[union-attr]
         assert isinstance(d, LocalDeployment)
-        ids |= {i.id for i in d.instances} | {i.id for i in d.creating}
+        ids |= {i.id for i in d.instances} | {i.id for i in d.pool.creating}
         ids |= {d.spare.id} if d.spare is not None else set()
         zygote = d.launcher.zygote
         if zygote is not None and zygote.limits is not None and zygote.limits.memory_dir is not None:

@@ -181,7 +181,7 @@ class RayBackend:
 
     async def close(self) -> None:
         for deployment in self.deployments:
-            if not deployment.closed:
+            if not deployment.pool.closed:
                 await deployment.close()
         if self._health is not None:
             self._health.cancel()

@@ -136,7 +136,7 @@ class InstanceHost:
 
     def _new_lines(self) -> list[LogLine]:
         assert self.deployment is not None
-        lines = self.deployment.log_lines
+        lines = self.deployment.pool.log_lines
         new = list(lines)
         lines.clear()
         return new
@@ -150,7 +150,7 @@ class InstanceHost:
         lines: list[LogLine] = []
         if self.deployment is not None:
             await self.deployment.close()
-            lines = list(self.deployment.log_lines)
+            lines = list(self.deployment.pool.log_lines)
         if self.backend is not None:
             await self.backend.close()
         return lines

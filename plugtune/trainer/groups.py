@@ -1,11 +1,11 @@
 """One prompt's group: ``group_size`` rollouts at once, then graders, into TrajectoryRecords.
 
-Outcome handling (Ark semantics, DESIGN §2): a rollout or grader that reports ``retry`` or
-``failure``, or whose call raised ``PluginCallError``, marks its trajectory ``failed`` (reward
-``None``, no gradient); every try's such verdict stays in the trajectory's ``errors`` with its try
-number, also the tries the caller retried (a trajectory that succeeded on its second try keeps its
-first try's verdict); ``discard`` from any plugin drops the whole group,
-each of its trajectories keeping the plugin's reason in ``discard_reason``. Retries belong to the
+How a plugin's verdict changes a trajectory (failure, retry, discard, unscorable) is
+:class:`~plugtune.trainer.draft.TrajectoryDraft`'s, as on the TRL and verl paths. Here: every try's
+failure or non-success verdict stays in the trajectory's ``errors`` with its try number, also the
+tries the caller retried (a trajectory that succeeded on its second try keeps its first try's
+verdict); ``discard`` from any plugin drops the whole group, each of its trajectories keeping the
+plugin's reason in ``discard_reason``. Retries belong to the
 caller the jobs layer passes in; each attempt of a rollout reopens its trajectory id in the
 policy server, so a failed attempt's tokens never reach the loss. When a group is stopped (the
 caller raises anything else to stop the job, or the step is cancelled), every one of its
@@ -24,18 +24,16 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from plugtune.errors import PluginCallError, discarded_by, reported_status
+from plugtune.errors import PluginCallError
 from plugtune.sdk import Context, Kind, PluginSpec, Policy, Sample, Status, Trajectory
+from plugtune.trainer.draft import EMPTY_TRACE, TrajectoryDraft, share_discard
 from plugtune.trainer.protocols import Caller, PluginFunction, PolicyServer
-from plugtune.trainer.rewards import final_reward
-from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
+from plugtune.types import CallOutcome, TokenTrace, TrajectoryRecord
 
 T = TypeVar("T")
 
 #: The stop reason of a trajectory whose group was stopped before it finished.
 STOPPED = "step stopped"
-
-EMPTY_TRACE = TokenTrace(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[], messages=[])
 
 
 @dataclass(frozen=True)
@@ -62,28 +60,11 @@ class Plugins:
 
 
 @dataclass
-class _Slot:
-    """A trajectory while its group is being produced (mutable; becomes a TrajectoryRecord)."""
+class _Slot(TrajectoryDraft):
+    """A trajectory while its group is being produced."""
 
-    rollout_index: int
-    trajectory_id: str = ""
-    attempt: int = 0
     policy: Policy | None = None  # opened before the group starts, for its first attempt
-    trace: TokenTrace = EMPTY_TRACE
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    status: str = "success"
-    discard: bool = False
-    discard_reason: str = ""
     finished: bool = False  # its rollout and single graders ended (group graders may follow)
-    errors: list[ErrorRecord] = field(default_factory=list)
-    components: dict[str, float | None] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)  # the rollout's (its graders read them)
-    grader_metrics: dict[str, float] = field(default_factory=dict)  # "<grader>/<name>": its ctx.metric
-    timing: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "success" and not self.discard
 
 
 class _Tries:
@@ -113,7 +94,7 @@ class _Tries:
             raise
         if outcome.status in (Status.FAILURE.value, Status.RETRY.value):
             for slot in self.slots:
-                slot.errors.append(_verdict(outcome, self.spec.name, slot, self._try(slot)))
+                slot.errors.append(slot.verdict(outcome, self.spec.name, self._try(slot)))
             self.kept.append(outcome)
         return outcome
 
@@ -162,7 +143,10 @@ class GroupRunner:
         ``place`` is the group's place in its step's batch."""
         batch = "" if place is None else f"-b{place}"
         group_id = f"{self.group_prefix}{step}{batch}-p{sample.index}"
-        slots = [_Slot(rollout_index=i, trajectory_id=f"{group_id}-r{i}") for i in range(group_size)]
+        slots = [
+            _Slot(f"{group_id}-r{i}", sample, group_id=group_id, rollout_index=i, phase=self.phase)
+            for i in range(group_size)
+        ]
         # Open every trajectory before any rollout runs: the policy server then knows how many
         # requests are coming and can start generating as soon as all of them are in.
         for slot in slots:
@@ -177,14 +161,14 @@ class GroupRunner:
             nonlocal rolled, discard
             await self._rollout(step, sample, slot, group_id)
             rolled = max(rolled, time.perf_counter())
-            discard = discard or slot.discard
+            discard = discard or slot.discarded
             if slot.ok and not discard:
                 await self._grade_single(step, sample, slot)
             slot.finished = True
 
         try:
             await gather_or_cancel([roll_and_grade(slot) for slot in slots])
-            discard = any(s.discard for s in slots)
+            discard = any(s.discarded for s in slots)
             if not discard:
                 if self.plugins.group_graders:
                     for slot in slots:
@@ -196,28 +180,32 @@ class GroupRunner:
             self.stopped += self._stopped(step, sample, group_id, slots, policy_version)
             raise
         graded = time.perf_counter()
-        _share_discard(slots)
+        share_discard(slots)
         weights = self.plugins.weights()
         records = []
         for slot in slots:
             slot.timing.update(rollouts_s=rolled - started, graders_s=graded - rolled)
-            records.append(self._record(step, sample, group_id, slot, weights, discard, policy_version))
+            records.append(_record(step, slot, weights, policy_version))
         return records
 
     def _stopped(
         self, step: int, sample: Sample, group_id: str, slots: list[_Slot], policy_version: int
     ) -> list[TrajectoryRecord]:
-        """The group's records when it was stopped; the policy server closes every trajectory."""
-        discard = any(s.discard and s.finished for s in slots)
-        _share_discard(slots)
+        """The group's records when it was stopped; the policy server closes every trajectory. Only
+        a finished trajectory's discard drops its group."""
+        discard = any(s.discarded and s.finished for s in slots)
+        first = next((s for s in slots if s.discarded), None)
         records, weights = [], self.plugins.weights()
         for slot in slots:
             trace = _take(self.server, slot.trajectory_id)  # EMPTY_TRACE once its rollout ended
             if not slot.finished:
                 slot.trace = slot.trace if trace is EMPTY_TRACE else trace
-                slot.messages = slot.messages or list(slot.trace.messages or sample.messages)
-                slot.status = "failed"
-            record = self._record(step, sample, group_id, slot, weights, discard, policy_version)
+                slot.messages = slot.messages or list((slot.trace or EMPTY_TRACE).messages or sample.messages)
+                slot.fail()
+                slot.discarded = False
+            if discard and first is not None:
+                slot.join_discard(first)
+            record = _record(step, slot, weights, policy_version)
             records.append(record if slot.finished else replace(record, stop_reason=STOPPED))
         return records
 
@@ -231,15 +219,10 @@ class GroupRunner:
             outcome = await self.caller(adapter, ctx, sample)
         except PluginCallError as exc:
             self._collect(slot, started)
-            slot.messages = list(slot.trace.messages or sample.messages)  # what the policy saw, as evidence
-            _fail(slot, None if adapter.has_kept(exc) else _error_of(exc, slot))
+            slot.rollout_failed(exc, kept=adapter.has_kept(exc))
             return
         self._collect(slot, started)
-        result = outcome.value if isinstance(outcome.value, dict) else {}
-        slot.messages = list(result.get("messages") or slot.trace.messages)
-        slot.metrics.update(outcome.metrics)
-        slot.metrics.update(result.get("metrics") or {})
-        _apply_status(slot, outcome, self.plugins.rollout.spec.name, adapter.has_kept(outcome))
+        slot.rolled_out(outcome, self.plugins.rollout.spec.name, kept=adapter.has_kept(outcome))
 
     def _collect(self, slot: _Slot, started: float) -> None:
         slot.timing["rollout_s"] = time.perf_counter() - started
@@ -248,7 +231,7 @@ class GroupRunner:
             slot.trace = trace
 
     async def _grade_single(self, step: int, sample: Sample, slot: _Slot) -> None:
-        trajectory = self._trajectory(sample, slot)
+        trajectory = slot.trajectory()
         await gather_or_cancel(
             [self._grade_one(step, sample, slot, fn, trajectory) for fn in self.plugins.graders]
         )
@@ -257,7 +240,7 @@ class GroupRunner:
         if not self.plugins.group_graders:
             return
         live = [s for s in slots if s.ok]
-        trajectories = {s.rollout_index: self._trajectory(sample, s) for s in live}
+        trajectories = {s.rollout_index: s.trajectory() for s in live}
         await gather_or_cancel(
             [self._grade_group(step, sample, live, fn, trajectories) for fn in self.plugins.group_graders]
         )
@@ -269,11 +252,9 @@ class GroupRunner:
         try:
             outcome = await self.caller(tries, self._context(step, sample, slot, fn), sample, trajectory)
         except PluginCallError as exc:
-            _fail(slot, None if tries.has_kept(exc) else _error_of(exc, slot))
+            slot.call_failed(exc, kept=tries.has_kept(exc))
             return
-        _keep_metrics(slot, fn.spec.name, outcome)
-        if _apply_status(slot, outcome, fn.spec.name, tries.has_kept(outcome)):
-            slot.components[fn.spec.name] = _number(outcome.value)
+        slot.graded(fn.spec.name, outcome, outcome.value, kept=tries.has_kept(outcome))
 
     async def _grade_group(
         self,
@@ -294,13 +275,12 @@ class GroupRunner:
             outcome = await self.caller(tries, ctx, sample, group)
         except PluginCallError as exc:
             for slot in live:
-                _fail(slot, None if tries.has_kept(exc) else _error_of(exc, slot))
+                slot.call_failed(exc, kept=tries.has_kept(exc))
             return
         values = outcome.value if isinstance(outcome.value, list) else []
+        kept = tries.has_kept(outcome)
         for i, slot in enumerate(live):
-            _keep_metrics(slot, fn.spec.name, outcome)
-            if _apply_status(slot, outcome, fn.spec.name, tries.has_kept(outcome)):
-                slot.components[fn.spec.name] = _number(values[i]) if i < len(values) else None
+            slot.graded(fn.spec.name, outcome, values[i] if i < len(values) else None, kept=kept)
 
     def _context(self, step: int, sample: Sample, slot: _Slot, fn: PluginFunction) -> Context:
         return Context(
@@ -314,47 +294,12 @@ class GroupRunner:
             phase=self.phase,
         )
 
-    def _trajectory(self, sample: Sample, slot: _Slot) -> Trajectory:
-        return Trajectory(
-            trajectory_id=slot.trajectory_id, messages=slot.messages, tools=sample.tools, metrics=slot.metrics
-        )
 
-    def _record(
-        self,
-        step: int,
-        sample: Sample,
-        group_id: str,
-        slot: _Slot,
-        weights: dict[str, float],
-        discard: bool,
-        policy_version: int,
-    ) -> TrajectoryRecord:
-        trace = slot.trace
-        status = "discard" if discard else slot.status
-        return TrajectoryRecord(
-            trajectory_id=slot.trajectory_id,
-            group_id=group_id,
-            step=step,
-            sample_index=sample.index,
-            rollout_index=slot.rollout_index,
-            attempt=max(slot.attempt, 1),
-            policy_version=policy_version,
-            prompt_ids=list(trace.prompt_ids),
-            response_ids=list(trace.response_ids),
-            response_mask=list(trace.response_mask),
-            response_logprobs=list(trace.response_logprobs),
-            messages=slot.messages,
-            tools=list(sample.tools),
-            reward=final_reward(slot.components, weights) if status == "success" else None,
-            reward_components={} if discard else dict(slot.components),  # a discarded group keeps no grade
-            status=status,
-            stop_reason=trace.finish_reason,
-            errors=list(slot.errors),
-            metrics={**slot.metrics, **_history_metrics(trace), **slot.grader_metrics},
-            timing=dict(slot.timing),
-            phase=self.phase,
-            discard_reason=slot.discard_reason if discard else "",
-        )
+def _record(step: int, slot: _Slot, weights: dict[str, float], policy_version: int) -> TrajectoryRecord:
+    trace = slot.trace or EMPTY_TRACE
+    return slot.record(
+        step=step, policy_version=policy_version, weights=weights, extra_metrics=_history_metrics(trace)
+    )
 
 
 def _history_metrics(trace: TokenTrace) -> dict[str, float]:
@@ -363,61 +308,6 @@ def _history_metrics(trace: TokenTrace) -> dict[str, float]:
         "history/rewrites": float(trace.rewrites),
         "history/dropped_policy_tokens": float(trace.dropped_policy_tokens),
     }
-
-
-def _keep_metrics(slot: _Slot, plugin: str, outcome: CallOutcome) -> None:
-    """A grader's ``ctx.metric`` values on the trajectory, as ``<grader>/<name>`` (a group grader's
-    on each trajectory of its group)."""
-    slot.grader_metrics.update({f"{plugin}/{name}": value for name, value in outcome.metrics.items()})
-
-
-def _apply_status(slot: _Slot, outcome: CallOutcome, plugin: str, kept: bool) -> bool:
-    """Record a non-success status on the slot (its verdict is on the slot already when ``kept``);
-    True when the outcome's value stands."""
-    if outcome.status == Status.SUCCESS.value:
-        return True
-    if outcome.status == Status.DISCARD.value:
-        slot.discard = True
-        slot.discard_reason = slot.discard_reason or discarded_by(plugin, outcome.reason)
-        return False
-    _fail(slot, None if kept else _verdict(outcome, plugin, slot, max(slot.attempt, 1)))
-    return False
-
-
-def _verdict(outcome: CallOutcome, plugin: str, slot: _Slot, attempt: int) -> ErrorRecord:
-    """A plugin's own Status.FAILURE / Status.RETRY on ``slot``'s trajectory, at its try ``attempt``."""
-    return reported_status(
-        outcome.status,
-        plugin,
-        outcome.reason,
-        call_id=outcome.call_id,
-        trajectory_id=slot.trajectory_id,
-        attempt=attempt,
-    )
-
-
-def _share_discard(slots: list[_Slot]) -> None:
-    """A discarded group's other trajectories say which one was discarded, and why."""
-    first = next((s for s in slots if s.discard), None)
-    if first is None:
-        return
-    for slot in slots:
-        if not slot.discard_reason:
-            slot.discard_reason = f"its group was discarded: {first.trajectory_id}: {first.discard_reason}"
-
-
-def _fail(slot: _Slot, error: ErrorRecord | None) -> None:
-    slot.status = "failed"
-    if error is not None:
-        slot.errors.append(error)
-
-
-def _error_of(exc: PluginCallError, slot: _Slot) -> ErrorRecord:
-    return exc.record(trajectory_id=slot.trajectory_id, attempt=max(slot.attempt, 1))
-
-
-def _number(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def _take(server: PolicyServer, trajectory_id: str) -> TokenTrace:

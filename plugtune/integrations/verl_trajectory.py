@@ -19,22 +19,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
-from plugtune.errors import PluginCallError, discarded_by, reported_status
+from plugtune.errors import PluginCallError
 from plugtune.integrations.recording import EngineRun
 from plugtune.integrations.token_gateway import TokenGateway
 from plugtune.jobs.plugins import JobFunction
-from plugtune.sdk import Context, PluginSpec, Sample, Sampling, Status, Trajectory
-from plugtune.trainer.rewards import final_reward
-from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
+from plugtune.sdk import Context, PluginSpec, Sample, Sampling
+from plugtune.trainer.draft import EMPTY_TRACE, TrajectoryDraft
+from plugtune.types import CallOutcome, TokenTrace, TrajectoryRecord
 
 #: Logs and metrics reach the store at most this often (and when the run closes).
 FLUSH_EVERY_S = 1.0
-
-EMPTY_TRACE = TokenTrace(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[], messages=[])
 
 
 def plain(value: Any) -> Any:
@@ -88,23 +86,10 @@ class _FreshRollout:
 
 
 @dataclass
-class _Trajectory:
-    """A trajectory while it is produced (becomes a TrajectoryRecord)."""
+class _Trajectory(TrajectoryDraft):
+    """A verl trajectory while it is produced."""
 
-    trajectory_id: str
-    sample: Sample
     step: int | None = None  # as verl said (None: not said)
-    phase: str = "train"
-    trace: TokenTrace = EMPTY_TRACE
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    attempt: int = 1
-    status: str = "success"
-    discard_reason: str = ""
-    errors: list[ErrorRecord] = field(default_factory=list)
-    components: dict[str, float | None] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)  # the rollout's (its graders read them)
-    grader_metrics: dict[str, float] = field(default_factory=dict)  # "<grader>/<name>": its ctx.metric
-    timing: dict[str, float] = field(default_factory=dict)
 
 
 class TrajectoryRunner:
@@ -129,23 +114,20 @@ class TrajectoryRunner:
             raise RuntimeError("the job has no rollout plugin")
         fresh = _FreshRollout(rollout, gateway, t.trajectory_id)
         started = time.perf_counter()
+        outcome: CallOutcome | PluginCallError
         try:
             outcome = await self._call(fresh, t, sample)
         except PluginCallError as exc:
-            outcome = None
-            t.errors.append(exc.record(trajectory_id=t.trajectory_id, attempt=max(fresh.attempts, 1)))
-            t.status = "failed"
+            outcome = exc
         finally:
             t.trace = _take(gateway, t.trajectory_id)
-            t.attempt = max(fresh.attempts, 1)
+            t.attempt = fresh.attempts
             t.timing["rollout_s"] = time.perf_counter() - started
-        result = outcome.value if outcome is not None and isinstance(outcome.value, dict) else {}
-        t.messages = list(result.get("messages") or t.trace.messages or sample.messages)
-        if outcome is not None:
-            t.metrics.update(outcome.metrics)
-            t.metrics.update(result.get("metrics") or {})
-            self._apply(t, outcome, rollout.spec.name)
-        if t.status == "success":
+        if isinstance(outcome, PluginCallError):
+            t.rollout_failed(outcome)
+        else:
+            t.rolled_out(outcome, rollout.spec.name)
+        if t.ok:
             await self._grade(t)
         return self._record(t)
 
@@ -178,19 +160,16 @@ class TrajectoryRunner:
 
     async def _grade(self, t: _Trajectory) -> None:
         started = time.perf_counter()
-        trajectory = Trajectory(t.trajectory_id, t.messages, tools=t.sample.tools, metrics=t.metrics)
+        trajectory = t.trajectory()
         graders = self.run.graders
 
         async def one(fn: JobFunction) -> None:
             try:
                 outcome = await self._call(fn, t, t.sample, trajectory)
             except PluginCallError as exc:
-                t.errors.append(exc.record(trajectory_id=t.trajectory_id, attempt=t.attempt))
-                t.status = "failed"
+                t.call_failed(exc)
                 return
-            t.grader_metrics.update({f"{fn.spec.name}/{k}": v for k, v in outcome.metrics.items()})
-            if self._apply(t, outcome, fn.spec.name):
-                t.components[fn.spec.name] = None if outcome.value is None else float(outcome.value)
+            t.graded(fn.spec.name, outcome, outcome.value)
 
         await asyncio.gather(*(one(fn) for fn in graders))
         t.timing["graders_s"] = time.perf_counter() - started
@@ -201,66 +180,22 @@ class TrajectoryRunner:
             phase=t.phase,
             sample_id=t.sample.index,
             trajectory_id=t.trajectory_id,
-            attempt=t.attempt,
+            attempt=t.try_number,
         )
         return await asyncio.wrap_future(self.run.submit(fn, ctx, *args))
 
     def _step_of(self, t: _Trajectory) -> int:
         if t.step is not None:
             return t.step
-        newest = _versions(t.trace)[1]
+        newest = _versions(t.trace or EMPTY_TRACE)[1]
         return newest + 1 if newest is not None else self.step
 
-    def _apply(self, t: _Trajectory, outcome: CallOutcome, plugin: str) -> bool:
-        """A non-success status on the trajectory; True when the outcome's value stands."""
-        if outcome.status == Status.SUCCESS.value:
-            return True
-        if outcome.status == Status.DISCARD.value:
-            t.status = "discard"
-            t.discard_reason = t.discard_reason or discarded_by(plugin, outcome.reason)
-            return False
-        t.status = "failed"
-        t.errors.append(
-            reported_status(
-                outcome.status,
-                plugin,
-                outcome.reason,
-                call_id=outcome.call_id,
-                trajectory_id=t.trajectory_id,
-                attempt=t.attempt,
-            )
-        )
-        return False
-
     def _record(self, t: _Trajectory) -> TrajectoryRecord:
-        trace = t.trace
-        ok = t.status == "success"
-        oldest, _ = _versions(trace)
+        oldest, _ = _versions(t.trace or EMPTY_TRACE)
         step = self._step_of(t)
-        record = TrajectoryRecord(
-            trajectory_id=t.trajectory_id,
-            group_id=f"verl-s{step}-p{t.sample.index}",
-            step=step,
-            sample_index=t.sample.index,
-            rollout_index=0,
-            attempt=t.attempt,
-            policy_version=oldest if oldest is not None else max(step - 1, 0),
-            prompt_ids=list(trace.prompt_ids),
-            response_ids=list(trace.response_ids),
-            response_mask=list(trace.response_mask),
-            response_logprobs=list(trace.response_logprobs),
-            messages=t.messages,
-            tools=list(t.sample.tools),
-            reward=final_reward(t.components, self._weights) if ok else None,
-            reward_components={} if t.status == "discard" else dict(t.components),
-            status=t.status,
-            stop_reason=trace.finish_reason,
-            errors=list(t.errors),
-            metrics={**t.metrics, **t.grader_metrics},
-            timing=dict(t.timing),
-            phase=t.phase,
-            discard_reason=t.discard_reason,
-        )
+        t.group_id = f"verl-s{step}-p{t.sample.index}"
+        version = oldest if oldest is not None else max(step - 1, 0)
+        record = t.record(step=step, policy_version=version, weights=self._weights)
         with self._flush_lock:  # agent loops and reward calls record from different threads
             self.run.add_trajectories([record])
             if step > self.step and t.phase == "train":  # a new step began: the last one's counts

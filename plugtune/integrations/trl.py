@@ -31,18 +31,17 @@ import concurrent.futures
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugtune.errors import PluginCallError, discarded_by, reported_status
+from plugtune.errors import PluginCallError
 from plugtune.integrations.recording import EngineRun
 from plugtune.jobs.plugins import JobFunction
-from plugtune.sdk import Context, PluginSpec, Sample, Sampling, Status, Trajectory
+from plugtune.sdk import Context, PluginSpec, Sample, Sampling
 from plugtune.spec.rows import read_dataset
 from plugtune.spec.validation import ValidatedJob, validate_job
-from plugtune.trainer.rewards import final_reward
-from plugtune.types import CallOutcome, ErrorRecord, TokenTrace, TrajectoryRecord
+from plugtune.trainer.draft import TrajectoryDraft
+from plugtune.types import CallOutcome, TokenTrace
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +63,6 @@ _METRICS = {
 RewardFunc = Callable[..., list[float | None]]
 
 
-@dataclass
-class _Episode:
-    """One completion's rollout, kept until its rewards are in."""
-
-    sample: Sample
-    group_id: str
-    rollout_index: int
-    messages: list[dict[str, Any]]
-    trace: TokenTrace | None = None
-    status: str = "success"
-    discard_reason: str = ""
-    errors: list[ErrorRecord] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)  # the rollout's (its graders read them)
-    grader_metrics: dict[str, float] = field(default_factory=dict)  # "<grader>/<name>": its ctx.metric
-
-
 class TRLRun:
     """A TRL run of a plugtune job: the reward functions, the rollout function, the callback."""
 
@@ -88,7 +71,7 @@ class TRLRun:
         self.rows = rows
         self.group_size = group_size
         self._by_prompt = {_key(r["messages"]): i for i, r in enumerate(rows)}
-        self._episodes: dict[str, _Episode] = {}
+        self._episodes: dict[str, TrajectoryDraft] = {}  # rolled out, kept until their rewards are in
         self._samples: dict[int, Sample] = {}  # the job's rows as samples, built once each
         self._graded: tuple[int, dict[str, list[float | None]]] | None = None
         self._gateway: Any = None
@@ -158,19 +141,21 @@ class TRLRun:
         episodes = [
             self._episode_for(step, i, slots[i], prompts, completions, kwargs) for i in range(len(prompts))
         ]
-        components: list[dict[str, float | None]] = [{} for _ in episodes]
         try:
-            self._grade_single(step, episodes, components)
-            self._grade_groups(step, episodes, components)
+            self._grade_single(step, episodes)
+            self._grade_groups(step, episodes)
         except PluginCallError:
             if self.run.stopped is not None:  # the failure policy ended the job
                 self.close()
             raise
         weights = {jf.spec.name: jf.spec.weight for jf in self._graders()}
-        records = [
-            _record(step, e, c, weights, ids[i], self.run.hashes)
-            for i, (e, c) in enumerate(zip(episodes, components, strict=True))
-        ]
+        records = []
+        for e, completion_ids in zip(episodes, ids, strict=True):
+            if e.trace is None:  # no rollout here: TRL's completion, all of it sampled
+                e.trace = _completion_trace(completion_ids)
+            records.append(
+                e.record(step=step, policy_version=step - 1, weights=weights, code_hash=self.run.hashes)
+            )
         self.run.add_trajectories(records)
         self.run.add_signal(step, records, weights)  # the reward-signal checks, from the records
         try:
@@ -178,7 +163,7 @@ class TRLRun:
         except PluginCallError:  # the circuit breaker tripped: the run ends with its error
             self.close()
             raise
-        return {name: [c.get(name) for c in components] for name in weights}
+        return {name: [e.components.get(name) for e in episodes] for name in weights}
 
     def _episode_for(
         self,
@@ -188,7 +173,7 @@ class TRLRun:
         prompts: list[Any],
         completions: list[Any],
         kwargs: dict[str, Any],
-    ) -> _Episode:
+    ) -> TrajectoryDraft:
         if TRAJECTORY in kwargs:
             found = self._episodes.pop(kwargs[TRAJECTORY][i], None)
             if found is not None:
@@ -196,7 +181,7 @@ class TRLRun:
         group, k = slot
         sample = self._sample(prompts[i], kwargs, i)
         reply = completions[i] if isinstance(completions[i], list) else [_assistant(completions[i])]
-        return _Episode(sample, f"s{step}-p{group}", k, [*sample.messages, *reply])
+        return _draft(sample, f"s{step}-p{group}", k, [*sample.messages, *reply])
 
     def _sample(self, prompt: Any, kwargs: dict[str, Any], i: int) -> Sample:
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
@@ -209,67 +194,55 @@ class TRLRun:
         extra = {k: v[i] for k, v in kwargs.items() if k not in _TRL_KEYS and isinstance(v, list)}
         return Sample(messages=list(messages), extra=extra, index=i)
 
-    def _grade_single(self, step: int, episodes: list[_Episode], components: list[dict[str, Any]]) -> None:
-        calls: list[tuple[int, JobFunction]] = []
+    def _grade_single(self, step: int, episodes: list[TrajectoryDraft]) -> None:
+        calls: list[tuple[TrajectoryDraft, JobFunction]] = []
         args: list[tuple[JobFunction, Context, tuple[Any, ...]]] = []
-        for i, e in enumerate(episodes):
-            if e.status != "success":
+        for e in episodes:
+            if not e.ok:
                 continue
-            trajectory = Trajectory(_tid(e), e.messages, e.sample.tools, e.metrics)
+            trajectory = e.trajectory()
             for jf in self.run.graders:
-                calls.append((i, jf))
+                calls.append((e, jf))
                 args.append((jf, _ctx(step, e, str(self.run.job_id), jf.spec.name), (e.sample, trajectory)))
-        for (i, jf), future in zip(calls, self.run.submit_all(args), strict=True):
-            components[i][jf.spec.name] = self._value(future, episodes[i], jf.spec.name)
+        for (e, jf), future in zip(calls, self.run.submit_all(args), strict=True):
+            self._grades(future, [e], jf.spec.name)
 
-    def _grade_groups(self, step: int, episodes: list[_Episode], components: list[dict[str, Any]]) -> None:
-        groups: dict[str, list[int]] = {}
-        for i, e in enumerate(episodes):
-            groups.setdefault(e.group_id, []).append(i)
+    def _grade_groups(self, step: int, episodes: list[TrajectoryDraft]) -> None:
+        groups: dict[str, list[TrajectoryDraft]] = {}
+        for e in episodes:
+            groups.setdefault(e.group_id, []).append(e)
         for jf in self.run.group_graders:
-            for indexes in groups.values():
-                members = [i for i in indexes if episodes[i].status == "success"]
+            for group in groups.values():
+                members = [e for e in group if e.ok]
                 if not members:
                     continue
-                first = episodes[members[0]]
-                group = [Trajectory(_tid(episodes[i]), episodes[i].messages) for i in members]
+                first = members[0]
                 ctx = Context(step=step, sample_id=first.sample.index, rollout_index=-1)
-                future = self.run.submit(jf, ctx, first.sample, group)
-                values = self._value(future, first, jf.spec.name, members=[episodes[i] for i in members])
-                for n, i in enumerate(members):
-                    components[i][jf.spec.name] = values[n] if isinstance(values, list) else None
+                future = self.run.submit(jf, ctx, first.sample, [e.trajectory() for e in members])
+                self._grades(future, members, jf.spec.name, group=True)
 
-    def _value(
+    def _grades(
         self,
         future: concurrent.futures.Future[CallOutcome],
-        episode: _Episode,
+        members: list[TrajectoryDraft],
         name: str,
-        members: list[_Episode] | None = None,
-    ) -> Any:
-        """The grader's value, or None for a call that was dropped or did not succeed (recorded)."""
+        group: bool = False,
+    ) -> None:
+        """The grader's verdict on its trajectories (one, or a group grader's group). Their
+        components are what TRL is handed: None for a call that was dropped or did not succeed."""
         try:
             outcome = future.result()
         except PluginCallError as exc:
             if self.run.stopped is not None:
                 raise
-            for e in members or [episode]:
-                e.errors.append(exc.record(trajectory_id=_tid(e)))
-            return None
-        for e in members or [episode]:
-            e.grader_metrics.update({f"{name}/{k}": v for k, v in outcome.metrics.items()})
-        if outcome.status == Status.SUCCESS.value:
-            return outcome.value
-        for e in members or [episode]:
-            if outcome.status == Status.DISCARD.value:
-                e.status = "discard"
-                e.discard_reason = e.discard_reason or discarded_by(name, outcome.reason)
-            else:
-                e.errors.append(
-                    reported_status(
-                        outcome.status, name, outcome.reason, call_id=outcome.call_id, trajectory_id=_tid(e)
-                    )
-                )
-        return None
+            for e in members:
+                e.call_failed(exc)
+                e.components[name] = None
+            return
+        values = _group_values(outcome.value, len(members)) if group else [outcome.value]
+        for e, value in zip(members, values, strict=True):
+            e.graded(name, outcome, value)
+            e.components.setdefault(name, None)
 
     # --- rollouts --------------------------------------------------------------------------
 
@@ -293,8 +266,8 @@ class TRLRun:
         for i, prompt in enumerate(prompts):
             group, k = slots[i]
             sample = self._sample(prompt, {}, i)
-            episode = _Episode(sample, f"s{step}-p{group}", k, list(sample.messages))
-            fresh = _FreshPolicy(rollout, gateway, _tid(episode))
+            episode = _draft(sample, f"s{step}-p{group}", k, list(sample.messages))
+            fresh = _FreshPolicy(rollout, gateway, episode.trajectory_id)
             started.append((episode, self.run.submit(fresh, _ctx(step, episode), sample)))  # type: ignore[arg-type]
         out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
         out[TRAJECTORY] = []
@@ -302,57 +275,37 @@ class TRLRun:
         for episode, future in started:
             self._finish_rollout(episode, future, gateway)
             trace = episode.trace
-            ok = episode.status == "success" and trace is not None and bool(trace.response_ids)
+            ok = episode.ok and trace is not None and bool(trace.response_ids)
             if trace is not None and ok:
                 out["prompt_ids"].append(list(trace.prompt_ids))
                 out["completion_ids"].append(list(trace.response_ids))
                 out["logprobs"].append(list(trace.response_logprobs))
                 out["env_mask"].append(list(trace.response_mask))
             else:  # nothing to learn from: one masked token keeps TRL's batch shape
-                episode.status = "failed" if episode.status == "success" else episode.status
+                if episode.ok:
+                    episode.fail()
                 out["prompt_ids"].append(list(trace.prompt_ids) if trace and trace.prompt_ids else [pad])
                 out["completion_ids"].append([pad])
                 out["logprobs"].append([0.0])
                 out["env_mask"].append([0])
-            out[TRAJECTORY].append(_tid(episode))
-            self._episodes[_tid(episode)] = episode
+            out[TRAJECTORY].append(episode.trajectory_id)
+            self._episodes[episode.trajectory_id] = episode
         return out
 
     def _finish_rollout(
-        self, episode: _Episode, future: concurrent.futures.Future[CallOutcome], gateway: Any
+        self, episode: TrajectoryDraft, future: concurrent.futures.Future[CallOutcome], gateway: Any
     ) -> None:
         try:
             outcome = future.result()
         except PluginCallError as exc:
-            _take(gateway, _tid(episode))
+            _take(gateway, episode.trajectory_id)  # a failed rollout's tokens are not trained on
             if self.run.stopped is not None:
                 self.close()
                 raise
-            episode.status = "failed"
-            episode.errors.append(exc.record(trajectory_id=_tid(episode)))
+            episode.rollout_failed(exc)
             return
-        trace = episode.trace = _take(gateway, _tid(episode))
-        result = outcome.value if isinstance(outcome.value, dict) else {}
-        recorded = trace.messages if trace is not None else []
-        episode.messages = list(result.get("messages") or recorded or episode.messages)
-        episode.metrics.update(outcome.metrics)
-        episode.metrics.update(result.get("metrics") or {})
-        if outcome.status != Status.SUCCESS.value:
-            name = self.run.rollout.spec.name if self.run.rollout else "rollout"
-            if outcome.status == Status.DISCARD.value:
-                episode.status = "discard"
-                episode.discard_reason = discarded_by(name, outcome.reason)
-            else:
-                episode.status = "failed"
-                episode.errors.append(
-                    reported_status(
-                        outcome.status,
-                        name,
-                        outcome.reason,
-                        call_id=outcome.call_id,
-                        trajectory_id=_tid(episode),
-                    )
-                )
+        episode.trace = _take(gateway, episode.trajectory_id)
+        episode.rolled_out(outcome, self.run.rollout.spec.name if self.run.rollout else "rollout")
 
     def _gateway_for(self, trainer: Any) -> Any:
         if self._gateway is None:
@@ -531,17 +484,17 @@ def _step(kwargs: dict[str, Any]) -> int:
     return int(getattr(state, "global_step", 0)) + 1
 
 
-def _tid(e: _Episode) -> str:
-    return f"{e.group_id}-r{e.rollout_index}"
+def _draft(sample: Sample, group_id: str, k: int, messages: list[dict[str, Any]]) -> TrajectoryDraft:
+    return TrajectoryDraft(f"{group_id}-r{k}", sample, group_id=group_id, rollout_index=k, messages=messages)
 
 
-def _ctx(step: int, e: _Episode, job_id: str = "", plugin: str = "") -> Context:
+def _ctx(step: int, e: TrajectoryDraft, job_id: str = "", plugin: str = "") -> Context:
     return Context(
         job_id=job_id,
         step=step,
         sample_id=e.sample.index,
         rollout_index=e.rollout_index,
-        trajectory_id=_tid(e),
+        trajectory_id=e.trajectory_id,
         plugin=plugin,
     )
 
@@ -571,39 +524,16 @@ def _take(gateway: Any, trajectory_id: str) -> TokenTrace | None:
         return None
 
 
-def _record(
-    step: int,
-    e: _Episode,
-    components: dict[str, float | None],
-    weights: dict[str, float],
-    ids: list[int],
-    code_hash: dict[str, str],
-) -> TrajectoryRecord:
-    trace = e.trace
-    status = e.status if e.status != "success" or not e.errors else "failed"
-    return TrajectoryRecord(
-        trajectory_id=_tid(e),
-        group_id=e.group_id,
-        step=step,
-        sample_index=e.sample.index,
-        rollout_index=e.rollout_index,
-        attempt=1,
-        policy_version=step - 1,
-        prompt_ids=list(trace.prompt_ids) if trace else [],
-        response_ids=list(trace.response_ids) if trace else list(ids),
-        response_mask=list(trace.response_mask) if trace else [1] * len(ids),
-        response_logprobs=list(trace.response_logprobs) if trace else [],
-        messages=e.messages,
-        tools=list(e.sample.tools),
-        reward=final_reward(components, weights) if status == "success" else None,
-        reward_components=dict(components),
-        status=status,
-        stop_reason=trace.finish_reason if trace else "",
-        errors=list(e.errors),
-        metrics={**e.metrics, **e.grader_metrics},
-        discard_reason=e.discard_reason,
-        code_hash=code_hash,
+def _completion_trace(ids: list[int]) -> TokenTrace:
+    return TokenTrace(
+        prompt_ids=[], response_ids=list(ids), response_mask=[1] * len(ids), response_logprobs=[], messages=[]
     )
+
+
+def _group_values(value: Any, size: int) -> list[Any]:
+    """A group grader's value for each of its ``size`` trajectories (None where it gave none)."""
+    values = value if isinstance(value, list) else []
+    return [values[n] if n < len(values) else None for n in range(size)]
 
 
 # --- `trainer: trl` under `plugtune run` ------------------------------------------------------

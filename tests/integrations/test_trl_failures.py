@@ -107,6 +107,7 @@ def test_a_grader_reporting_status_failure_or_discarding_is_recorded_as_on_plugt
         assert "reported this failure itself" in error.hint
     for r in discarded:
         assert r.status == "discard" and r.reward is None and not r.errors
+        assert r.reward_components == {}  # a discarded trajectory keeps no grade, as on plugtune's trainer
         assert r.discard_reason == "picky discarded it (Status.DISCARD): an ambiguous question"
 
 

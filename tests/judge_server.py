@@ -3,8 +3,10 @@
 The first path segment picks the mode: ``/ok``, ``/429`` (with ``Retry-After: 1``), ``/500``,
 ``/malformed`` (a 200 whose body is not JSON), ``/slow`` (answers after 2 s), ``/wait/<s>``
 (answers after ``s`` seconds, at most 10), ``/flaky/<key>/<n>`` (the first ``n`` requests for
-``key`` answer 429 with ``Retry-After: 1``, then 200); ``.../chat/completions`` answers in the
-OpenAI shape. ``dead_port()`` is a port nothing listens on (the judge is down).
+``key`` answer 429 with ``Retry-After: 1``, then 200), ``/chaos/<pct>`` (``pct`` % of requests,
+drawn from a seeded generator, answer one of 429 / 500 / a malformed 200 / 2 s late, the rest
+200); ``.../chat/completions`` answers in the OpenAI shape. ``dead_port()`` is a port nothing
+listens on (the judge is down).
 
 The server counts ``requests``, the requests in progress (``active``) and their most at once
 (``peak``), and keeps ``log``: ``(time.monotonic(), path)`` per request, in arrival order.
@@ -13,6 +15,7 @@ The server counts ``requests``, the requests in progress (``active``) and their 
 from __future__ import annotations
 
 import json
+import random
 import socket
 import threading
 import time
@@ -48,6 +51,15 @@ class _Judge(BaseHTTPRequestHandler):
             time.sleep(2.0)
         if mode == "wait":
             time.sleep(min(float(parts[1]), 10.0))
+        if mode == "chaos":
+            with server.lock:
+                u = server.rng.random()
+            pct = float(parts[1]) / 100
+            mode = "ok" if u >= pct else ("429", "500", "malformed", "slow")[int(u / pct * 4)]
+            if mode == "slow":
+                time.sleep(2.0)
+            with server.lock:
+                server.chaos[mode] = server.chaos.get(mode, 0) + 1
         if mode == "flaky":
             with server.lock:
                 seen = server.flaky[parts[1]] = server.flaky.get(parts[1], 0) + 1
@@ -86,14 +98,17 @@ class _Judge(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def judge() -> Iterator[ThreadingHTTPServer]:
-    """The judge, listening on 127.0.0.1 (``server.server_address[1]``) until the block ends."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+def judge(port: int = 0, seed: int = 0) -> Iterator[ThreadingHTTPServer]:
+    """The judge, listening on 127.0.0.1 (``server.server_address[1]``; ``port``: that one) until the
+    block ends; ``server.chaos`` counts the answers of ``/chaos`` by kind (``ok``, ``429``, ...)."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), _Judge)
     server.daemon_threads = True
     server.requests = 0  # type: ignore[attr-defined]
     server.active = server.peak = 0  # type: ignore[attr-defined]
     server.log = []  # type: ignore[attr-defined]
     server.flaky = {}  # type: ignore[attr-defined]
+    server.chaos = {}  # type: ignore[attr-defined]
+    server.rng = random.Random(seed)  # type: ignore[attr-defined]
     server.lock = threading.Lock()  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()

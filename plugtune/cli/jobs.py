@@ -105,7 +105,8 @@ def jobs_retry(job_id: int = typer.Argument(..., help="Job id.")) -> None:
     """Retry a failed or cancelled job now; it resumes from its last checkpoint.
 
     `plugtune serve` runs the retried job (it reads the same store)."""
-    from plugtune.jobs.control import JobNotFoundError, NotRetryableError, retry_job
+    from plugtune.jobs.control import NotRetryableError, retry_job
+    from plugtune.jobs.scheduler import JobNotFoundError
     from plugtune.store import IllegalTransitionError
 
     with opened_store() as (_, store):
@@ -119,7 +120,7 @@ def jobs_retry(job_id: int = typer.Argument(..., help="Job id.")) -> None:
 
 def jobs_cancel(job_id: int = typer.Argument(..., help="Job id.")) -> None:
     """Cancel a queued, running or retry-pending job (one waiting for its automatic retry)."""
-    from plugtune.jobs.control import JobNotFoundError, NotCancellableError, request_cancel
+    from plugtune.jobs.scheduler import JobNotFoundError, NotCancellableError, request_cancel
     from plugtune.store import IllegalTransitionError
 
     with opened_store() as (_, store):

@@ -199,8 +199,8 @@ def serve(
     quota that --max-functions, --max-instances and --total-memory-mb set."""
     import uvicorn
 
-    from plugtune.jobs.control import Scheduler
     from plugtune.jobs.remote import forget_serve, record_serve
+    from plugtune.jobs.scheduler import Scheduler
     from plugtune.jobs.supervisor_lock import ServeLock
     from plugtune.web import create_app
 

@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
 from plugtune.errors import HINTS, DataError, ErrorType, Problem
-from plugtune.jobs.control import check_job, create_job, delete_job, request_cancel
+from plugtune.jobs.control import check_job, create_job, delete_job
+from plugtune.jobs.scheduler import request_cancel
 from plugtune.jobs.submission import (
     MAX_FILES,
     SubmissionError,

@@ -10,7 +10,8 @@ from typing import Generic, TypeVar
 
 from plugtune.jobs import control
 from plugtune.jobs.caller import waiting_summary
-from plugtune.jobs.control import JobNotFoundError, NotRetryableError, retry_job
+from plugtune.jobs.control import NotRetryableError, retry_job
+from plugtune.jobs.scheduler import JobNotFoundError
 from plugtune.store import Store
 from plugtune.store.records import Attempt, IllegalTransitionError, Job, NotFoundError, Plugin
 from plugtune.web import queries

@@ -15,7 +15,8 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from plugtune.integrations import recording
 from plugtune.integrations import trl as pt
 from plugtune.integrations.recording import EngineRun
-from plugtune.jobs.control import NotRetryableError, Scheduler, request_cancel, retry_job
+from plugtune.jobs.control import NotRetryableError, retry_job
+from plugtune.jobs.scheduler import Scheduler, request_cancel
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.integrations.conftest import TASK

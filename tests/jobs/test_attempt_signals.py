@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from plugtune.jobs.control import create_job, request_cancel
-from plugtune.jobs.scheduler import run_job
+from plugtune.jobs.control import create_job
+from plugtune.jobs.scheduler import request_cancel, run_job
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.jobs.jobkit import make_job

@@ -15,7 +15,8 @@ import yaml
 from typer.testing import CliRunner
 
 from plugtune.cli import app
-from plugtune.jobs.control import Scheduler, create_job
+from plugtune.jobs.control import create_job
+from plugtune.jobs.scheduler import Scheduler
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.jobs.jobkit import make_job

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from plugtune.cli import app
-from plugtune.jobs.control import Scheduler, create_job, delete_job, retry_job
-from plugtune.jobs.scheduler import run_job
+from plugtune.jobs.control import create_job, delete_job, retry_job
+from plugtune.jobs.scheduler import Scheduler, run_job
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.jobs.jobkit import make_job

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from plugtune.jobs.control import Scheduler
+from plugtune.jobs.scheduler import Scheduler
 from plugtune.settings import Settings
 from plugtune.store import Store
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from plugtune.jobs.control import Scheduler, create_job
-from plugtune.jobs.scheduler import AttemptRunner
+from plugtune.jobs.control import create_job
+from plugtune.jobs.scheduler import AttemptRunner, Scheduler
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.jobs.jobkit import make_job

@@ -91,7 +91,10 @@ class _Judge(BaseHTTPRequestHandler):
         for key, value in (headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except OSError:  # the client gave up waiting (a /slow answer after its timeout)
+            pass
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
         pass

@@ -175,11 +175,17 @@ def test_a_chaos_run_against_a_flaky_judge_loses_nothing_and_misclassifies_nothi
     assert sum(served.get(k, 0) for k in faults) >= 3, served  # the run really met faults
     store = Store.open(home.database_url)
     try:
-        names = [f"plugin/failed_calls/{cause}" for cause in faults.values()]
+        names = [n for n in store.metric_names(1, plugin="") if n.startswith("plugin/failed_calls/")]
         series = store.metrics(1, plugin="", names=names)
         counted = {name.rsplit("/", 1)[1]: sum(p.value for p in points) for name, points in series.items()}
-        expected = {cause: served[kind] for kind, cause in faults.items() if served.get(kind)}
-        assert counted == expected, (counted, served)  # every fault once, under its own cause
+        # every fault once, under its own cause, and no other cause (an answer the load made later
+        # than the client's 1 s is a timeout too, the judge's: counted at least once per late answer)
+        assert set(counted) <= set(faults.values()), counted
+        for kind, cause in faults.items():
+            if kind == "slow":
+                assert counted.get(cause, 0) >= served.get(kind, 0), (counted, served)
+            else:
+                assert counted.get(cause, 0) == served.get(kind, 0), (counted, served)
         trajectories = store.trajectories(1)
         assert len(trajectories) == 3 * 4 * 2  # none lost
         assert all(t.status != "failed" and t.reward == pytest.approx(0.75) for t in trajectories)

@@ -81,8 +81,15 @@ def test_plugins(
         help="--faas: run instances as 'local' processes or 'ray' actors (on $PLUGTUNE_RAY_ADDRESS, "
         "else a local Ray head); default: job.yaml's plugins.runtime_backend.",
     ),
-    inject: str = typer.Option("", help="Inject faults: a list of timeout,eof,oom,500,nan."),
-    inject_rate: float = typer.Option(0.2, help="Share of calls that get an injected fault (0..1]."),
+    inject: str = typer.Option(
+        "",
+        help="Inject faults: a list of timeout,eof,oom,500,nan (in the plugins' calls) and, with --faas, "
+        "dependency-429,dependency-5xx,dependency-unreachable,dependency-hang (met by connections to "
+        "job.yaml's dependencies under network: policy-only, as from the service).",
+    ),
+    inject_rate: float = typer.Option(
+        0.2, help="Share of calls (of connections, for dependency faults) that get an injected fault (0..1]."
+    ),
     seed: int = typer.Option(0, help="Seed of the fault draws."),
     policy_url: str = typer.Option("", help="An OpenAI-compatible endpoint instead of the job's model."),
     policy_model: str = typer.Option("", help="The model name to ask --policy-url for."),
@@ -119,6 +126,13 @@ def test_plugins(
     except ValueError as exc:
         typer.echo(f"plugtune test: {exc}", err=True)
         raise typer.Exit(2) from None
+    if injection is not None and injection.dependency_faults and not faas:
+        typer.echo(
+            "plugtune test: --inject dependency-...: dependency faults are met in the function "
+            "runtime's relay; add --faas",
+            err=True,
+        )
+        raise typer.Exit(2)
     if backend not in ("", "local", "ray"):
         typer.echo(f"plugtune test: --backend {backend!r}: use 'local' or 'ray'", err=True)
         raise typer.Exit(2)

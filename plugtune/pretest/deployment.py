@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from plugtune.errors import InvalidValueError, Problem
 from plugtune.jobs.plugins import JobFunction, entry_of, plugin_env
 from plugtune.runtime import FaultInjection
 from plugtune.runtime.runtime import BaseRuntime
@@ -26,8 +27,14 @@ async def deploy_job(
     for i, ref in enumerate(refs_of(job)):
         overrides = ref.runtime.given() if ref.runtime is not None else None
         inject = inject_for(i) if inject_for else None
-        fn = await rt.deploy(
-            entry_of(ref), runtime=overrides, env=env, inject=inject, dependencies=job.spec.declared()
-        )
+        try:
+            fn = await rt.deploy(
+                entry_of(ref), runtime=overrides, env=env, inject=inject, dependencies=job.spec.declared()
+            )
+        except ValueError as exc:
+            if inject is None or not inject.dependency_faults:
+                raise
+            problem = f"--inject: {exc} (use the local backend and network: policy-only, the default)"
+            raise InvalidValueError([Problem(str(job.job_file), problem, field="--inject")]) from None
         deployed.append(JobFunction(fn, ref.weight, ref.name))
     return deployed

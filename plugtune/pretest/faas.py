@@ -14,7 +14,7 @@ from plugtune.pretest.policy import PolicyChoice, serving
 from plugtune.pretest.trial import TrialResult, group_size_of, run_trial, samples_of
 from plugtune.runtime import FaultInjection, Quota, runtime_for
 from plugtune.runtime.budget import Budgets
-from plugtune.runtime.faults import FAULTS
+from plugtune.runtime.faults import DEPENDENCY_FAULTS, FAULTS
 from plugtune.settings import Settings
 from plugtune.spec.validation import ValidatedJob
 
@@ -23,7 +23,8 @@ METRICS_PERIOD_S = 0.5
 
 @dataclass(frozen=True)
 class Injection:
-    """``--inject``: these faults on ``rate`` of all calls (split evenly), from a seeded draw."""
+    """``--inject``: these faults on ``rate`` of all calls (split evenly), from a seeded draw; the
+    dependency faults on their share of the connections to declared dependencies."""
 
     faults: tuple[str, ...]
     rate: float
@@ -33,12 +34,17 @@ class Injection:
     def parse(cls, text: str, rate: float, seed: int = 0) -> Injection:
         """``"timeout,eof"`` -> Injection; ValueError naming the unknown fault or bad rate."""
         faults = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
-        unknown = [f for f in faults if f not in FAULTS]
+        unknown = [f for f in faults if f not in FAULTS + DEPENDENCY_FAULTS]
         if unknown or not faults:
-            raise ValueError(f"--inject {text!r}: use a comma-separated list of {', '.join(FAULTS)}")
+            known = ", ".join(FAULTS + DEPENDENCY_FAULTS)
+            raise ValueError(f"--inject {text!r}: use a comma-separated list of {known}")
         if not 0.0 < rate <= 1.0:
             raise ValueError(f"--inject-rate {rate}: must be in (0, 1]")
         return cls(faults, rate, seed)
+
+    @property
+    def dependency_faults(self) -> bool:
+        return any(f in DEPENDENCY_FAULTS for f in self.faults)
 
     def for_plugin(self, i: int) -> FaultInjection:
         share = self.rate / len(self.faults)

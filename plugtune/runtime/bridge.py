@@ -11,6 +11,12 @@ DependencyBudget` (``rpm``, ``concurrency``; shared by every bridge of the backe
 instance and plugin of the job): the budget counts connections, not requests (see that module for
 what this means with kept-alive connections). ``observe`` feeds each call's outcome back to it
 (a 429 halves the concurrency in use, successes add it back).
+
+With ``inject`` set (``plugtune test --faas --inject dependency-429,...``), each connection to a
+declared dependency first draws a dependency fault (``FaultInjection.draw_dependency``) and meets it
+here instead of the service: a 429 with ``Retry-After: 1`` or a 503 answered once the request has
+arrived, a refused connection, or no answer at all. The plugin's own client sees it as from the
+service, so the whole path (classification, backoff, budgets, the outage wait) is exercised.
 """
 
 from __future__ import annotations
@@ -28,12 +34,19 @@ from typing import Any
 from plugtune.runtime.backend import Failed, Happened, Returned
 from plugtune.runtime.budget import Budgets, DependencyBudget
 from plugtune.runtime.dependencies import Dependency
+from plugtune.runtime.faults import FaultInjection
 from plugtune.runtime.worker.network import HEADER_MAX, Splice
 from plugtune.runtime.zygote_client import worker_env
 from plugtune.sdk import Policy
 
 #: ``log(level, text)``: the function's runtime log (the plugin's logs show it).
 Log = Callable[[str, str], None]
+
+INJECTED_REQUEST_MAX = 1 << 20  # an injected 429/5xx answers at the request's end or after this much
+INJECTED_REPLIES = {
+    "dependency-429": (b"429 Too Many Requests", b"Retry-After: 1\r\n", b"rate limited"),
+    "dependency-5xx": (b"503 Service Unavailable", b"", b"service unavailable"),
+}
 
 
 PROBE = """
@@ -73,6 +86,8 @@ class PolicyBridge:
         self.budgets = budgets if budgets is not None else Budgets()
         self.allowed: set[tuple[str, int]] = set()
         self.declared: dict[tuple[str, int], str] = {}  # (host, port) -> the dependency's name
+        self.tls: set[tuple[str, int]] = set()  # declared with https/wss: no reply can be injected
+        self.inject: FaultInjection | None = None  # dependency faults (plugtune test --inject)
         self.by_name: dict[str, DependencyBudget] = {}
         self.seen: set[str] = set()
         self.folder = ""
@@ -96,6 +111,26 @@ class PolicyBridge:
                 self.by_name[dep.name] = self.budgets.declare(dep)
             self.declared[(dep.host, dep.port)] = dep.name
             self.allowed.add((dep.host, dep.port))
+            if dep.url.startswith(("https://", "wss://")):
+                self.tls.add((dep.host, dep.port))
+
+    def fault_for(self, target: tuple[str, int]) -> str | None:
+        """The dependency fault a new connection to ``target`` meets (None: it goes through), said
+        in the function's log as injected."""
+        name = self.declared.get(target)
+        if self.inject is None or name is None:
+            return None
+        fault = self.inject.draw_dependency()
+        if fault is None:
+            return None
+        if fault in INJECTED_REPLIES and target in self.tls:
+            fault = "dependency-unreachable"  # no reply can be made inside its TLS
+        self.log(
+            "WARNING",
+            f"injected fault {fault} (plugtune test --inject): the connection to the dependency {name} "
+            f"at {target[0]}:{target[1]} does not reach it",
+        )
+        return fault
 
     def observe(self, result: Returned | Failed) -> None:
         """A call's outcome, for the budgets' AIMD: a call rate limited by a dependency lowers its
@@ -152,6 +187,8 @@ class _Outbound(Splice):
         self.budget: DependencyBudget | None = None  # held while the upstream connection is open
         self.task: asyncio.Task[None] | None = None
         self.last_request = self.last_reply = 0.0  # monotonic times of the last bytes each way
+        self.injected: str | None = None  # the dependency fault this connection meets instead
+        self.request = b""  # what the plugin sent, for an injected reply (bounded)
 
     def idle_for(self, now: float) -> float:
         """Seconds since the reply's last bytes, when no request bytes came after them (else 0)."""
@@ -162,6 +199,9 @@ class _Outbound(Splice):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self.injected is not None:
+            self._injected(data)
+            return
         if self.connecting:
             self.last_request = time.monotonic()
             super().data_received(data)
@@ -179,9 +219,36 @@ class _Outbound(Splice):
             if self.transport is not None:
                 self.transport.close()
             return
+        self.injected = self.bridge.fault_for(target)
+        if self.injected is not None:
+            self._injected(rest)
+            return
         if rest:
             self.pending.append(rest)
         self.task = asyncio.get_running_loop().create_task(self._connect(target))
+
+    def _injected(self, data: bytes) -> None:
+        """Meet the injected fault: refused at once, never answered, or a 429/503 once the request
+        is in (answering before it could reset the connection under the plugin's own write)."""
+        if self.transport is None:
+            return
+        if self.injected == "dependency-unreachable":
+            self.transport.close()
+            return
+        reply = INJECTED_REPLIES.get(self.injected or "")
+        if reply is None:  # dependency-hang: read and drop, answer nothing
+            return
+        self.request = (self.request + data)[: INJECTED_REQUEST_MAX + 1]
+        if not request_complete(self.request):
+            return
+        status, headers, what = reply
+        body = b'{"error": {"message": "%s (a fault injected by plugtune test --inject)"}}' % what
+        self.transport.write(
+            b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s" % (status, headers, len(body), body)
+        )
+        self.injected = "answered"  # the rest of the plugin's bytes are read and dropped
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -217,6 +284,25 @@ class _Outbound(Splice):
                 self.transport.close()
             return
         self.join(upstream)
+
+
+def request_complete(data: bytes) -> bool:
+    """Whether ``data`` holds a whole HTTP/1.1 request (headers, then a ``Content-Length`` or
+    chunked body), or more than ``INJECTED_REQUEST_MAX`` bytes of one."""
+    if len(data) > INJECTED_REQUEST_MAX:
+        return True
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"content-length" and value.isdigit():
+            length = int(value)
+        elif name == b"transfer-encoding" and b"chunked" in value:
+            return body.endswith(b"0\r\n\r\n")
+    return len(body) >= length
 
 
 class _Upstream(Splice):

@@ -125,6 +125,16 @@ class BaseRuntime:
         except DeployFailed as exc:
             raise create_fault(entry, exc.message, exc.traceback, exc.logs) from None
         fn = Function(entry, deployment, snapshot, inject, self.metrics_period_s)
+        if inject is not None and inject.dependency_faults:
+            bridge = getattr(deployment, "bridge", None)  # the local backend's policy-only relay
+            if bridge is None:
+                await fn.close()
+                raise ValueError(
+                    f"{entry}: dependency faults are injected in the relay of `network: policy-only` "
+                    f"on the local backend; this function runs with network: {fn.runtime.network} on "
+                    f"{type(self).__name__}"
+                )
+            bridge.inject = inject
         self.functions.append(fn)
         log.info("deployed %s (code %s, limits %s)", entry, snapshot.code_hash[:12], self.limits_mechanism)
         return fn

@@ -15,6 +15,7 @@ from tests.judge_server import JUDGED_GRADER, judge
 
 runner = CliRunner()
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "cause"), [("500", "server error"), ("429", "rate limited")])
 def test_faas_counts_a_judges_failures_by_dependency_and_cause_apart_from_plugin_errors(
@@ -74,3 +75,27 @@ def test_faas_weighs_a_dependencys_rpm_against_the_trainers_pace(tmp_path: Path)
     assert "rpm 60 allows 1.00 rollouts/s — the budget, not the runtime, sets the pace" in tight_text
     assert not ample["dependencies"][0]["rpm_sets_pace"]
     assert "rpm 1000000 — within budget" in ample_text
+
+
+@pytest.mark.slow
+def test_faas_injects_dependency_faults_that_the_report_counts_as_the_services(tmp_path: Path) -> None:
+    with judge() as server:
+        port = server.server_address[1]
+        job_file = make_job(
+            tmp_path / "injected",
+            grader=JUDGED_GRADER.format(url=f"http://127.0.0.1:{port}/ok"),
+            extra={"dependencies": {"judge": f"http://127.0.0.1:{port}"}},
+        )
+        args = ["test", str(job_file), "--samples", "2", "--inject", "dependency-5xx", "--inject-rate", "1"]
+        as_json = runner.invoke(app, [*args, "--faas", "--json"])
+        local = runner.invoke(app, args)
+        requests = server.requests  # type: ignore[attr-defined]
+    assert as_json.exit_code == 1, as_json.output
+    deps = json.loads(as_json.stdout)["summary"]["dependency_errors"]
+    assert deps["calls"] == 2 and list(deps["by_dependency"]["judge"]) == ["server error"]
+    assert "HTTP 503" in deps["by_dependency"]["judge"]["server error"]["message"]
+    assert requests == 0  # every connection met the fault in the relay
+    assert (
+        local.exit_code == 2
+        and "dependency faults are met in the function runtime's relay; add --faas" in (local.output)
+    )

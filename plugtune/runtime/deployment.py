@@ -302,13 +302,13 @@ class LocalDeployment:
         ctx = request.context
         if self.bridge is not None:
             self.bridge.allow_args(request.args)
-        message = [
-            p.CALL,
+        call = p.Call(
             request.call_id,
             p.encode_context(ctx, request.call_id, self.plugin, time.time() + request.timeout_s),
             p.encode_args(self.spec.kind, request.args),
             request.fault,
-        ]
+        )
+        message = [p.CALL, *call]
         trajectory_id = ctx.trajectory_id
         started = time.perf_counter()
         deadline = time.monotonic() + request.timeout_s

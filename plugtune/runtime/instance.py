@@ -202,28 +202,38 @@ class Instance:
     def on_message(self, message: list[Any]) -> None:
         op = message[0]
         if op == p.OK:
-            _, call_id, value, metrics = message
-            pending = self.pending.pop(call_id, None)
-            self._settled(call_id, pending)
+            ok = p.Ok(*message[1:])
+            pending = self.pending.pop(ok.call_id, None)
+            self._settled(ok.call_id, pending)
             if pending is not None and not pending.future.done():
                 latency = (time.perf_counter() - pending.started) * 1000
-                pending.future.set_result(Returned(value, metrics, pending.logs, self.id, latency))
+                pending.future.set_result(Returned(ok.value, ok.metrics, pending.logs, self.id, latency))
         elif op == p.LOG:
-            self._log(self._log_line(message))
+            self._log(self._log_line(p.Log(*message[1:])))
         elif op == p.ERR:
-            self._on_error(*message[1:])
-        elif op == p.READY:  # its pid (message[1]) is ignored: the launcher knows it from the kernel
+            self._on_error(p.Err(*message[1:]))
+        elif op == p.READY:  # its pid is ignored: the launcher knows it from the kernel
+            ready = p.Ready(*message[1:])
             if not self.ready.done():
-                self.ready.set_result(float(message[2]))
+                self.ready.set_result(float(ready.setup_ms))
         elif op == p.FATAL:
-            self.fatal = (str(message[1]), str(message[2]))
+            fatal = p.Fatal(*message[1:])
+            self.fatal = (str(fatal.message), str(fatal.traceback))
         elif op == p.STATS:
-            self.outbound_bytes = int(message[1])
+            self.outbound_bytes = int(p.Stats(*message[1:]).outbound_bytes)
 
-    def _log_line(self, message: list[Any]) -> LogLine:
-        _, when, level, text, source, call_id, trajectory_id = message
-        when, level, source = float(when), str(level)[:16], str(source)[:16]
-        return LogLine(when, level, self.plugin, str(text), source, str(call_id), str(trajectory_id), self.id)
+    def _log_line(self, frame: p.Log) -> LogLine:
+        when, level, source = float(frame.time), str(frame.level)[:16], str(frame.source)[:16]
+        return LogLine(
+            when,
+            level,
+            self.plugin,
+            str(frame.message),
+            source,
+            str(frame.call_id),
+            str(frame.trajectory_id),
+            self.id,
+        )
 
     def on_bad_frame(self, why: str) -> None:
         """The instance sent bytes that are not a frame of the protocol (or one over the size limit):
@@ -233,7 +243,8 @@ class Instance:
             f"{p.MAX_FRAME >> 20} MiB: return smaller results and log less)"
         )
 
-    def _on_error(self, call_id: str, kind: str, text: str, tb: str, metrics: dict[str, float]) -> None:
+    def _on_error(self, err: p.Err) -> None:
+        call_id, kind, text = err.call_id, err.kind, err.message
         pending = self.pending.pop(call_id, None)
         self._settled(call_id, pending)
         if pending is None or pending.future.done():
@@ -257,7 +268,9 @@ class Instance:
             self.fate.drain()
         latency = (time.perf_counter() - pending.started) * 1000
         peak = self.limits.peak_mb() or (self.peak_rss_mb or None)
-        pending.future.set_result(Failed(happened, text, pending.logs, tb, self.id, peak, latency, cause))
+        pending.future.set_result(
+            Failed(happened, text, pending.logs, err.traceback, self.id, peak, latency, cause)
+        )
 
     def _settled(self, call_id: str, pending: Pending | None) -> None:
         self.last_used = time.monotonic()

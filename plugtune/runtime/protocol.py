@@ -4,11 +4,15 @@ Every frame is a 4-byte big-endian length followed by one msgpack array whose fi
 the message. Calls are multiplexed on one connection by call id. This module is imported by the
 worker too, so it depends on the standard library, msgpack and ``plugtune.sdk`` only.
 
-supervisor -> instance: ``[CALL, call_id, ctx, args, fault]``, ``[CANCEL, call_id]``, ``[STATS]``,
-``[STOP]``.
-instance -> supervisor: ``[READY, pid, setup_ms]``, ``[FATAL, message, traceback]``,
-``[LOG, time, level, message, source, call_id, trajectory_id]``, ``[OK, call_id, value, metrics]``,
-``[ERR, call_id, kind, message, traceback, metrics]``, ``[STATS, outbound_bytes]``.
+supervisor -> instance: ``[CALL, *Call]``, ``[CANCEL, *Cancel]``, ``[STATS]``, ``[STOP]``.
+instance -> supervisor: ``[READY, *Ready]``, ``[FATAL, *Fatal]``, ``[LOG, *Log]``, ``[OK, *Ok]``,
+``[ERR, *Err]``, ``[STATS, *Stats]``.
+supervisor -> zygote: ``[FORK, *Fork]`` (with two file descriptors), ``[STOP]``.
+zygote -> supervisor: ``[LOADED, *Loaded]``, ``[FATAL, *Fatal]``, ``[FORKED, *Forked]``,
+``[EXITED, *Exited]``.
+
+A frame's fields after its op are read by name: ``Ok(*message[1:])`` (a frame with the wrong number
+of fields raises TypeError naming the frame and the field).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -33,6 +37,7 @@ MAX_CALL_FRAME = 512 << 20
 
 CALL, CANCEL, STATS, STOP = "call", "cancel", "stats", "stop"
 READY, FATAL, LOG, OK, ERR = "ready", "fatal", "log", "ok", "err"
+LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"  # the zygote's
 
 # ERR kinds: what the worker saw happen (the supervisor maps them onto the taxonomy).
 RAISED, MEMORY, CANCELLED, BAD_RETURN = "raised", "memory", "cancelled", "bad_return"
@@ -60,6 +65,99 @@ def parse_dependency_kind(kind: str) -> tuple[str, str, str] | None:
 
 
 TYPE_KEY = "$t"
+
+
+# ---- frames: the fields after each op, by name ------------------------------------------------
+
+
+class Call(NamedTuple):
+    """Run a call (supervisor -> instance)."""
+
+    call_id: str
+    context: list[Any]  # encode_context's
+    args: list[Any]  # encode_args'
+    fault: str | None  # a fault to inject instead of running it (FaultInjection), or None
+
+
+class Cancel(NamedTuple):
+    """Cancel a call (supervisor -> instance): a call not started yet is answered ``cancelled``."""
+
+    call_id: str
+
+
+class Ready(NamedTuple):
+    """The instance's ``setup()`` is done (instance -> supervisor)."""
+
+    pid: int  # as the instance says: the supervisor takes its pid from the kernel instead
+    setup_ms: float
+
+
+class Fatal(NamedTuple):
+    """The instance or the zygote could not start (its import or ``setup()`` failed)."""
+
+    message: str
+    traceback: str
+
+
+class Log(NamedTuple):
+    """A log line (instance -> supervisor)."""
+
+    time: float
+    level: str
+    message: str
+    source: str
+    call_id: str  # "" outside a call
+    trajectory_id: str
+
+
+class Ok(NamedTuple):
+    """A call returned (instance -> supervisor)."""
+
+    call_id: str
+    value: Any  # encode_result's
+    metrics: dict[str, float]
+
+
+class Err(NamedTuple):
+    """A call failed (instance -> supervisor)."""
+
+    call_id: str
+    kind: str  # RAISED, MEMORY, CANCELLED, ... or a dependency kind
+    message: str
+    traceback: str
+    metrics: dict[str, float]
+
+
+class Stats(NamedTuple):
+    """The instance's gauges (instance -> supervisor, the answer to ``[STATS]``)."""
+
+    outbound_bytes: int
+
+
+class Loaded(NamedTuple):
+    """The zygote imported the plugin (zygote -> supervisor): its decorator's spec."""
+
+    spec: dict[str, Any]
+
+
+class Fork(NamedTuple):
+    """Fork an instance (supervisor -> zygote), its socket and output pipe attached."""
+
+    config: dict[str, Any]
+
+
+class Forked(NamedTuple):
+    """The zygote forked an instance (a claim: the supervisor checks the pid in the kernel)."""
+
+    instance_id: str
+    pid: int
+
+
+class Exited(NamedTuple):
+    """A child of the zygote ended."""
+
+    pid: int
+    exit_code: int  # negative: killed by that signal
 
 
 class ProtocolError(Exception):

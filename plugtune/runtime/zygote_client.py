@@ -30,7 +30,6 @@ from plugtune.runtime.limits import InstanceLimits
 from plugtune.runtime.sandbox import scrubbed_env
 from plugtune.types import LogLine
 
-LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -154,18 +153,21 @@ class Zygote:
 
     def on_message(self, message: list[Any]) -> None:
         op = message[0]
-        if op == LOADED and not self.spec.done():
-            self.spec.set_result(message[1])
+        if op == p.LOADED and not self.spec.done():
+            self.spec.set_result(p.Loaded(*message[1:]).spec)
         elif op == p.FATAL and not self.spec.done():
-            self.spec.set_exception(DeployFailed(message[1], message[2]))
-        elif op == FORKED:
-            future = self.forks.pop(message[1], None)
+            fatal = p.Fatal(*message[1:])
+            self.spec.set_exception(DeployFailed(fatal.message, fatal.traceback))
+        elif op == p.FORKED:
+            forked = p.Forked(*message[1:])
+            future = self.forks.pop(forked.instance_id, None)
             if future is not None and not future.done():
-                future.set_result(int(message[2]))
-        elif op == EXITED:
-            exited = self.exit_future(int(message[1]))
-            if not exited.done():
-                exited.set_result(int(message[2]))
+                future.set_result(int(forked.pid))
+        elif op == p.EXITED:
+            exited = p.Exited(*message[1:])
+            status = self.exit_future(int(exited.pid))
+            if not status.done():
+                status.set_result(int(exited.exit_code))
 
     def exit_future(self, pid: int) -> asyncio.Future[int | None]:
         """The exit status of child ``pid`` (it may already be known: a child can die at once)."""
@@ -201,7 +203,9 @@ class Zygote:
             raise ConnectionError("the zygote is not running")
         future = self.forks[instance["instance_id"]] = self.loop.create_future()
         fds = array.array("i", [sock_fd, out_fd])
-        self.sock.sendmsg([p.pack([FORK, instance])], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+        self.sock.sendmsg(
+            [p.pack([p.FORK, *p.Fork(instance)])], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())]
+        )
         return await asyncio.wait_for(future, timeout_s)
 
     async def aclose(self) -> None:

@@ -20,10 +20,10 @@ import threading
 import time
 from typing import Any
 
-from plugtune.runtime.protocol import CALL, CANCEL, CANCELLED, ERR, STATS, STOP, FrameReader
+from plugtune.runtime.protocol import CALL, CANCEL, CANCELLED, ERR, STATS, STOP, Call, Cancel, FrameReader
 from plugtune.runtime.worker.calls import CallRunner
 from plugtune.runtime.worker.channel import Channel
-from plugtune.runtime.worker.threads import IDLE_S, RECV_SIZE, TICK_S, Call
+from plugtune.runtime.worker.threads import IDLE_S, RECV_SIZE, TICK_S
 from plugtune.runtime.worker.watch import outbound_bytes
 
 
@@ -95,14 +95,16 @@ class MainThreadServer:
         for message in messages:
             op = message[0]
             if op == CALL:
+                call = Call(*message[1:])
                 with self.lock:
-                    self.queued[message[1]] = (message[1], message[2], message[3], message[4])
+                    self.queued[call.call_id] = call
                     self.handed.notify()
             elif op == CANCEL:
+                call_id = Cancel(*message[1:]).call_id
                 with self.lock:
-                    cancelled = self.queued.pop(message[1], None)
+                    cancelled = self.queued.pop(call_id, None)
                 if cancelled is not None:
-                    self.channel.send([ERR, message[1], CANCELLED, "cancelled before it started", "", {}])
+                    self.channel.send([ERR, call_id, CANCELLED, "cancelled before it started", "", {}])
             elif op == STATS:
                 self.channel.send([STATS, outbound_bytes()])
             elif op == STOP:

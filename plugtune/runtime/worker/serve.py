@@ -34,6 +34,8 @@ from plugtune.runtime.protocol import (
     READY,
     STATS,
     STOP,
+    Call,
+    Cancel,
     FrameReader,
 )
 from plugtune.runtime.worker.calls import CallRunner
@@ -159,7 +161,7 @@ class AsyncServer:
         self.tasks: dict[asyncio.Task[Any], tuple[str, str]] = {}
         self.by_id: dict[str, asyncio.Task[Any]] = {}
         self.running = 0
-        self.backlog: collections.deque[tuple[str, Any, Any, Any]] = collections.deque()
+        self.backlog: collections.deque[Call] = collections.deque()
         self.queued: set[str] = set()
         self.draining = False
         self.eager: tuple[str, str] | None = None  # the call running before its first await
@@ -203,14 +205,14 @@ class AsyncServer:
     def handle(self, message: list[Any]) -> None:
         op = message[0]
         if op == CALL:
-            call = (message[1], message[2], message[3], message[4])
+            call = Call(*message[1:])
             if self.running < self.concurrency:
                 self._start(call)
             else:
                 self.backlog.append(call)
                 self.queued.add(call[0])
         elif op == CANCEL:
-            call_id = message[1]
+            call_id = Cancel(*message[1:]).call_id
             task = self.by_id.get(call_id)
             if task is not None:
                 task.cancel()
@@ -222,7 +224,7 @@ class AsyncServer:
         elif op == STOP and not self.done.done():
             self.done.set_result(None)
 
-    def _start(self, call: tuple[str, Any, Any, Any]) -> None:
+    def _start(self, call: Call) -> None:
         """Start a call: at once when nothing else runs (the latency of a lone call), else as a task
         (a burst of calls that all await is cheaper as plain tasks)."""
         call_id, ctx, args, fault = call

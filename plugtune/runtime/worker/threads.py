@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any
 
-from plugtune.runtime.protocol import CALL, CANCEL, STATS, STOP, FrameReader
+from plugtune.runtime.protocol import CALL, CANCEL, STATS, STOP, Call, Cancel, FrameReader
 from plugtune.runtime.worker.calls import CallRunner
 from plugtune.runtime.worker.channel import Channel
 from plugtune.runtime.worker.watch import outbound_bytes
@@ -35,8 +35,6 @@ from plugtune.runtime.worker.watch import outbound_bytes
 RECV_SIZE = 1 << 18
 TICK_S = 0.002  # how long an inline call runs before the ticker takes the reading role over
 IDLE_S = 1.0  # no call for this long: the ticker waits without a timeout until the next one
-
-Call = tuple[str, Any, Any, Any]
 
 
 class SyncServer:
@@ -96,9 +94,9 @@ class SyncServer:
         for message in messages:
             op = message[0]
             if op == CALL:
-                calls.append((message[1], message[2], message[3], message[4]))
+                calls.append(Call(*message[1:]))
             elif op == CANCEL:
-                self._cancel(message[1])
+                self._cancel(Cancel(*message[1:]).call_id)
             elif op == STATS:
                 self.channel.send([STATS, outbound_bytes()])
             elif op == STOP:

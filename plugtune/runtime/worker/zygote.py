@@ -20,7 +20,19 @@ import socket
 import sys
 from typing import Any
 
-from plugtune.runtime.protocol import FATAL, FrameReader
+from plugtune.runtime.protocol import (
+    EXITED,
+    FATAL,
+    FORK,
+    FORKED,
+    LOADED,
+    STOP,
+    Exited,
+    Fork,
+    Forked,
+    FrameReader,
+    Loaded,
+)
 from plugtune.runtime.worker.channel import Channel
 from plugtune.runtime.worker.loader import LoadError, Plugin, load
 from plugtune.runtime.worker.mounts import MountError, enter_mounts
@@ -36,7 +48,6 @@ from plugtune.runtime.worker.sandbox import (
 from plugtune.runtime.worker.serve import enter_limits, reseed, serve
 from plugtune.runtime.worker.watch import install_net_counter
 
-LOADED, FORK, FORKED, EXITED = "loaded", "fork", "forked", "exited"
 LOADER_PREFIXES = ("LD_", "PYTHON", "MALLOC_")
 LOADER_NAMES = frozenset(
     {
@@ -116,8 +127,7 @@ def is_loader_variable(name: str) -> bool:
 
 def spec_message(plugin: Plugin) -> list[Any]:
     spec = plugin.spec
-    return [
-        LOADED,
+    loaded = Loaded(
         {
             "kind": spec.kind.value,
             "name": spec.name,
@@ -125,8 +135,9 @@ def spec_message(plugin: Plugin) -> list[Any]:
             "is_async": spec.is_async,
             "runtime": spec.runtime.to_dict(),
             "has_setup": plugin.setup is not None,
-        },
-    ]
+        }
+    )
+    return [LOADED, *loaded]
 
 
 def zygote_main(config: dict[str, Any]) -> None:
@@ -165,14 +176,15 @@ def zygote_main(config: dict[str, Any]) -> None:
         fds.extend(new_fds)
         for message in reader.feed(data):
             if message[0] == FORK and len(fds) >= 2:
+                fork = Fork(*message[1:])
                 sock_fd, out_fd = fds.pop(0), fds.pop(0)
                 pid = os.fork()
                 if pid == 0:
-                    _child(plugin, message[1], sock_fd, out_fd, control, (wake_r, wake_w))
+                    _child(plugin, fork.config, sock_fd, out_fd, control, (wake_r, wake_w))
                 os.close(sock_fd)
                 os.close(out_fd)
-                channel.send([FORKED, message[1]["instance_id"], pid])
-            elif message[0] == "stop":
+                channel.send([FORKED, *Forked(fork.config["instance_id"], pid)])
+            elif message[0] == STOP:
                 os._exit(0)
 
 
@@ -193,7 +205,7 @@ def _reap(channel: Channel) -> None:
             return
         if pid == 0:
             return
-        channel.send([EXITED, pid, os.waitstatus_to_exitcode(status)])
+        channel.send([EXITED, *Exited(pid, os.waitstatus_to_exitcode(status))])
 
 
 def _child(

@@ -2,17 +2,19 @@
 
 Each class says when it is raised. Every instance carries the taxonomy fields a user needs:
 ``type`` (exact string), ``owner`` (platform / plugin / data / dependency), ``cause``, ``message``
-and ``hint``.
+and ``hint``, and ``record()`` makes it the one :class:`~plugtune.types.ErrorRecord` that the
+store, the scheduler, the CLI and the web read.
 Errors are translated once, at the layer boundary where they are detected, with ``raise ... from``.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from plugtune.types import ErrorRecord
+from plugtune.types import ErrorRecord, LogLine
 
 
 class ErrorType(str, enum.Enum):
@@ -214,14 +216,34 @@ class PlugtuneError(Exception):
             return self._hint
         return HINTS.get(self.error_type, HINTS[ErrorType.UNKNOWN])
 
+    def details(self) -> dict[str, Any]:
+        """What this error carries beyond the taxonomy's five (its class's own facts)."""
+        return {}
+
+    def record(
+        self, *, evidence: Mapping[str, Any] | None = None, trajectory_id: str = "", attempt: int | None = 1
+    ) -> ErrorRecord:
+        """This failure as the one record the job keeps: ``evidence`` (the retry decision, ...) joins
+        the error's own facts; ``trajectory_id`` and ``attempt`` say where it happened when it knows
+        no trajectory of its own."""
+        details = self.details()
+        return ErrorRecord(
+            type=self.type,
+            owner=self.owner,
+            cause=self.cause,
+            message=self.message,
+            hint=self.hint,
+            plugin=str(details.get("plugin") or ""),
+            call_id=str(details.get("call_id") or ""),
+            trajectory_id=str(details.get("trajectory_id") or trajectory_id),
+            attempt=attempt,
+            traceback=str(details.get("traceback") or ""),
+            evidence={**(evidence or {}), **details},
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "owner": self.owner,
-            "cause": self.cause,
-            "message": self.message,
-            "hint": self.hint,
-        }
+        """The taxonomy's five and the error's own facts, side by side."""
+        return self.record().flat()
 
 
 class PlatformError(PlugtuneError):
@@ -250,7 +272,7 @@ class PluginCallError(PlugtuneError):
     """Raised when one plugin call fails; ``cause`` is exactly one :class:`Cause` (the runtime's
     finding) or :class:`StatusCause` (the plugin's own verdict, with its reason as the message);
     ``hint``, when given, replaces the cause's general one (a sync plugin's Timeout is not about
-    its event loop)."""
+    its event loop); ``logs`` are the call's log lines (its evidence on the trajectory page)."""
 
     error_type = ErrorType.CALL_PLUGIN
 
@@ -267,6 +289,7 @@ class PluginCallError(PlugtuneError):
         peak_memory_mb: float | None = None,
         code_hash: str = "",
         hint: str | None = None,
+        logs: list[LogLine] | None = None,
     ) -> None:
         super().__init__(message, cause=cause.value, hint=hint)
         self.cause_enum = cause
@@ -277,6 +300,7 @@ class PluginCallError(PlugtuneError):
         self.traceback = traceback
         self.peak_memory_mb = peak_memory_mb
         self.code_hash = code_hash
+        self.logs = list(logs or [])
 
     @property
     def hint(self) -> str:
@@ -286,33 +310,16 @@ class PluginCallError(PlugtuneError):
         where = f" [{self.plugin}]" if self.plugin else ""
         return f"{self.cause}{where}: {self.message}"
 
-    def record(self, *, trajectory_id: str = "", attempt: int = 1) -> ErrorRecord:
-        """This failure as the record kept on its trajectory."""
-        return ErrorRecord(
-            type=self.type,
-            owner=self.owner,
-            cause=self.cause,
-            message=self.message,
-            hint=self.hint,
-            plugin=self.plugin,
-            call_id=self.call_id,
-            trajectory_id=self.trajectory_id or trajectory_id,
-            attempt=attempt,
-            traceback=self.traceback,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out.update(
-            plugin=self.plugin,
-            call_id=self.call_id,
-            instance_id=self.instance_id,
-            trajectory_id=self.trajectory_id,
-            traceback=self.traceback,
-            peak_memory_mb=self.peak_memory_mb,
-            code_hash=self.code_hash,
-        )
-        return out
+    def details(self) -> dict[str, Any]:
+        return {
+            "plugin": self.plugin,
+            "call_id": self.call_id,
+            "instance_id": self.instance_id,
+            "trajectory_id": self.trajectory_id,
+            "traceback": self.traceback,
+            "peak_memory_mb": self.peak_memory_mb,
+            "code_hash": self.code_hash,
+        }
 
 
 class DependencyCallError(PluginCallError):
@@ -336,10 +343,8 @@ class DependencyCallError(PluginCallError):
         self.dependency = dependency
         self.retry_after_s = retry_after_s
 
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out["dependency"] = self.dependency
-        return out
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "dependency": self.dependency}
 
 
 @dataclass(frozen=True)
@@ -371,10 +376,8 @@ class DataError(PlugtuneError):
         n = len(self.problems)
         super().__init__(f"{n} problem{'s' if n != 1 else ''} found:\n{lines}", cause=cause)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out["problems"] = [p.__dict__ for p in self.problems]
-        return out
+    def details(self) -> dict[str, Any]:
+        return {"problems": [p.__dict__ for p in self.problems]}
 
 
 class InvalidDataError(DataError):
@@ -402,10 +405,8 @@ class LossNanError(PlugtuneError):
         self.stats = dict(stats)
         self.trajectory_ids = list(trajectory_ids)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out.update(step=self.step, stats=self.stats, trajectory_ids=self.trajectory_ids)
-        return out
+    def details(self) -> dict[str, Any]:
+        return {"step": self.step, "stats": self.stats, "trajectory_ids": self.trajectory_ids}
 
 
 def reported_status(

@@ -60,9 +60,25 @@ class TokenTrace:
     finish_reason: str = ""
 
 
+#: The taxonomy's five fields (DESIGN §2): a job error's own columns in the store.
+TAXONOMY = ("type", "owner", "cause", "message", "hint")
+#: The fields a trajectory keeps of each of its errors (its stored and printed form).
+_ON_TRAJECTORY = (*TAXONOMY, "plugin", "call_id", "trajectory_id", "attempt", "traceback")
+_NAMED = ("plugin", "call_id", "trajectory_id", "traceback")
+_JOB_FORM = (*TAXONOMY, "evidence", "time", "attempt")
+
+
 @dataclass(frozen=True)
 class ErrorRecord:
-    """A classified failure attached to a trajectory or a job (DESIGN §2 fields)."""
+    """A classified failure (DESIGN §2), the one shape it has from the exception that found it to the
+    store, the scheduler, the CLI and the web.
+
+    ``evidence`` holds every fact beyond the taxonomy's five, as the job keeps them (the failing
+    call's plugin, call_id, traceback, instance, peak memory, a data error's problems, the retry
+    decision, ...); ``plugin``, ``call_id``, ``trajectory_id`` and ``traceback`` name the ones the
+    console shows in their own rows. ``attempt`` is the try of the call on a trajectory's error and
+    the job's attempt on a job's error (None: none); ``time`` when the job recorded it.
+    """
 
     type: str
     owner: str
@@ -72,8 +88,49 @@ class ErrorRecord:
     plugin: str = ""
     call_id: str = ""
     trajectory_id: str = ""
-    attempt: int = 1
+    attempt: int | None = 1
     traceback: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    time: float | None = None
+
+    def __post_init__(self) -> None:
+        named = {k: getattr(self, k) for k in _NAMED if getattr(self, k) and k not in self.evidence}
+        if named:  # the evidence holds them too: the store keeps a job's error as its evidence
+            object.__setattr__(self, "evidence", {**self.evidence, **named})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job's form, as ``plugtune jobs show --json`` prints it and the store keeps it:
+        the taxonomy's five, ``evidence``, ``time`` and ``attempt``."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in TAXONOMY}
+        out.update(evidence=dict(self.evidence), time=self.time, attempt=self.attempt)
+        return out
+
+    def on_trajectory(self) -> dict[str, Any]:
+        """The form a trajectory keeps (and prints) of this error: its evidence stays with the job."""
+        return {k: getattr(self, k) for k in _ON_TRAJECTORY}
+
+    def flat(self) -> dict[str, Any]:
+        """The taxonomy's five with the evidence beside them (what ``plugtune test --json`` prints
+        of a failed call)."""
+        return {**{k: getattr(self, k) for k in TAXONOMY}, **self.evidence}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **fields: Any) -> ErrorRecord:
+        """The record of a stored or printed error of any form plugtune wrote: the job's
+        (``to_dict``), or an older attempt's or exception's (its own facts beside ``evidence``: they
+        join it, as the job kept them). ``fields`` (time, attempt) replace what ``data`` says."""
+        found = data.get("evidence")
+        evidence = dict(found) if isinstance(found, dict) else {}
+        evidence.update({k: v for k, v in data.items() if k not in _JOB_FORM})
+        attempt, time = data.get("attempt", 1), data.get("time")
+        values: dict[str, Any] = {
+            **{k: str(data.get(k) or "") for k in TAXONOMY},
+            **{k: str(data.get(k) or evidence.get(k) or "") for k in _NAMED},
+            "attempt": attempt if isinstance(attempt, int) or attempt is None else 1,
+            "evidence": evidence,
+            "time": float(time) if isinstance(time, (int, float)) else None,
+        }
+        return cls(**{**values, **fields})
 
 
 @dataclass(frozen=True)
@@ -108,7 +165,7 @@ class TrajectoryRecord:
     discard_reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "errors": [e.on_trajectory() for e in self.errors]}
 
 
 @dataclass(frozen=True)

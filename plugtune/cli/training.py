@@ -136,10 +136,10 @@ def eval_model(
         job = validate_job(job_file)
         done = asyncio.run(evaluate_model(model, job, Settings.from_env()))
     except JobStop as stop:
-        echo_error(classify(stop.error, evidence={"decision": stop.reason}))
+        echo_error(classify(stop.error, evidence={"decision": stop.reason}).to_dict())
         raise typer.Exit(1) from None
     except PlugtuneError as exc:
-        echo_error(classify(exc))
+        echo_error(classify(exc).to_dict())
         raise typer.Exit(1) from None
     metrics, s = done.result.metrics, done.settings
     if as_json:

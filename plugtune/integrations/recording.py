@@ -373,7 +373,7 @@ def _end_job(store: Store, job_id: int, attempt: int, error: BaseException | Non
     doc = classify(error, evidence={"decision": reason} if reason else None)
     store.end_attempt(job_id, attempt, "failed", doc)
     store.set_job_error(job_id, doc, attempt=attempt)
-    store.transition(job_id, "failed", f"{doc.get('type')}: {doc.get('cause')}")
+    store.transition(job_id, "failed", f"{doc.type}: {doc.cause}")
 
 
 async def _deploy(rt: BaseRuntime, job: ValidatedJob | None, graders: Sequence[str]) -> list[JobFunction]:

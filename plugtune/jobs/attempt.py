@@ -35,7 +35,7 @@ from plugtune.store import Store, StoreWriter
 from plugtune.trainer.evaluation import Evaluator
 from plugtune.trainer.health import EvalPoint, eval_point, eval_warnings
 from plugtune.trainer.tracking import CallSpans, Trackers
-from plugtune.types import LogLine, MetricPoint
+from plugtune.types import ErrorRecord, LogLine, MetricPoint
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Sigterm()
 
 
-def _classified(exc: BaseException) -> dict[str, Any]:
+def _classified(exc: BaseException) -> ErrorRecord:
     if isinstance(exc, JobStop):
         return classify(exc.error, evidence={"decision": exc.reason})
     return classify(exc)

@@ -29,7 +29,7 @@ from typing import Any
 
 from plugtune.errors import Cause, DependencyCallError, PluginCallError, StatusCause
 from plugtune.jobs.plugin_metrics import MAX_NAMES, PluginMetrics
-from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, breaker, decide
+from plugtune.jobs.retry_policy import FailJob, FailureKind, RetryCall, breaker, decide, kind_of
 from plugtune.runtime.backend import PREFER_INSTANCE
 from plugtune.sdk import Context, Status
 from plugtune.spec.models import CircuitBreaker, DependencyRetry, FailurePolicy
@@ -276,12 +276,7 @@ class PolicyCaller:
                 continue
             except PluginCallError as exc:
                 self._failed_call(fn, call_ctx, started_ns, exc)
-                kind = (
-                    FailureKind.CREATE_FAULT
-                    if exc.cause_enum is Cause.CREATE_FAULT
-                    else FailureKind.PLUGIN_ERROR
-                )
-                decision = decide(kind, plugin_try, self.failure)
+                decision = decide(kind_of(exc), plugin_try, self.failure)
                 if isinstance(decision, RetryCall):
                     log.info("retrying %s after %s (try %d)", fn.spec.name, exc.cause, attempt + 1)
                     attempt, plugin_try, self.retries = attempt + 1, decision.attempt, self.retries + 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from plugtune.jobs.caller import JobStop
 from plugtune.jobs.classify import classify
@@ -26,7 +25,7 @@ def stopped_records(records: Sequence[TrajectoryRecord], exc: BaseException) -> 
     cancelled = isinstance(exc, asyncio.CancelledError)  # SIGTERM: the user cancelled the job
     stop = exc if isinstance(exc, JobStop) else None
     error = classify(stop.error if stop is not None else exc)
-    why = "the job was cancelled" if cancelled else f"the job stopped: {error['type']}: {error['cause']}"
+    why = "the job was cancelled" if cancelled else f"the job stopped: {error.type}: {error.cause}"
     failing = stop.ctx.trajectory_id if stop is not None and stop.ctx is not None else ""
     out = []
     for r in records:
@@ -50,13 +49,13 @@ def stopped_records(records: Sequence[TrajectoryRecord], exc: BaseException) -> 
     return out
 
 
-def _stopped(r: TrajectoryRecord, error: dict[str, Any]) -> ErrorRecord:
+def _stopped(r: TrajectoryRecord, error: ErrorRecord) -> ErrorRecord:
     """The error of a trajectory that was still running when ``error`` stopped its job."""
     return ErrorRecord(
-        type=error["type"],
-        owner=error["owner"],
+        type=error.type,
+        owner=error.owner,
         cause=STOP_CAUSE,
-        message=f"still running when the job stopped, because of {error['cause']}: {error['message']}"[:2000],
+        message=f"still running when the job stopped, because of {error.cause}: {error.message}"[:2000],
         hint="Nothing to fix in this trajectory: the job's error (on the job page) stopped it.",
         trajectory_id=r.trajectory_id,
         attempt=r.attempt,

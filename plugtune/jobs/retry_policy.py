@@ -28,8 +28,9 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from plugtune.errors import Cause, DataError, LossNanError, PluginCallError
+from plugtune.errors import Cause, DataError, ErrorType, LossNanError, PluginCallError
 from plugtune.spec.models import CircuitBreaker, FailurePolicy, RetryPolicy
+from plugtune.types import ErrorRecord
 
 
 class FailureKind(str, enum.Enum):
@@ -171,6 +172,25 @@ def kind_of(error: BaseException) -> FailureKind:
     if isinstance(error, LossNanError):
         return FailureKind.LOSS_NAN
     return FailureKind.PLATFORM
+
+
+#: The kind of a job's error, by its type (DESIGN §2's table: who owns it decides its handling).
+JOB_KINDS: dict[ErrorType, FailureKind] = {
+    ErrorType.INTERNAL: FailureKind.PLATFORM,
+    ErrorType.UNKNOWN: FailureKind.UNKNOWN,
+    ErrorType.CALL_PLUGIN: FailureKind.PLUGIN_ERROR,
+    ErrorType.INVALID_DATA: FailureKind.DATA,
+    ErrorType.INVALID_VALUE: FailureKind.DATA,
+    ErrorType.LOSS_NAN: FailureKind.LOSS_NAN,
+    ErrorType.DEPENDENCY: FailureKind.DEPENDENCY,
+}
+_TYPES = {t.value: t for t in ErrorType}
+
+
+def job_kind(error: ErrorRecord) -> FailureKind:
+    """The failure kind of a job's classified error (a type plugtune never wrote is unknown)."""
+    found = _TYPES.get(error.type)
+    return FailureKind.UNKNOWN if found is None else JOB_KINDS[found]
 
 
 # --- circuit breaker ------------------------------------------------------------------------

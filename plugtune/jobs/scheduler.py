@@ -22,19 +22,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-from plugtune.errors import HINTS, OWNERS, ErrorType
-from plugtune.jobs.classify import attempt_died
-from plugtune.jobs.retry_policy import FailureKind, RetryJobAfter, Stop, decide
+from plugtune.errors import ErrorType
+from plugtune.jobs.classify import attempt_died, job_error
+from plugtune.jobs.retry_policy import RetryJobAfter, Stop, decide, job_kind
 from plugtune.jobs.support_bundle import write_bundle
 from plugtune.settings import Settings
 from plugtune.spec.models import RetryPolicy
 from plugtune.store import IllegalTransitionError, Job, Store
+from plugtune.types import ErrorRecord
 
 #: ``-P``: the attempt never imports a module from the server's working folder (``-m`` would first).
 SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
@@ -48,21 +48,11 @@ CANCELLED_BY_USER = "cancelled by the user"
 #: ``progress(job_id)`` is called about every POLL_S while an attempt runs.
 Progress = Callable[[int], None]
 
-_KINDS = {
-    "internal error": FailureKind.PLATFORM,
-    "unknown error": FailureKind.UNKNOWN,
-    "Call plugin error": FailureKind.PLUGIN_ERROR,
-    "Invalid data": FailureKind.DATA,
-    "Invalid value": FailureKind.DATA,
-    "Loss nan": FailureKind.LOSS_NAN,
-    "Dependency error": FailureKind.DEPENDENCY,
-}
-
 
 @dataclass(frozen=True)
 class AttemptEnd:
     status: str  # succeeded | failed | cancelled
-    error: dict[str, Any] | None
+    error: ErrorRecord | None
 
 
 class AttemptRunner:
@@ -189,7 +179,7 @@ def settle(store: Store, settings: Settings, job_id: int, end: AttemptEnd) -> tu
     # writes leaves it running, and the next one's recover_interrupted settles it again (spending one
     # more automatic retry), where the other order left it failed for good with no retry scheduled.
     delay = schedule_retry(store, settings, job_id, error)
-    store.transition(job_id, "failed", f"{error.get('type')}: {error.get('cause')}")
+    store.transition(job_id, "failed", f"{error.type}: {error.cause}")
     return "failed", delay
 
 
@@ -236,25 +226,22 @@ def _settle_engine_run(store: Store, job: Job) -> bool:
     if last is not None and last.status == "running" and _process_since(last.pid, last.started_at):
         return False
     engine, pid = str(job.spec["engine"]), last.pid if last is not None else None
-    error = {
-        "type": ErrorType.UNKNOWN.value,
-        "owner": OWNERS[ErrorType.UNKNOWN].value,
-        "cause": "engine process stopped",
-        "message": (
-            f"the {engine} process that ran this job (pid {pid}) stopped without ending its run "
-            "(killed, crashed, or the machine restarted); the training ended with it"
-        ),
-        "hint": (
+    error = job_error(
+        ErrorType.UNKNOWN,
+        "engine process stopped",
+        f"the {engine} process that ran this job (pid {pid}) stopped without ending its run "
+        "(killed, crashed, or the machine restarted); the training ended with it",
+        {"pid": pid, "engine": engine},
+        hint=(
             f"Look at the {engine} launcher's own output for why the process stopped (out of "
             "memory, a signal); plugtune did not see it end. Start the run again with the engine."
         ),
-        "evidence": {"pid": pid, "engine": engine},
-    }
+    )
     number = last.number if last is not None else 0
     if last is not None and last.status == "running":
         store.end_attempt(job.id, number, "failed", error)
     store.set_job_error(job.id, error, attempt=number)
-    store.transition(job.id, "failed", f"{error['type']}: {error['cause']}")
+    store.transition(job.id, "failed", f"{error.type}: {error.cause}")
     log.warning("job %d (%s run) lost its process %s: now failed", job.id, engine, pid)
     return True
 
@@ -269,19 +256,15 @@ def _process_since(pid: int | None, started_at: float) -> bool:
         return False
 
 
-def supervisor_gone(number: int, pid: int | None) -> dict[str, Any]:
+def supervisor_gone(number: int, pid: int | None) -> ErrorRecord:
     """The attempt error when the process that supervised the attempt stopped while it ran."""
-    return {
-        "type": ErrorType.INTERNAL.value,
-        "owner": OWNERS[ErrorType.INTERNAL].value,
-        "cause": "supervisor stopped",
-        "message": (
-            f"the plugtune process that ran attempt {number} (pid {pid}) stopped while it ran "
-            "(killed, crashed, or the machine restarted); the attempt ended with it"
-        ),
-        "hint": HINTS[ErrorType.INTERNAL],
-        "evidence": {"pid": pid},
-    }
+    return job_error(
+        ErrorType.INTERNAL,
+        "supervisor stopped",
+        f"the plugtune process that ran attempt {number} (pid {pid}) stopped while it ran "
+        "(killed, crashed, or the machine restarted); the attempt ended with it",
+        {"pid": pid},
+    )
 
 
 def _attempt_alive(settings: Settings, job_id: int) -> bool:
@@ -339,14 +322,13 @@ def wait_for_retry(
     return "cancelled"
 
 
-def schedule_retry(store: Store, settings: Settings, job_id: int, error: dict[str, Any]) -> float | None:
+def schedule_retry(store: Store, settings: Settings, job_id: int, error: ErrorRecord) -> float | None:
     """Apply the retry policy to a failed job: the delay before its automatic retry, or None."""
     job = store.get_job(job_id)
     if job is None:
         return None
     retry = RetryPolicy.model_validate(job.spec.get("retry") or {})
-    kind = _KINDS.get(str(error.get("type")), FailureKind.UNKNOWN)
-    decision = decide(kind, job.auto_retries + 1, retry=retry)
+    decision = decide(job_kind(error), job.auto_retries + 1, retry=retry)
     if isinstance(decision, RetryJobAfter):
         store.update_job(
             job_id, next_retry_at=time.time() + decision.delay_s, auto_retries=job.auto_retries + 1
@@ -355,10 +337,10 @@ def schedule_retry(store: Store, settings: Settings, job_id: int, error: dict[st
     store.update_job(job_id, next_retry_at=None)
     if isinstance(decision, Stop):
         path = bundle(store, settings, job_id)
-        error = dict(
+        error = replace(
             error,
-            message=f"{error.get('message')} — {decision.reason}; support bundle: {path}",
-            evidence={**(error.get("evidence") or {}), "support_bundle": str(path)},
+            message=f"{error.message} — {decision.reason}; support bundle: {path}",
+            evidence={**error.evidence, "support_bundle": str(path)},
         )
         store.set_job_error(job_id, error, attempt=len(store.list_attempts(job_id)))
     return None

@@ -93,6 +93,6 @@ class ExitsAsEof(JobFunction):
                 trajectory_id=exc.trajectory_id,
                 traceback=exc.traceback,
                 code_hash=exc.code_hash,
+                logs=exc.logs,
             )
-            eof.logs = getattr(exc, "logs", [])  # type: ignore[attr-defined]
             raise eof from None

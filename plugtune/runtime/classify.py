@@ -61,10 +61,13 @@ def call_error(
     code_hash: str = "",
     logs: list[LogLine] | None = None,
     is_async: bool | None = None,
+    hint: str | None = None,
 ) -> PluginCallError:
-    """A ``PluginCallError`` with the call's log lines attached as ``.logs``; ``is_async`` (the
-    plugin is ``async def``, when known) picks the hint that fits it."""
-    error = PluginCallError(
+    """A ``PluginCallError`` with the call's log lines; ``is_async`` (the plugin is ``async def``,
+    when known) picks the hint that fits it, unless ``hint`` names one."""
+    if hint is None and cause is Cause.TIMEOUT and is_async is not None:
+        hint = TIMEOUT_HINTS[is_async]
+    return PluginCallError(
         cause,
         message,
         plugin=plugin,
@@ -74,10 +77,9 @@ def call_error(
         traceback=traceback,
         peak_memory_mb=peak_memory_mb,
         code_hash=code_hash,
-        hint=TIMEOUT_HINTS[is_async] if cause is Cause.TIMEOUT and is_async is not None else None,
+        hint=hint,
+        logs=logs,
     )
-    error.logs = list(logs or [])  # type: ignore[attr-defined]
-    return error
 
 
 def classify(
@@ -92,7 +94,7 @@ def classify(
     if failed.happened is Happened.DEPENDENCY:
         cause, _, rest = failed.cause.partition("/")
         name, _, after = rest.partition("/")
-        found = DependencyCallError(
+        return DependencyCallError(
             DependencyCause(cause),
             failed.message,
             dependency=name,
@@ -104,10 +106,9 @@ def classify(
             traceback=failed.traceback,
             peak_memory_mb=failed.peak_memory_mb,
             code_hash=code_hash,
+            logs=failed.logs,
         )
-        found.logs = list(failed.logs)  # type: ignore[attr-defined]
-        return found
-    error = call_error(
+    return call_error(
         CAUSES[failed.happened],
         failed.message,
         plugin=plugin,
@@ -119,10 +120,8 @@ def classify(
         code_hash=code_hash,
         logs=failed.logs,
         is_async=is_async,
+        hint=POLICY_REFUSED_HINT if failed.happened is Happened.POLICY_REFUSED else None,
     )
-    if failed.happened is Happened.POLICY_REFUSED:
-        error._hint = POLICY_REFUSED_HINT
-    return error
 
 
 def validate(kind: Kind, value: Any, group_size: int) -> tuple[str, Any, str]:

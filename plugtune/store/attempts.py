@@ -10,6 +10,7 @@ from plugtune.store.base import StoreBase, dumps, loads
 from plugtune.store.jobs import require_job
 from plugtune.store.records import Attempt, Checkpoint, NotFoundError
 from plugtune.store.schema import attempts, checkpoints, plugins
+from plugtune.types import ErrorRecord
 
 ATTEMPT_STATUSES = frozenset({"running", "succeeded", "failed", "cancelled"})
 _OPEN = ("waiting", "running")
@@ -37,7 +38,7 @@ class AttemptsTable(StoreBase):
             )
         return number
 
-    def end_attempt(self, job_id: int, number: int, status: str, error: dict[str, Any] | None = None) -> None:
+    def end_attempt(self, job_id: int, number: int, status: str, error: ErrorRecord | None = None) -> None:
         """Close an attempt with its final status and, when it failed, the classified error."""
         if status not in ATTEMPT_STATUSES - {"running"}:
             raise ValueError(
@@ -47,7 +48,11 @@ class AttemptsTable(StoreBase):
             done = conn.execute(
                 update(attempts)
                 .where(attempts.c.job_id == job_id, attempts.c.number == number)
-                .values(status=status, ended_at=self._clock(), error=None if error is None else dumps(error))
+                .values(
+                    status=status,
+                    ended_at=self._clock(),
+                    error=None if error is None else dumps(error.to_dict()),
+                )
             )
             if done.rowcount == 0:
                 raise NotFoundError(f"job {job_id} has no attempt {number}")
@@ -106,25 +111,25 @@ def _attempt(r: Any) -> Attempt:
         started_at=r.started_at,
         ended_at=r.ended_at,
         status=r.status,
-        error=loads(r.error),
+        error=None if r.error is None else ErrorRecord.from_dict(loads(r.error), attempt=r.number),
         resumed_from_step=r.resumed_from_step,
     )
 
 
 def _settle_plugins(
-    conn: Connection, job_id: int, now: float, retention_s: float, error: dict[str, Any] | None
+    conn: Connection, job_id: int, now: float, retention_s: float, error: ErrorRecord | None
 ) -> None:
     """No plugin stays "running" or "waiting" after its attempt ended (an attempt that died could not
     say so): the one the attempt's error names (by name or entry) ends as failed, running ones as
     completed, and the ones never deployed (another failed first) as not started."""
     c = plugins.c
     ended = {"ended_at": now, "retention_expires_at": now + retention_s}
-    named = _error_plugin(error)
-    if named:
+    named = error.plugin if error is not None else ""
+    if error is not None and named:
         conn.execute(
             update(plugins)
             .where(c.job_id == job_id, or_(c.name == named, c.entry == named), c.status.in_(_OPEN))
-            .values(status="failed", failure_reason=_reason(error or {}), **ended)
+            .values(status="failed", failure_reason=_reason(error), **ended)
         )
     conn.execute(
         update(plugins).where(c.job_id == job_id, c.status == "running").values(status="completed", **ended)
@@ -134,14 +139,5 @@ def _settle_plugins(
     )
 
 
-def _error_plugin(error: dict[str, Any] | None) -> str:
-    if not error:
-        return ""
-    found = error.get("evidence")
-    evidence: dict[str, Any] = found if isinstance(found, dict) else {}
-    return str(error.get("plugin") or evidence.get("plugin") or "")
-
-
-def _reason(error: dict[str, Any]) -> str:
-    named = _error_plugin(error)
-    return f"{error.get('cause') or error.get('type') or 'error'} [{named}]: {error.get('message') or ''}"
+def _reason(error: ErrorRecord) -> str:
+    return f"{error.cause or error.type or 'error'} [{error.plugin}]: {error.message}"

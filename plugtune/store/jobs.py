@@ -11,17 +11,16 @@ from plugtune.store.records import (
     TRANSITIONS,
     IllegalTransitionError,
     Job,
-    JobError,
     JobStatus,
     NotFoundError,
     Transition,
 )
 from plugtune.store.schema import job_errors, job_transitions, jobs, metadata, plugins
+from plugtune.types import TAXONOMY, ErrorRecord
 
 _UPDATABLE = frozenset(
     {"name", "spec", "spec_yaml", "steps_done", "steps_total", "next_retry_at", "auto_retries"}
 )
-_ERROR_KEYS = ("type", "owner", "cause", "message", "hint")
 
 
 class JobsTable(StoreBase):
@@ -133,19 +132,14 @@ class JobsTable(StoreBase):
                 for r in conn.execute(query)
             ]
 
-    def set_job_error(self, job_id: int, error: dict[str, Any], *, attempt: int | None = None) -> None:
-        """Make ``error`` the job's current error and append it to the job's error history.
-
-        ``error`` is a classified error as ``PlugtuneError.to_dict()`` makes it: type, owner, cause,
-        message, hint; ``evidence`` and every other key (plugin, call_id, traceback, ...) are kept
-        as evidence.
-        """
-        missing = [k for k in ("type", "owner") if not error.get(k)]
+    def set_job_error(self, job_id: int, error: ErrorRecord, *, attempt: int | None = None) -> None:
+        """Make ``error`` the job's current error and append it to the job's error history (of
+        ``attempt``): its taxonomy's five and its evidence."""
+        missing = [k for k in ("type", "owner") if not getattr(error, k)]
         if missing:
-            raise ValueError(f"a job error needs {missing}; got keys {sorted(error)}")
-        evidence = dict(error.get("evidence") or {})
-        evidence.update({k: v for k, v in error.items() if k not in _ERROR_KEYS and k != "evidence"})
-        fields = {k: str(error.get(k) or "") for k in _ERROR_KEYS}
+            raise ValueError(f"a job error needs {missing}; got {error.to_dict()}")
+        evidence = dict(error.evidence)
+        fields = {k: str(getattr(error, k) or "") for k in TAXONOMY}
         now = self._clock()
         with self._db.write("recording a job error") as conn:
             require_job(conn, job_id)
@@ -165,26 +159,17 @@ class JobsTable(StoreBase):
 
     def clear_job_error(self, job_id: int) -> None:
         """Clear the job's current error (its history stays), e.g. when a retry starts."""
-        cleared = {f"error_{k}": None for k in (*_ERROR_KEYS, "evidence")}
+        cleared = {f"error_{k}": None for k in (*TAXONOMY, "evidence")}
         with self._db.write("clearing a job error") as conn:
             require_job(conn, job_id)
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(updated_at=self._clock(), **cleared))
 
-    def list_job_errors(self, job_id: int) -> list[JobError]:
+    def list_job_errors(self, job_id: int) -> list[ErrorRecord]:
         """Every error the job has had, oldest first (the retry history)."""
         query = select(job_errors).where(job_errors.c.job_id == job_id).order_by(job_errors.c.id)
         with self._db.read("reading a job's errors") as conn:
             return [
-                JobError(
-                    type=r.type,
-                    owner=r.owner,
-                    cause=r.cause,
-                    message=r.message,
-                    hint=r.hint,
-                    evidence=loads(r.evidence) or {},
-                    time=r.time,
-                    attempt=r.attempt,
-                )
+                _error({k: getattr(r, k) for k in TAXONOMY}, r.evidence, time=r.time, attempt=r.attempt)
                 for r in conn.execute(query)
             ]
 
@@ -202,14 +187,8 @@ def require_job(conn: Connection, job_id: int, *, lock: bool = False) -> Row[Any
 def _job(row: Row[Any, Any]) -> Job:
     error = None
     if row.error_type is not None:
-        error = JobError(
-            type=row.error_type,
-            owner=row.error_owner,
-            cause=row.error_cause or "",
-            message=row.error_message or "",
-            hint=row.error_hint or "",
-            evidence=loads(row.error_evidence) or {},
-        )
+        taxonomy = {k: getattr(row, f"error_{k}") for k in TAXONOMY}
+        error = _error(taxonomy, row.error_evidence, time=None, attempt=None)
     return Job(
         id=row.id,
         name=row.name,
@@ -224,3 +203,8 @@ def _job(row: Row[Any, Any]) -> Job:
         next_retry_at=row.next_retry_at,
         auto_retries=row.auto_retries,
     )
+
+
+def _error(taxonomy: dict[str, Any], evidence: str | None, **fields: Any) -> ErrorRecord:
+    """A stored job error: its five columns and its evidence (which holds plugin, traceback, ...)."""
+    return ErrorRecord.from_dict({**taxonomy, "evidence": loads(evidence) or {}}, **fields)

@@ -10,6 +10,8 @@ import enum
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from plugtune.types import ErrorRecord
+
 
 class JobStatus(str, enum.Enum):
     QUEUED = "queued"
@@ -77,20 +79,6 @@ class _Record:
 
 
 @dataclass(frozen=True)
-class JobError(_Record):
-    """A classified job failure (DESIGN §2): the current one on a job, or one of its history."""
-
-    type: str
-    owner: str
-    cause: str
-    message: str
-    hint: str
-    evidence: dict[str, Any]
-    time: float | None = None
-    attempt: int | None = None
-
-
-@dataclass(frozen=True)
 class Job(_Record):
     id: int
     name: str
@@ -101,9 +89,12 @@ class Job(_Record):
     updated_at: float
     steps_done: int
     steps_total: int
-    error: JobError | None
+    error: ErrorRecord | None  # the current one (time and attempt None); the history is list_job_errors
     next_retry_at: float | None
     auto_retries: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "error": self.error.to_dict() if self.error else None}
 
 
 @dataclass(frozen=True)
@@ -123,8 +114,11 @@ class Attempt(_Record):
     started_at: float
     ended_at: float | None
     status: str  # running | succeeded | failed | cancelled
-    error: dict[str, Any] | None
+    error: ErrorRecord | None
     resumed_from_step: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "error": self.error.to_dict() if self.error else None}
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,7 @@ def _row(job_id: int, r: TrajectoryRecord, now: float) -> dict[str, Any]:
         "response_ids": _pack("i", r.response_ids),
         "response_mask": bytes(r.response_mask),
         "response_logprobs": _pack("d", r.response_logprobs),
-        "errors": dumps([e.__dict__ for e in r.errors]),
+        "errors": dumps([e.on_trajectory() for e in r.errors]),
         "metrics": dumps(r.metrics),
         "timing": dumps(r.timing),
         "code_hash": dumps(r.code_hash),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from plugtune.store.records import Attempt, Job, JobError, LogRow, Plugin, TrajectorySummary, Transition
+from plugtune.store.records import Attempt, Job, LogRow, Plugin, TrajectorySummary, Transition
 from plugtune.types import ErrorRecord, TrajectoryRecord
 from plugtune.web.models import (
     AttemptOut,
@@ -22,22 +22,19 @@ from plugtune.web.models import (
 )
 
 
-def error_out(error: JobError | dict[str, Any] | None) -> ErrorOut | None:
+def error_out(error: ErrorRecord | None) -> ErrorOut | None:
     if error is None:
         return None
-    fields = error.to_dict() if isinstance(error, JobError) else dict(error)
-    evidence = dict(fields.get("evidence") or {})
-    # Evidence keys the banner shows in their own rows; the rest stays in evidence.
     return ErrorOut(
-        type=str(fields.get("type") or "unknown error"),
-        owner=str(fields.get("owner") or ""),
-        cause=str(fields.get("cause") or ""),
-        message=str(fields.get("message") or ""),
-        hint=str(fields.get("hint") or ""),
-        plugin=str(fields.get("plugin") or evidence.get("plugin") or ""),
-        trajectory_id=str(fields.get("trajectory_id") or evidence.get("trajectory_id") or ""),
-        traceback=str(fields.get("traceback") or evidence.get("traceback") or ""),
-        evidence=_jsonable(evidence),
+        type=error.type or "unknown error",
+        owner=error.owner,
+        cause=error.cause,
+        message=error.message,
+        hint=error.hint,
+        plugin=error.plugin,  # the banner shows these in their own rows; evidence keeps them too
+        trajectory_id=error.trajectory_id,
+        traceback=error.traceback,
+        evidence=_jsonable(error.evidence),
     )
 
 
@@ -58,7 +55,7 @@ def job_out(job: Job, queue_positions: dict[int, int] | None = None) -> JobOut:
 
 
 def attempts_out(
-    attempts: list[Attempt], errors: list[JobError], transitions: list[Transition]
+    attempts: list[Attempt], errors: list[ErrorRecord], transitions: list[Transition]
 ) -> list[AttemptOut]:
     """Attempts, newest first, each with what started it (from the job's status history) and its error."""
     by_attempt = {e.attempt: e for e in errors if e.attempt is not None}
@@ -170,7 +167,7 @@ def _trajectory_error(e: ErrorRecord) -> TrajectoryErrorOut:
         cause=e.cause,
         message=e.message,
         plugin=e.plugin,
-        attempt=e.attempt,
+        attempt=e.attempt if e.attempt is not None else 1,
         traceback=e.traceback,
     )
 

@@ -127,7 +127,7 @@ def test_attempts_killed_at_random_steps_resume_and_store_each_step_once(
     print(summary)
     assert status == "succeeded", summary
     assert len(killed) == kills and len(attempts) == kills + 1, summary
-    assert [a.error["type"] for a in attempts[:-1] if a.error] == ["internal error"] * kills, summary
+    assert [a.error.type for a in attempts[:-1] if a.error] == ["internal error"] * kills, summary
     assert all(a.resumed_from_step >= s for a, (_, s) in zip(attempts[1:], killed, strict=True)), summary
     print(assert_each_step_stored_once(store, job_id, steps))
     assert_no_job_processes(tmp_path)

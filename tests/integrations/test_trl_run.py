@@ -82,7 +82,7 @@ def test_a_retried_trl_attempt_resumes_from_its_last_checkpoint(home: Settings, 
         assert checkpoint is not None and checkpoint.step == 2 and Path(checkpoint.path).is_dir()
         failed = store.list_attempts(job_id)[0]
         assert failed.status == "failed" and failed.error is not None
-        assert (failed.error["type"], failed.error["cause"]) == ("Call plugin error", "500")
+        assert (failed.error.type, failed.error.cause) == ("Call plugin error", "500")
         before = {t.trajectory_id for t in store.trajectories(job_id, limit=100)}
         assert {t.step for t in store.trajectories(job_id, limit=100)} == {1, 2}
 

@@ -56,7 +56,7 @@ def test_a_sigterm_from_outside_is_an_internal_error_retried_automatically(
     assert job.next_retry_at is not None and job.auto_retries == 1  # the retry policy's retry
     attempt = store.list_attempts(job_id)[-1]
     assert attempt.status == "failed" and attempt.error is not None
-    assert attempt.error["cause"] == "attempt terminated"
+    assert attempt.error.cause == "attempt terminated"
     assert store.list_transitions(job_id)[-1].to_status == "failed"
     # the stopped step's trajectories name the platform error, not a cancel
     reasons = [t.discard_reason for t in store.trajectories(job_id, limit=1000)]

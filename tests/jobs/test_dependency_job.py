@@ -54,7 +54,7 @@ def test_a_judges_500_fails_the_run_as_a_dependency_error_retried_automatically(
         assert job.spec["dependencies"] == {"judge": stored}
         attempts = store.list_attempts(1)
         assert [a.status for a in attempts] == ["failed", "failed"]  # retried automatically once
-        assert all(a.error is not None and a.error["owner"] == "dependency" for a in attempts)
+        assert all(a.error is not None and a.error.owner == "dependency" for a in attempts)
         failed = store.trajectories(1, status="failed")
         records = store.trajectory_records(1, [t.trajectory_id for t in failed])
         owners = {(e.type, e.owner, e.cause) for t in records for e in t.errors}

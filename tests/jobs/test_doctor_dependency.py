@@ -11,6 +11,7 @@ from plugtune.cli import app
 from plugtune.errors import DependencyCallError, DependencyCause
 from plugtune.runtime.worker.dependency import Finding
 from plugtune.store import Store
+from plugtune.types import ErrorRecord
 
 runner = CliRunner()
 
@@ -22,7 +23,7 @@ def _failed_on(store: Store, spec: dict, finding: Finding, cause: DependencyCaus
     attempt = store.start_attempt(job, pid=1)
     error = DependencyCallError(
         cause, finding.message(), dependency=finding.dependency, plugin="judge_grader", call_id="c1"
-    ).to_dict()
+    ).record()
     store.end_attempt(job, attempt, "failed", error)
     store.set_job_error(job, error, attempt=attempt)
     store.transition(job, "failed", "dependency error")
@@ -93,7 +94,7 @@ def test_doctor_says_nothing_of_dependencies_for_a_plugin_error(store: Store) ->
         "message": "KeyError: 'x'",
         "hint": "h",
     }
-    store.set_job_error(job, error)
+    store.set_job_error(job, ErrorRecord.from_dict(error))
     store.transition(job, "failed", "plugin error")
     out = runner.invoke(app, ["doctor", str(job)]).output
     assert "dependency" not in out

@@ -156,7 +156,7 @@ def answer(ctx, policy, sample):
     assert status == "succeeded"
     attempts = store.list_attempts(job_id)
     assert [a.status for a in attempts] == ["failed", "succeeded"]
-    assert attempts[0].error is not None and attempts[0].error["type"] == "internal error"
+    assert attempts[0].error is not None and attempts[0].error.type == "internal error"
     assert attempts[1].resumed_from_step == 2
     history = store.list_job_errors(job_id)
     assert history and history[0].type == "internal error" and history[0].owner == "platform"

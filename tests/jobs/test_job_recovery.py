@@ -71,7 +71,7 @@ def test_an_unexplained_interrupt_is_an_unknown_error_retried_automatically(
     assert status == "failed"
     first = store.list_attempts(job_id)[0].error
     assert first is not None
-    assert (first["type"], first["owner"], first["cause"]) == (
+    assert (first.type, first.owner, first.cause) == (
         "unknown error",
         "platform",
         "KeyboardInterrupt",

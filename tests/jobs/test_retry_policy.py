@@ -2,8 +2,19 @@ from __future__ import annotations
 
 import pytest
 
-from plugtune.errors import Cause, InvalidDataError, LossNanError, PlatformError, PluginCallError, Problem
+from plugtune.errors import (
+    Cause,
+    DependencyCallError,
+    DependencyCause,
+    ErrorType,
+    InvalidDataError,
+    LossNanError,
+    PlatformError,
+    PluginCallError,
+    Problem,
+)
 from plugtune.jobs.retry_policy import (
+    JOB_KINDS,
     DropGroup,
     DropSample,
     FailJob,
@@ -13,9 +24,11 @@ from plugtune.jobs.retry_policy import (
     Stop,
     breaker,
     decide,
+    job_kind,
     kind_of,
 )
 from plugtune.spec.models import CircuitBreaker, FailurePolicy, RetryPolicy
+from plugtune.types import ErrorRecord
 
 FAIL = FailurePolicy(max_attempts=3, on_exhausted="fail_job")
 DROP = FailurePolicy(max_attempts=3, on_exhausted="drop_sample")
@@ -91,6 +104,22 @@ def test_kind_of_classified_errors() -> None:
     assert kind_of(LossNanError("nan", step=1, stats={}, trajectory_ids=[])) is FailureKind.LOSS_NAN
     assert kind_of(PlatformError("boom")) is FailureKind.PLATFORM
     assert kind_of(RuntimeError("boom")) is FailureKind.PLATFORM
+
+
+def test_a_jobs_error_record_has_the_kind_of_its_type() -> None:
+    assert set(JOB_KINDS) == set(ErrorType)  # every type the taxonomy has is handled
+    for exc in (
+        PluginCallError(Cause.TIMEOUT, "slow"),
+        InvalidDataError([Problem("f", "missing")]),
+        LossNanError("nan", step=1, stats={}, trajectory_ids=[]),
+        PlatformError("boom"),
+    ):
+        assert job_kind(exc.record()) is kind_of(exc)
+    dependency = DependencyCallError(DependencyCause.TIMEOUT, "slow judge").record()
+    assert job_kind(dependency) is FailureKind.DEPENDENCY
+    assert job_kind(ErrorRecord("Invalid value", "data", "", "")) is FailureKind.DATA
+    assert job_kind(ErrorRecord("unknown error", "platform", "", "")) is FailureKind.UNKNOWN
+    assert job_kind(ErrorRecord("a type no version wrote", "?", "", "")) is FailureKind.UNKNOWN
 
 
 BREAKER = CircuitBreaker(max_error_share=0.5, min_calls=8)

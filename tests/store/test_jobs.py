@@ -4,6 +4,7 @@ import pytest
 
 from plugtune.errors import Cause, PluginCallError
 from plugtune.store import IllegalTransitionError, NotFoundError, Store
+from plugtune.types import ErrorRecord
 
 from .conftest import Target
 
@@ -110,34 +111,35 @@ def test_job_error_current_and_history(store: Store, job_id: int) -> None:
         plugin="solve",
         call_id="c1",
         traceback="File plugins/r.py, line 3",
-    ).to_dict()
-    error["evidence"] = {"log_ids": [1, 2]}
+    ).record(evidence={"log_ids": [1, 2]})
     store.set_job_error(job_id, error, attempt=1)
     job = store.get_job(job_id)
     assert job is not None and job.error is not None
     assert (job.error.type, job.error.owner, job.error.cause) == ("Call plugin error", "plugin", "Timeout")
-    assert job.error.hint == error["hint"] and job.error.message == "call exceeded 5 s"
+    assert job.error.hint == error.hint and job.error.message == "call exceeded 5 s"
     assert job.error.evidence["plugin"] == "solve" and job.error.evidence["log_ids"] == [1, 2]
     assert "line 3" in job.error.evidence["traceback"]
 
-    store.set_job_error(job_id, {"type": "internal error", "owner": "platform", "message": "died"}, attempt=2)
+    died = ErrorRecord.from_dict({"type": "internal error", "owner": "platform", "message": "died"})
+    store.set_job_error(job_id, died, attempt=2)
     store.clear_job_error(job_id)
     assert store.get_job(job_id).error is None  # type: ignore[union-attr]
     history = store.list_job_errors(job_id)
     assert [(e.type, e.attempt) for e in history] == [("Call plugin error", 1), ("internal error", 2)]
     with pytest.raises(ValueError, match="needs \\['owner'\\]"):
-        store.set_job_error(job_id, {"type": "internal error"})
+        store.set_job_error(job_id, ErrorRecord.from_dict({"type": "internal error"}))
 
 
 def test_attempts_are_numbered_and_closed(store: Store, job_id: int) -> None:
     assert store.start_attempt(job_id, pid=100) == 1
-    store.end_attempt(job_id, 1, "failed", error={"type": "internal error", "message": "killed"})
+    killed = ErrorRecord.from_dict({"type": "internal error", "message": "killed"})
+    store.end_attempt(job_id, 1, "failed", error=killed)
     assert store.start_attempt(job_id, pid=101, resumed_from_step=5) == 2
     first, second = store.list_attempts(job_id)
     assert (first.pid, first.status, first.error, first.ended_at is not None) == (
         100,
         "failed",
-        {"type": "internal error", "message": "killed"},
+        ErrorRecord.from_dict({"type": "internal error", "message": "killed"}, attempt=1),
         True,
     )
     assert (second.number, second.status, second.resumed_from_step, second.ended_at) == (
@@ -170,11 +172,7 @@ def test_evidence_with_records_and_sets_is_stored_as_json(store: Store, job_id: 
     line = LogLine(time=1.0, level="ERROR", plugin="solve", message="boom")
     store.set_job_error(
         job_id,
-        {
-            "type": "internal error",
-            "owner": "platform",
-            "evidence": {"logs": [line], "ids": {7}, "raw": b"x"},
-        },
+        ErrorRecord("internal error", "platform", "", "", evidence={"logs": [line], "ids": {7}, "raw": b"x"}),
     )
     job = store.get_job(job_id)
     assert job is not None and job.error is not None

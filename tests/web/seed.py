@@ -97,8 +97,8 @@ def _failed_job(store: Store, now: float) -> int:
         "trajectory_id": "s2-g1-r2",
         "traceback": GRADER_TRACEBACK,
     }
-    store.end_attempt(job, attempt, "failed", error)
-    store.set_job_error(job, error, attempt=attempt)
+    store.end_attempt(job, attempt, "failed", ErrorRecord.from_dict(error))
+    store.set_job_error(job, ErrorRecord.from_dict(error), attempt=attempt)
     store.transition(job, "failed", "grader exact failed 3 times")
     return job
 
@@ -114,8 +114,8 @@ def _platform_job(store: Store, now: float) -> int:
         "message": "the job's attempt process was killed by a signal (exit code -9)",
         "hint": HINTS[ErrorType.INTERNAL],
     }
-    store.end_attempt(job, attempt, "failed", error)
-    store.set_job_error(job, error, attempt=attempt)
+    store.end_attempt(job, attempt, "failed", ErrorRecord.from_dict(error))
+    store.set_job_error(job, ErrorRecord.from_dict(error), attempt=attempt)
     store.update_job(job, next_retry_at=now + 900, auto_retries=0)
     store.transition(job, "failed", "attempt died")
     return job

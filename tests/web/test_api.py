@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from plugtune.errors import HINTS, Cause
 from plugtune.store import Store
+from plugtune.types import ErrorRecord
 from plugtune.web.charts import END_SLACK_S
 from tests.web.seed import GRADER_CODE, XSS_IMG, XSS_SCRIPT, Seeded
 
@@ -284,7 +285,7 @@ def test_retry_history_says_what_started_each_attempt(
     store.transition(job, "running", "attempt starting")
     second = store.start_attempt(job, pid=2)
     store.end_attempt(
-        job, second, "failed", {"type": "internal error", "owner": "platform", "message": "again"}
+        job, second, "failed", ErrorRecord("internal error", "platform", "", "again")
     )
     store.transition(job, "failed", "attempt died")
     assert client.post(f"/api/jobs/{job}/retry").status_code == 200
@@ -363,8 +364,8 @@ def test_a_100_kb_message_keeps_every_page_short_and_bidi_controls_visible(store
     record = dataclasses.replace(_trajectories()[0], status="discard", discard_reason=reason)
     record = dataclasses.replace(record, messages=[{"role": "user", "content": reason}])
     store.upsert_trajectories(job, [record])
-    store.end_attempt(job, attempt, "failed", error)
-    store.set_job_error(job, error, attempt=attempt)
+    store.end_attempt(job, attempt, "failed", ErrorRecord.from_dict(error))
+    store.set_job_error(job, ErrorRecord.from_dict(error), attempt=attempt)
     store.transition(job, "failed")
     client = TestClient(create_app(store), base_url=BASE_URL)
     urls = [f"/jobs/{job}", f"/jobs/{job}/plugins", f"/jobs/{job}/trajectories"]

@@ -14,7 +14,7 @@ from plugtune.jobs.control import create_job
 from plugtune.jobs.scheduler import run_job
 from plugtune.settings import Settings
 from plugtune.store import Store
-from plugtune.types import MetricPoint
+from plugtune.types import ErrorRecord, MetricPoint
 from plugtune.web import create_app
 from plugtune.web.pages import JOBS_PER_PAGE
 from tests.jobs.jobkit import make_job
@@ -32,7 +32,7 @@ def _failed(store: Store, name: str, error_type: str, cause: str, spec: dict | N
     job = store.create_job(name, spec or {"model": "tiny"})
     store.transition(job, "validating")
     error = {"type": error_type, "owner": "data", "cause": cause, "message": "m", "hint": "h"}
-    store.set_job_error(job, error)
+    store.set_job_error(job, ErrorRecord.from_dict(error))
     store.transition(job, "failed")
     return job
 

@@ -12,7 +12,7 @@ from plugtune.jobs.caller import StepCounts
 from plugtune.jobs.control import create_job
 from plugtune.store import Store
 from plugtune.store.records import Attempt, Job
-from plugtune.types import LogLine, MetricPoint
+from plugtune.types import ErrorRecord, LogLine, MetricPoint
 from plugtune.web.service import timing
 from tests.jobs.jobkit import make_job
 from tests.web.seed import Seeded
@@ -149,7 +149,7 @@ def test_no_plugin_stays_running_after_its_attempt_ended(store: Store) -> None:
         store.upsert_plugin(job, name, "rollout" if name == "solve" else "grader", entry)
         store.set_plugin_status(job, name, "running")
     died = {"type": "internal error", "owner": "platform", "cause": "attempt process died", "message": "-9"}
-    store.end_attempt(job, number, "failed", died)
+    store.end_attempt(job, number, "failed", ErrorRecord.from_dict(died))
     assert {p.name: p.status for p in store.list_plugins(job)} == {"solve": "completed", "exact": "completed"}
     assert all(p.ended_at is not None for p in store.list_plugins(job))
     store.transition(job, "failed")
@@ -157,7 +157,8 @@ def test_no_plugin_stays_running_after_its_attempt_ended(store: Store) -> None:
     assert {p.status for p in store.list_plugins(job)} == {"waiting"}  # until the retry deploys them
     number = store.start_attempt(job, pid=2)
     crash = {"type": "Call plugin error", "cause": "Create faas fault", "message": "import failed"}
-    store.end_attempt(job, number, "failed", {**crash, "evidence": {"plugin": "plugins/grader.py:exact"}})
+    crashed = ErrorRecord.from_dict({**crash, "evidence": {"plugin": "plugins/grader.py:exact"}})
+    store.end_attempt(job, number, "failed", crashed)
     plugins = {p.name: p for p in store.list_plugins(job)}
     assert plugins["exact"].status == "failed" and "import failed" in plugins["exact"].failure_reason
     assert plugins["solve"].status == "not started"  # never deployed: not "completed", not left "waiting"

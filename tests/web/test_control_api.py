@@ -20,6 +20,7 @@ from plugtune.jobs import submission
 from plugtune.jobs.submission import pack
 from plugtune.spec.reach import SubmissionPolicy
 from plugtune.store import Store
+from plugtune.types import ErrorRecord
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job
 from tests.web.conftest import BASE_URL
@@ -348,7 +349,7 @@ def test_delete_an_ended_job_removes_its_rows_and_files_but_not_a_queued_one(
     files = home / "jobs" / str(job_id) / "checkpoints"
     files.mkdir(parents=True)
     (files / "weights.bin").write_bytes(b"w")
-    db.set_job_error(job_id, {"type": "internal error", "owner": "platform", "message": "m"})
+    db.set_job_error(job_id, ErrorRecord("internal error", "platform", "", "m"))
     answer = api.delete(f"/api/jobs/{job_id}")
     assert answer.status_code == 204 and answer.content == b""
     assert (
@@ -407,7 +408,7 @@ def test_the_jobs_list_filters_by_name_status_and_cause_with_limit_offset_and_to
     ids = [db.create_job(name, {}) for name in ("Adder-a", "adder-b", "sorter", "adder_c%")]
     db.transition(ids[1], "running")
     db.transition(ids[1], "failed", "x")
-    db.set_job_error(ids[1], {"type": "Call plugin error", "owner": "plugin", "cause": "Timeout"})
+    db.set_job_error(ids[1], ErrorRecord("Call plugin error", "plugin", "Timeout", ""))
     page = api.get("/api/jobs?q=ADDER&limit=2&offset=0").json()
     assert [j["id"] for j in page["items"]] == [ids[3], ids[1]] and page["total"] == 3
     assert (page["limit"], page["offset"]) == (2, 0)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from plugtune.cli import app
 from plugtune.errors import HINTS, DependencyCause, ErrorType
 from plugtune.store import Store
-from plugtune.types import MetricPoint
+from plugtune.types import ErrorRecord, MetricPoint
 
 
 def test_a_dependency_error_shows_its_owner_and_the_automatic_retry_countdown(
@@ -28,8 +28,8 @@ def test_a_dependency_error_shows_its_owner_and_the_automatic_retry_countdown(
         "message": "the dependency judge (127.0.0.1:8000) answered HTTP 500 (server error)",
         "hint": HINTS[DependencyCause.SERVER_ERROR],
     }
-    store.end_attempt(job, attempt, "failed", error)
-    store.set_job_error(job, error, attempt=attempt)
+    store.end_attempt(job, attempt, "failed", ErrorRecord.from_dict(error))
+    store.set_job_error(job, ErrorRecord.from_dict(error), attempt=attempt)
     store.update_job(job, next_retry_at=now + 900, auto_retries=1)
     store.transition(job, "failed", "dependency error")
     html = client.get(f"/jobs/{job}").text

@@ -7,6 +7,7 @@ import re
 from fastapi.testclient import TestClient
 
 from plugtune.store import Store
+from plugtune.types import ErrorRecord
 from plugtune.web.pages import ATTEMPTS_ON_JOB_PAGE, ATTEMPTS_PER_PAGE
 from tests.web.seed import Seeded
 
@@ -18,7 +19,7 @@ def _retried_job(store: Store) -> int:
     store.transition(job, "running")
     for _ in range(RETRIED):
         number = store.start_attempt(job, pid=1)
-        error = {"type": "internal error", "owner": "platform", "cause": "x", "message": f"died {number}"}
+        error = ErrorRecord("internal error", "platform", "x", f"died {number}")
         store.end_attempt(job, number, "failed", error)
     return job
 

@@ -12,6 +12,11 @@ instance and plugin of the job): the budget counts connections, not requests (se
 what this means with kept-alive connections). ``observe`` feeds each call's outcome back to it
 (a 429 halves the concurrency in use, successes add it back).
 
+Each declared dependency has a :class:`~plugtune.runtime.meter.DependencyMeter` of this bridge (so
+of this function): the connections let through to it, their durations, and the calls that failed
+on it by cause; ``sample()`` gives the period's ``dependency/<name>/...`` values to the function's
+metrics.
+
 With ``inject`` set (``plugtune test --faas --inject dependency-429,...``), each connection to a
 declared dependency first draws a dependency fault (``FaultInjection.draw_dependency``) and meets it
 here instead of the service: a 429 with ``Retry-After: 1`` or a 503 answered once the request has
@@ -35,6 +40,7 @@ from plugtune.runtime.backend import Failed, Happened, Returned
 from plugtune.runtime.budget import Budgets, DependencyBudget
 from plugtune.runtime.dependencies import Dependency
 from plugtune.runtime.faults import FaultInjection
+from plugtune.runtime.meter import DependencyMeter
 from plugtune.runtime.worker.network import HEADER_MAX, Splice
 from plugtune.runtime.zygote_client import worker_env
 from plugtune.sdk import Policy
@@ -89,6 +95,7 @@ class PolicyBridge:
         self.tls: set[tuple[str, int]] = set()  # declared with https/wss: no reply can be injected
         self.inject: FaultInjection | None = None  # dependency faults (plugtune test --inject)
         self.by_name: dict[str, DependencyBudget] = {}
+        self.meters: dict[str, DependencyMeter] = {}  # by name: one per declared dependency
         self.seen: set[str] = set()
         self.folder = ""
         self.path = ""
@@ -109,6 +116,7 @@ class PolicyBridge:
         for dep in dependencies:
             if (dep.host, dep.port) not in self.declared:  # declared again after the decorator's: once
                 self.by_name[dep.name] = self.budgets.declare(dep)
+                self.meters[dep.name] = DependencyMeter(dep.name, self.by_name[dep.name])
             self.declared[(dep.host, dep.port)] = dep.name
             self.allowed.add((dep.host, dep.port))
             if dep.url.startswith(("https://", "wss://")):
@@ -138,12 +146,26 @@ class PolicyBridge:
         if isinstance(result, Failed):
             if result.happened is Happened.DEPENDENCY:
                 cause, _, rest = result.cause.partition("/")
-                budget = self.by_name.get(rest.partition("/")[0])
+                name = rest.partition("/")[0]
+                budget = self.by_name.get(name)
                 if budget is not None and cause == "rate limited":
                     budget.rate_limited()
+                if name in self.meters:
+                    self.meters[name].failed(cause)
             return
         for budget in self.by_name.values():
             budget.succeeded()
+
+    def sample(self) -> dict[str, float]:
+        """Each declared dependency's values over the period since the last sample (see meter)."""
+        values: dict[str, float] = {}
+        for meter in self.meters.values():
+            values.update(meter.sample())
+        return values
+
+    def meter_of(self, target: tuple[str, int]) -> DependencyMeter | None:
+        name = self.declared.get(target)
+        return self.meters.get(name) if name is not None else None
 
     def allow_args(self, args: Iterable[Any]) -> None:
         """Let the instances reach the policy a call is given (a set lookup once it is known)."""
@@ -189,6 +211,8 @@ class _Outbound(Splice):
         self.last_request = self.last_reply = 0.0  # monotonic times of the last bytes each way
         self.injected: str | None = None  # the dependency fault this connection meets instead
         self.request = b""  # what the plugin sent, for an injected reply (bounded)
+        self.meter: DependencyMeter | None = None  # a declared dependency's, once let through
+        self.opened_at = 0.0  # monotonic time it was let through
 
     def idle_for(self, now: float) -> float:
         """Seconds since the reply's last bytes, when no request bytes came after them (else 0)."""
@@ -221,6 +245,7 @@ class _Outbound(Splice):
             return
         self.injected = self.bridge.fault_for(target)
         if self.injected is not None:
+            self._measure(target)
             self._injected(rest)
             return
         if rest:
@@ -255,6 +280,17 @@ class _Outbound(Splice):
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the plugin gave up while its connection waited for the budget
         self._release()
+        meter, self.meter = self.meter, None
+        if meter is not None:
+            ended = self.last_reply if self.last_reply > self.opened_at else time.monotonic()
+            meter.closed(ended - self.opened_at)
+
+    def _measure(self, target: tuple[str, int]) -> None:
+        """The connection goes to ``target`` now: counted by its dependency's meter from here."""
+        self.meter = self.bridge.meter_of(target)
+        if self.meter is not None:
+            self.meter.opening()
+            self.opened_at = time.monotonic()
 
     def _release(self) -> None:
         budget, self.budget = self.budget, None
@@ -271,6 +307,7 @@ class _Outbound(Splice):
                 return
             self.budget = budget
             budget.hold(self)
+        self._measure(target)
         try:
             _, upstream = await loop.create_connection(lambda: _Upstream(self), target[0], target[1])
         except OSError as exc:

@@ -41,7 +41,7 @@ class Function:
         self.status = RUNNING
         self._ids = itertools.count(1)
         self._prefix = os.urandom(4).hex()
-        self.recorder = MetricsRecorder(entry, metrics_period_s, deployment.sample)
+        self.recorder = MetricsRecorder(entry, metrics_period_s, self._gauges)
         self.recorder.start()
 
     async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
@@ -98,6 +98,15 @@ class Function:
             instance_id=result.instance_id,
             latency_ms=result.latency_ms,
         )
+
+    def _gauges(self) -> dict[str, float]:
+        """The instances' resource gauges, and each declared dependency's values where the function's
+        connections go through the policy-only relay (``dependency/<name>/...``, runtime.meter)."""
+        values = self.deployment.sample()
+        bridge = getattr(self.deployment, "bridge", None)  # the local backend's, under policy-only
+        if bridge is not None:
+            values.update(bridge.sample())
+        return values
 
     def metrics(self) -> list[MetricPoint]:
         """The sampled series so far (one point per metric per period)."""

@@ -40,7 +40,7 @@ from plugtune.jobs.plugins import JobFunction
 from plugtune.sdk import Context, PluginSpec, Sample, Sampling
 from plugtune.spec.rows import read_dataset
 from plugtune.spec.validation import ValidatedJob, validate_job
-from plugtune.trainer.draft import TrajectoryDraft
+from plugtune.trainer.draft import GroupRule, TrajectoryDraft, groups_dropped_by_rule, settle_group
 from plugtune.types import CallOutcome, TokenTrace
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,8 @@ class TRLRun:
             if self.run.stopped is not None:  # the failure policy ended the job
                 self.close()
             raise
+        rule = self.run.job.spec.failure_policy.group.rule() if self.run.job is not None else GroupRule()
+        dropped = {gid for gid, group in _groups(episodes).items() if settle_group(group, rule)}
         weights = {jf.spec.name: jf.spec.weight for jf in self._graders()}
         records = []
         for e, completion_ids in zip(episodes, ids, strict=True):
@@ -157,13 +159,19 @@ class TRLRun:
                 e.record(step=step, policy_version=step - 1, weights=weights, code_hash=self.run.hashes)
             )
         self.run.add_trajectories(records)
+        self.run.add_metrics(step, {"groups/dropped_by_rule": float(groups_dropped_by_rule(records))})
         self.run.add_signal(step, records, weights)  # the reward-signal checks, from the records
         try:
             self.run.flush(step, durable=False)  # the store's thread writes it within a second
         except PluginCallError:  # the circuit breaker tripped: the run ends with its error
             self.close()
             raise
-        return {name: [e.components.get(name) for e in episodes] for name in weights}
+        # TRL is handed None for a grade that did not stand, and for every trajectory of a dropped
+        # group (a plugin discarded it, or failure_policy.group): all None, it gives no gradient
+        return {
+            name: [None if e.group_id in dropped else e.components.get(name) for e in episodes]
+            for name in weights
+        }
 
     def _episode_for(
         self,
@@ -208,9 +216,7 @@ class TRLRun:
             self._grades(future, [e], jf.spec.name)
 
     def _grade_groups(self, step: int, episodes: list[TrajectoryDraft]) -> None:
-        groups: dict[str, list[TrajectoryDraft]] = {}
-        for e in episodes:
-            groups.setdefault(e.group_id, []).append(e)
+        groups = _groups(episodes)
         for jf in self.run.group_graders:
             for group in groups.values():
                 members = [e for e in group if e.ok]
@@ -522,6 +528,13 @@ def _take(gateway: Any, trajectory_id: str) -> TokenTrace | None:
         return gateway.take(trajectory_id)
     except KeyError:
         return None
+
+
+def _groups(episodes: list[TrajectoryDraft]) -> dict[str, list[TrajectoryDraft]]:
+    groups: dict[str, list[TrajectoryDraft]] = {}
+    for e in episodes:
+        groups.setdefault(e.group_id, []).append(e)
+    return groups
 
 
 def _completion_trace(ids: list[int]) -> TokenTrace:

@@ -51,6 +51,7 @@ from plugtune.gateway.engine import GenerationEngine, SamplingParams
 from plugtune.integrations.recording import EngineRun
 from plugtune.integrations.token_gateway import TokenGateway, TokenReply
 from plugtune.integrations.verl_trajectory import TrajectoryRunner, plain, sample_of
+from plugtune.spec.models import GroupPolicy
 from plugtune.spec.validation import validate_job
 from plugtune.types import TrajectoryRecord
 
@@ -106,6 +107,13 @@ def run_for(job: str | os.PathLike[str] | None) -> _VerlRun:
                     "reward function never see together: move the scoring into a @grader"
                 )
                 raise InvalidValueError([Problem(str(path), message, ref.line, "plugins.group_graders")])
+            if validated.spec.failure_policy.group != GroupPolicy():
+                message = (
+                    "a group rule needs a whole group, which verl's agent loop and reward function never "
+                    "see together: leave failure_policy.group out (a failed trajectory is dropped alone)"
+                )
+                line = validated.line_of(("failure_policy", "group"))
+                raise InvalidValueError([Problem(str(path), message, line, "failure_policy.group")])
             found = _VerlRun(EngineRun.open(validated, engine="verl"))
             _runs[path] = found
         return found

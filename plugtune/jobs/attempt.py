@@ -221,6 +221,7 @@ async def _train(
             caller=caller,
             job_id=str(job_id),
             signal=spec.signal.thresholds(),
+            group_rule=spec.failure_policy.group.rule(),
         )
         checkpoint = store.latest_checkpoint(job_id)
         if checkpoint is not None:

@@ -20,6 +20,7 @@ from plugtune.runtime.dependencies import NAME as DEPENDENCY_NAME
 from plugtune.runtime.dependencies import Dependency, parse_target
 from plugtune.sdk.runtime_spec import LIMITS, Runtime
 from plugtune.trainer.config import TrainerConfig
+from plugtune.trainer.draft import GroupRule
 from plugtune.trainer.health import SignalThresholds
 
 #: The rollout used when ``plugins.rollout`` is absent: one chat call, the reply is the trajectory.
@@ -422,6 +423,31 @@ class DependencyRetry(BaseModel):
     )
 
 
+class GroupPolicy(BaseModel):
+    """Which prompt groups train when some of their trajectories failed or were not scored (the
+    same on plugtune's trainer and TRL). A dropped group's trajectories that succeeded are recorded
+    `discard`, saying why; each step counts the groups dropped (`groups/dropped_by_rule`)."""
+
+    model_config = _STRICT
+
+    drop: Literal["trajectory", "group"] = Field(
+        default="trajectory",
+        description="A trajectory that failed and was dropped (on_exhausted: drop_sample) leaves its "
+        "group, whose other trajectories train (`trajectory`), or drops its whole group (`group`).",
+    )
+    min_scored: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="Drop a group with fewer scored trajectories (succeeded, with a reward) than this "
+        "(0: no minimum).",
+    )
+
+    def rule(self) -> GroupRule:
+        """The rule as the trainer takes it."""
+        return GroupRule(drop=self.drop, min_scored=self.min_scored)
+
+
 class FailurePolicy(BaseModel):
     """What happens when a plugin call fails (status `failure` or an exception)."""
 
@@ -437,6 +463,11 @@ class FailurePolicy(BaseModel):
         default_factory=DependencyRetry,
         description="Calls that failed on a declared service (Dependency error): retried apart from "
         "max_attempts, with backoff, and not counted by the circuit breaker.",
+    )
+    group: GroupPolicy = Field(
+        default_factory=GroupPolicy,
+        description="The group rule: drop a failed trajectory or its whole group, or keep a group only "
+        "with at least min_scored scored trajectories.",
     )
 
 

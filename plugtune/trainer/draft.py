@@ -189,3 +189,51 @@ def share_discard(drafts: Sequence[TrajectoryDraft]) -> bool:
     for draft in drafts:
         draft.join_discard(first)
     return True
+
+
+#: How a trajectory that ``failure_policy.group`` dropped says so: its ``discard_reason`` starts so.
+DROPPED_BY_RULE = "its group was dropped by failure_policy.group"
+
+
+@dataclass(frozen=True)
+class GroupRule:
+    """``failure_policy.group``: which prompt groups train when some of their trajectories failed
+    or were not scored. ``drop="trajectory"`` leaves a failed one out of its group (the rest train),
+    ``drop="group"`` drops its whole group; a group with fewer than ``min_scored`` scored
+    trajectories (succeeded, with a reward) is dropped."""
+
+    drop: str = "trajectory"  # trajectory | group
+    min_scored: int = 0
+
+    def reason(self, drafts: Sequence[TrajectoryDraft]) -> str:
+        """Why the rule drops this group ('' when it keeps it)."""
+        failed = sum(d.failed and not d.discarded for d in drafts)
+        if self.drop == "group" and failed:
+            return f"{DROPPED_BY_RULE}: {failed} of its {len(drafts)} trajectories failed (drop: group)"
+        scored = sum(d.ok and any(v is not None for v in d.components.values()) for d in drafts)
+        if scored < self.min_scored:
+            return (
+                f"{DROPPED_BY_RULE}: {scored} of its {len(drafts)} trajectories scored, "
+                f"fewer than min_scored {self.min_scored}"
+            )
+        return ""
+
+    def apply(self, drafts: Sequence[TrajectoryDraft]) -> bool:
+        """Discard the group's trajectories that would have trained when the rule drops it (the
+        failed ones stay failed); True when it did."""
+        reason = self.reason(drafts)
+        for draft in drafts:
+            if reason and draft.ok:
+                draft.discard(reason)
+        return bool(reason)
+
+
+def settle_group(drafts: Sequence[TrajectoryDraft], rule: GroupRule) -> bool:
+    """A finished group's own verdict: a plugin's discard drops it whole, else ``rule`` decides;
+    True when the group is dropped (none of it trains)."""
+    return share_discard(drafts) or rule.apply(drafts)
+
+
+def groups_dropped_by_rule(records: Sequence[TrajectoryRecord]) -> int:
+    """How many of ``records``' groups ``failure_policy.group`` dropped."""
+    return len({r.group_id for r in records if r.discard_reason.startswith(DROPPED_BY_RULE)})

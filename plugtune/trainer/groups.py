@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from plugtune.errors import PluginCallError
 from plugtune.sdk import Context, Kind, PluginSpec, Policy, Sample, Status, Trajectory
-from plugtune.trainer.draft import EMPTY_TRACE, TrajectoryDraft, share_discard
+from plugtune.trainer.draft import EMPTY_TRACE, GroupRule, TrajectoryDraft, settle_group
 from plugtune.trainer.protocols import Caller, PluginFunction, PolicyServer
 from plugtune.types import CallOutcome, TokenTrace, TrajectoryRecord
 
@@ -134,6 +134,7 @@ class GroupRunner:
     job_id: str = ""
     phase: str = "train"
     group_prefix: str = "s"
+    group_rule: GroupRule = GroupRule()  # failure_policy.group (a training step's groups)
     stopped: list[TrajectoryRecord] = field(default_factory=list)  # of groups that did not end
 
     async def run(
@@ -180,7 +181,7 @@ class GroupRunner:
             self.stopped += self._stopped(step, sample, group_id, slots, policy_version)
             raise
         graded = time.perf_counter()
-        share_discard(slots)
+        settle_group(slots, self.group_rule)
         weights = self.plugins.weights()
         records = []
         for slot in slots:

@@ -28,6 +28,7 @@ from plugtune.trainer import checkpoint, lora, objective
 from plugtune.trainer.batch import TrainBatch, is_trainable, micro_batches, untrained_reason
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
+from plugtune.trainer.draft import GroupRule, groups_dropped_by_rule
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
 from plugtune.trainer.health import (
     SignalMonitor,
@@ -87,10 +88,13 @@ class GRPOTrainer:
         caller: Caller = call_once,
         job_id: str = "",
         signal: SignalThresholds | None = None,
+        group_rule: GroupRule | None = None,
     ) -> None:
         self.model, self.tokenizer, self.server, self.config = model, tokenizer, server, config
         self.rows = rows
-        self.runner = GroupRunner(server=server, plugins=plugins, caller=caller, job_id=job_id)
+        self.runner = GroupRunner(
+            server=server, plugins=plugins, caller=caller, job_id=job_id, group_rule=group_rule or GroupRule()
+        )
         self.cursor = DataCursor(len(rows), config.seed)
         checkpoint.seed_everything(config.seed)  # the adapter's initialisation too
         self.reference = _frozen_copy(model) if config.kl_coef > 0 else None  # the base, without adapter
@@ -369,6 +373,7 @@ def _metrics(
         "trajectories/trained": float(trained),
         "trajectories/failed": float(sum(r.status == "failed" for r in records)),
         "trajectories/discarded": float(sum(r.status == "discard" for r in records)),
+        "groups/dropped_by_rule": float(groups_dropped_by_rule(records)),
         "groups/zero_variance_share": signal.zero_variance_share,
         "response/truncated_share": signal.truncated_share,
         "grad_norm": grad_norm,

@@ -111,6 +111,34 @@ def test_a_grader_reporting_status_failure_or_discarding_is_recorded_as_on_plugt
         assert r.discard_reason == "picky discarded it (Status.DISCARD): an ambiguous question"
 
 
+def test_failure_policy_group_decides_whether_a_group_with_a_failed_trajectory_trains(
+    store: Store, tmp_path: Path
+) -> None:
+    rows = [{"answer": "59", "crash_first": True}, {"answer": "42"}]
+    for rule, handed in (
+        ("", {"exact_match": [1.0] * 4, "picky": [None, 0.5, 0.5, 0.5]}),  # drop: trajectory
+        (", group: {drop: group}", {"exact_match": [None, None, 1.0, 1.0], "picky": [None, None, 0.5, 0.5]}),
+    ):
+        policy = "{max_attempts: 1, on_exhausted: drop_sample" + rule + "}"
+        job = _job(tmp_path / str(len(rule)), rows, policy)
+        run = pt.open_run(job, store=store)
+        rewards = _rewards(run, [0, 1])
+        run.close()
+
+        assert rewards == handed  # a dropped group is all None for TRL: no gradient
+        records = {r.trajectory_id: r for r in _records(store, run.run.job_id)}
+        assert records["s1-p0-r0"].status == "failed" and records["s1-p0-r0"].errors[0].cause == "500"
+        sibling = records["s1-p0-r1"]
+        dropped = store.metrics(run.run.job_id)["groups/dropped_by_rule"][0].value
+        if rule:
+            assert sibling.status == "discard" and dropped == 1
+            assert sibling.discard_reason == (
+                "its group was dropped by failure_policy.group: 1 of its 2 trajectories failed (drop: group)"
+            )
+        else:
+            assert sibling.status == "success" and sibling.reward == 1.25 and dropped == 0
+
+
 def _trainer(run: pt.TRLRun, tmp_path: Path) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 

@@ -23,7 +23,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # noqa: E40
 from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
 
-from plugtune.errors import PluginCallError  # noqa: E402
+from plugtune.errors import InvalidValueError, PluginCallError  # noqa: E402
 from plugtune.gateway.engine import GenerationEngine  # noqa: E402
 from plugtune.integrations import verl as plugtune_verl  # noqa: E402
 from plugtune.settings import Settings  # noqa: E402
@@ -223,6 +223,25 @@ def test_a_crash_under_fail_job_ends_the_verl_run_with_the_classified_error(
     _, job = _only_job(home)
     assert job.status == "failed" and job.error is not None
     assert (job.error.type, job.error.owner, job.error.cause) == ("Call plugin error", "plugin", "500")
+
+
+def test_a_group_rule_is_refused_on_verl_naming_its_line(tmp_path: Path, home: Settings, runs: None) -> None:
+    job_file = tmp_path / "task" / "job.yaml"
+    job_file.parent.mkdir()
+    for part in ("plugins", "data"):
+        (job_file.parent / part).symlink_to(TASK / part)
+    text = (
+        (TASK / "job.yaml")
+        .read_text()
+        .replace("on_exhausted: drop_sample", "on_exhausted: drop_sample, group: {drop: group}")
+    )
+    job_file.write_text(text)
+    with pytest.raises(InvalidValueError) as raised:
+        plugtune_verl.compute_score("arith", "42", "42", {}, job=str(job_file))
+    [problem] = raised.value.problems
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "group: {drop: group}" in row)
+    assert (problem.file, problem.line, problem.field) == (str(job_file), line, "failure_policy.group")
+    assert "verl's agent loop and reward function never see together" in problem.message
 
 
 def test_without_a_job_file_the_error_says_where_to_name_it(home: Settings, runs: None) -> None:

@@ -87,3 +87,19 @@ async def first_ends(ctx: Context, policy: Policy, sample: Sample) -> None:
     await asyncio.to_thread(policy.chat, sample.messages, max_tokens=4)
     if ctx.rollout_index != 0:
         await asyncio.sleep(60)
+
+
+@rollout
+def fail_first(ctx: Context, policy: Policy, sample: Sample) -> None:
+    """Rollout 0 of each group fails (its siblings end well)."""
+    policy.chat(sample.messages, max_tokens=4)
+    if ctx.rollout_index == 0:
+        raise RuntimeError("rollout 0 crashed on purpose")
+
+
+@grader
+def by_index(ctx: Context, sample: Sample, trajectory: Trajectory) -> float | None:
+    """Unscorable for rollouts below ``sample.extra['unscorable_below']``, else its index."""
+    return (
+        None if ctx.rollout_index < int(sample.extra.get("unscorable_below", 0)) else float(ctx.rollout_index)
+    )

@@ -7,7 +7,13 @@ from typing import Any
 
 from plugtune.errors import Cause, PluginCallError
 from plugtune.sdk import Sample
-from plugtune.trainer.draft import TrajectoryDraft, share_discard
+from plugtune.trainer.draft import (
+    GroupRule,
+    TrajectoryDraft,
+    groups_dropped_by_rule,
+    settle_group,
+    share_discard,
+)
 from plugtune.types import CallOutcome, TokenTrace
 
 PROMPT = [{"role": "user", "content": "1+1=?"}]
@@ -137,3 +143,37 @@ def test_a_discard_drops_the_whole_group_each_naming_the_one_discarded() -> None
     assert [d.status for d in group] == ["discard"] * 3
     assert group[1].discard_reason == "solve discarded it (Status.DISCARD): sandbox down"
     assert group[0].discard_reason == f"its group was discarded: s1-p0-r1: {group[1].discard_reason}"
+
+
+def scored_group(*values: float | None) -> list[TrajectoryDraft]:
+    group = [draft(i) for i in range(len(values))]
+    for d, v in zip(group, values, strict=True):
+        d.graded("exact", outcome(value=v), v)
+    return group
+
+
+def test_the_group_rule_drops_a_failed_trajectory_alone_or_its_whole_group() -> None:
+    alone, whole = scored_group(1.0, 0.0, 1.0), scored_group(1.0, 0.0, 1.0)
+    for group, rule in ((alone, GroupRule()), (whole, GroupRule(drop="group"))):
+        group[0].apply(outcome("failure"), "exact")
+        settle_group(group, rule)
+    assert [d.status for d in alone] == ["failed", "success", "success"]
+    assert [d.status for d in whole] == ["failed", "discard", "discard"]  # the failed one stays failed
+    why = "its group was dropped by failure_policy.group: 1 of its 3 trajectories failed (drop: group)"
+    assert [d.discard_reason for d in whole] == ["", why, why]
+    assert groups_dropped_by_rule([record(d) for d in [*alone, *whole]]) == 1
+
+
+def test_the_group_rule_keeps_a_group_only_with_min_scored_scored_trajectories() -> None:
+    kept, dropped = scored_group(None, 0.0, 1.0), scored_group(None, 0.0, 1.0)
+    assert not GroupRule(min_scored=2).apply(kept) and {d.status for d in kept} == {"success"}
+    assert GroupRule(min_scored=3).apply(dropped) and {d.status for d in dropped} == {"discard"}
+    assert dropped[0].discard_reason.endswith("2 of its 3 trajectories scored, fewer than min_scored 3")
+
+
+def test_a_plugin_s_discard_settles_a_group_before_the_rule() -> None:
+    group = scored_group(1.0, 0.0)
+    group[1].apply(outcome("discard", reason="off topic"), "exact")
+    settle_group(group, GroupRule(min_scored=2))
+    assert group[0].discard_reason.startswith("its group was discarded: s1-p0-r1")
+    assert groups_dropped_by_rule([record(d) for d in group]) == 0

@@ -4,7 +4,8 @@ A function is a plugin when a plugtune decorator marks it, when a ``job.yaml`` n
 looks like one (parameters ``(ctx, policy, sample)`` / ``(ctx, sample, trajectory[s])``, or a
 rollout/grader name in a file under ``plugins/``). A plugin shaped like another framework's reward
 function (TRL's ``(completions, **kwargs)`` over a batch, verl's ``compute_score(data_source,
-solution_str, ground_truth, ...)``) is PT405, with the @grader that calls it.
+solution_str, ground_truth, ...)``) is PT405 until a ``shape=`` decorator adapts it (then its
+signature is checked against that shape).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from plugtune.lint.findings import Finding, finding
 from plugtune.lint.names import own_nodes, qualified
 from plugtune.sdk.decorators import PARAMETERS, Kind, signature_problems
+from plugtune.sdk.shapes import shape_problems
 
 DECORATORS = {kind.value: kind for kind in Kind}
 EXITS = {"sys.exit", "os._exit", "exit", "quit", "os.abort", "os.kill"}
@@ -84,32 +86,51 @@ def foreign_shape(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
 
 
 def check_foreign(plugin: Plugin, shape: str, expected: dict[str, Kind], file: str) -> Finding:
-    """PT405: a TRL or verl reward function used as a plugin, and the @grader that wraps it."""
+    """PT405: a TRL or verl reward function used as a plugin without the decorator that takes it."""
     node, name = plugin.node, plugin.node.name
-    chat = ""
     if shape == "verl":
         what = f"`{name}` is a verl reward function (data_source, solution_str, ground_truth, ...)"
-        call = (
-            f'float({name}(sample.extra.get("data_source"), trajectory.completion, '
-            f'sample.extra["ground_truth"], sample.extra))'
-        )
+        decorate, section = '@grader(shape="verl")', "graders"
+        how = "ground_truth from the row's extra.ground_truth (or extra.reward_model.ground_truth)"
     else:
         what = f"`{name}` is a TRL reward function (a batch of completions in, a list of floats out)"
-        params = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-        prompts = "prompts=[sample.messages], " if "prompts" in params else ""
-        columns = "**{k: [v] for k, v in sample.extra.items()}"
-        call = f"{name}({prompts}completions=[trajectory.completion], {columns})[0]"
-        chat = ' (if it reads chat completions: [[{"role": "assistant", "content": trajectory.completion}]])'
+        decorate, section = '@group_grader(shape="trl")', "group_graders"
+        how = (
+            "a group's completions in one call, each row's extra fields as keyword lists; "
+            'shape="trl-text" if it reads completions as strings'
+        )
     named = " job.yaml names it as a plugin, but" if name in expected else ""
     message = (
         f"{what}:{named} a plugtune {plugin.kind.value} is called as "
-        f"({', '.join(PARAMETERS[plugin.kind])}) and scores one trajectory, so it cannot be one as it is"
+        f"({', '.join(PARAMETERS[plugin.kind])}), so it needs the decorator that adapts it"
     )
     fix = (
-        f"leave `{name}` as it is and add `@grader def grade_{name}(ctx, sample, trajectory): "
-        f"return {call}`{chat}, then name grade_{name} in job.yaml"
+        f"leave `{name}` as it is: decorate it {decorate} (`from plugtune import "
+        f"{decorate[1:].split('(')[0]}`; {how}) and list it in job.yaml under plugins.{section}"
     )
     return finding(file, node, "PT405", message, fix)
+
+
+def decorator_shape(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The ``shape=`` a plugtune decorator gives the function (a string literal), else None."""
+    for decorator in node.decorator_list:
+        if not isinstance(decorator, ast.Call):
+            continue
+        for keyword in decorator.keywords:
+            if keyword.arg == "shape" and isinstance(keyword.value, ast.Constant):
+                value = keyword.value.value
+                return value if isinstance(value, str) else None
+    return None
+
+
+def check_shaped(plugin: Plugin, shape: str, file: str) -> list[Finding]:
+    """PT402 for a function decorated with ``shape=``: what its framework's shape needs of it."""
+    node = plugin.node
+    out: list[Finding] = []
+    for problem in shape_problems(_signature_only(node), shape, plugin.decorated is Kind.GROUP_GRADER):
+        decorated = plugin.decorated.value if plugin.decorated else plugin.kind.value
+        out.append(finding(file, node, "PT402", f"@{decorated}(shape={shape!r}) `{node.name}`: {problem}"))
+    return out
 
 
 def check_exits(plugin: Plugin, imports: dict[str, str], file: str) -> list[Finding]:

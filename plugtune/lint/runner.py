@@ -24,7 +24,15 @@ from plugtune.lint.blocking import check_blocking
 from plugtune.lint.findings import RULES, Finding, finding
 from plugtune.lint.graders import check_excepts, check_grader
 from plugtune.lint.names import import_map
-from plugtune.lint.plugins import check_exits, check_foreign, check_plugin, find_plugins, foreign_shape
+from plugtune.lint.plugins import (
+    check_exits,
+    check_foreign,
+    check_plugin,
+    check_shaped,
+    decorator_shape,
+    find_plugins,
+    foreign_shape,
+)
 from plugtune.sdk.decorators import Kind
 from plugtune.spec import job_yaml
 
@@ -204,6 +212,11 @@ def lint_source(
     plugins = find_plugins(tree, imports, expected, in_plugins_dir)
     graders = {p.node.name for p in plugins if p.kind in (Kind.GRADER, Kind.GROUP_GRADER)}
     for plugin in plugins:
+        shaped = decorator_shape(plugin.node) if plugin.decorated is not None else None
+        if shaped is not None:  # a TRL/verl function the decorator adapts: its own shape's checks
+            out.extend(check_shaped(plugin, shaped, file))
+            out.extend(check_exits(plugin, imports, file))
+            continue
         shape = foreign_shape(plugin.node)
         if shape is not None:  # the other rules would steer it to a decorator it cannot take
             out.append(check_foreign(plugin, shape, expected, file))

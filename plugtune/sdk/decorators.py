@@ -1,7 +1,9 @@
 """``@rollout``, ``@grader`` and ``@group_grader``: mark a function as a plugin.
 
 The decorators only attach a :class:`PluginSpec`; the function itself is unchanged, so it can
-still be called and tested directly.
+still be called and tested directly. With ``shape="trl"``, ``"trl-text"`` or ``"verl"`` a grader is
+a TRL or verl reward function as it is, and the decorator returns an adapter that plugtune calls
+(see :mod:`plugtune.sdk.shapes`; called as its framework calls it, it calls the function so).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from plugtune.sdk.runtime_spec import Runtime
+from plugtune.sdk.shapes import SHAPES, adapt, shape_problems
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,29 +74,44 @@ def signature_problems(fn: Callable[..., Any], kind: Kind) -> list[str]:
     return []
 
 
-def _decorate(kind: Kind, fn: F | None, runtime: Runtime | None, weight: float) -> Any:
+def _decorate(
+    kind: Kind, fn: F | None, runtime: Runtime | None, weight: float, shape: str | None = None
+) -> Any:
     if runtime is not None and not isinstance(runtime, Runtime):
         raise TypeError(f"@{kind.value}(runtime=...) needs a plugtune.Runtime, got {type(runtime).__name__}")
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
         raise ValueError(f"@{kind.value}(weight={weight!r}): weight must be a number > 0")
 
+    if shape is not None and shape not in SHAPES:
+        raise ValueError(f"@{kind.value}(shape={shape!r}): use one of {', '.join(map(repr, SHAPES))}")
+
     def wrap(f: F) -> F:
         if not callable(f):
             raise TypeError(f"@{kind.value} decorates a function, got {type(f).__name__}")
+        if shape is not None:
+            foreign = shape_problems(f, shape, kind is Kind.GROUP_GRADER)
+            if foreign:
+                raise TypeError(f"@{kind.value}(shape={shape!r}) {f.__name__}: {foreign[0]}")
+            adapter = adapt(f, shape, kind is Kind.GROUP_GRADER)
+            setattr(adapter, SPEC_ATTR, _spec(kind, f, runtime, weight))
+            return adapter  # type: ignore[return-value]
         problems = signature_problems(f, kind)
         if problems:
             raise TypeError(f"@{kind.value} {f.__name__}: {problems[0]}")
-        spec = PluginSpec(
-            kind=kind,
-            name=f.__name__,
-            runtime=runtime or Runtime(),
-            weight=float(weight),
-            is_async=inspect.iscoroutinefunction(f),
-        )
-        setattr(f, SPEC_ATTR, spec)
+        setattr(f, SPEC_ATTR, _spec(kind, f, runtime, weight))
         return f
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _spec(kind: Kind, f: Callable[..., Any], runtime: Runtime | None, weight: float) -> PluginSpec:
+    return PluginSpec(
+        kind=kind,
+        name=f.__name__,
+        runtime=runtime or Runtime(),
+        weight=float(weight),
+        is_async=inspect.iscoroutinefunction(f),
+    )
 
 
 @overload
@@ -106,27 +124,34 @@ def rollout(fn: F | None = None, *, runtime: Runtime | None = None) -> F | Calla
 
 
 @overload
-def grader(fn: F, *, weight: float = 1.0, runtime: Runtime | None = None) -> F: ...
+def grader(fn: F, *, weight: float = 1.0, runtime: Runtime | None = None, shape: str | None = None) -> F: ...
 @overload
-def grader(fn: None = None, *, weight: float = 1.0, runtime: Runtime | None = None) -> Callable[[F], F]: ...
 def grader(
-    fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None
+    fn: None = None, *, weight: float = 1.0, runtime: Runtime | None = None, shape: str | None = None
+) -> Callable[[F], F]: ...
+def grader(
+    fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None, shape: str | None = None
 ) -> F | Callable[[F], F]:
-    """Mark ``fn(ctx, sample, trajectory) -> float | None`` as a grader (``None`` = unscorable)."""
-    return _decorate(Kind.GRADER, fn, runtime, weight)
+    """Mark ``fn(ctx, sample, trajectory) -> float | None`` as a grader (``None`` = unscorable);
+    ``shape="verl"``: a verl ``compute_score(data_source, solution_str, ground_truth, extra_info)``,
+    ``"trl"``/``"trl-text"``: a TRL reward function, called with one completion at a time."""
+    return _decorate(Kind.GRADER, fn, runtime, weight, shape)
 
 
-@overload
-def group_grader(fn: F, *, weight: float = 1.0, runtime: Runtime | None = None) -> F: ...
 @overload
 def group_grader(
-    fn: None = None, *, weight: float = 1.0, runtime: Runtime | None = None
+    fn: F, *, weight: float = 1.0, runtime: Runtime | None = None, shape: str | None = None
+) -> F: ...
+@overload
+def group_grader(
+    fn: None = None, *, weight: float = 1.0, runtime: Runtime | None = None, shape: str | None = None
 ) -> Callable[[F], F]: ...
 def group_grader(
-    fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None
+    fn: F | None = None, *, weight: float = 1.0, runtime: Runtime | None = None, shape: str | None = None
 ) -> F | Callable[[F], F]:
-    """Mark ``fn(ctx, sample, trajectories) -> list[float | None]`` as a group grader."""
-    return _decorate(Kind.GROUP_GRADER, fn, runtime, weight)
+    """Mark ``fn(ctx, sample, trajectories) -> list[float | None]`` as a group grader;
+    ``shape="trl"``/``"trl-text"``: a TRL reward function, called with the group's completions."""
+    return _decorate(Kind.GROUP_GRADER, fn, runtime, weight, shape)
 
 
 def spec_of(fn: Any) -> PluginSpec | None:

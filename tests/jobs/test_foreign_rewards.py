@@ -1,9 +1,11 @@
-"""PT405 (issue 24, item 13): a TRL- or verl-shaped reward function that job.yaml names as a grader
-is recognised, and the @grader that the finding's fix spells out, pasted as it is, lints clean and
-grades a real job."""
+"""TRL- and verl-shaped reward functions, unchanged (issue 29 item 1): lint recognises them (PT405)
+and its fix is a decorator, not a rewrite; decorated as it says, they lint clean, grade a real job
+(the TRL one a group at a time, each row's extra fields as keyword lists; the verl one with the
+row's data_source, ground_truth and extra_info) and can still be called as their frameworks call them."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import textwrap
 from pathlib import Path
@@ -26,24 +28,32 @@ def accuracy_reward(prompts, completions, answer, **kwargs):
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    assert data_source == "arith" and extra_info["ground_truth"] == ground_truth
-    return float(solution_str.strip() == ground_truth) + 0.01 * len(solution_str)
+    assert data_source == "arith" and extra_info["split"] == "train"
+    score = float(solution_str.strip() == ground_truth) + 0.01 * len(solution_str)
+    return {"score": score, "chars": len(solution_str)}
 """
 
 
-def _pasted_fix(fix: str) -> str:
-    """The grader the fix spells out (`@grader def name(...): return ...`) as module source."""
-    code = re.search(r"add `(@grader def .+?)`(?: \(|, then)", fix)
-    assert code, fix
-    head, body = code[1].removeprefix("@grader ").split(": return ", 1)
-    return f"@grader\n{head}:\n    return {body}\n"
+def _decorated(fix: str) -> str:
+    """The decorator the fix names (`decorate it @group_grader(shape="trl") ...`)."""
+    found = re.search(r"decorate it (@\w+\(shape=\"[\w-]+\"\))", fix)
+    assert found, fix
+    return found[1]
 
 
-def test_the_fix_of_a_trl_and_a_verl_reward_function_grades_a_real_job(
+def test_a_trl_and_a_verl_reward_function_grade_a_real_job_with_only_a_decorator(
     tmp_path: Path, store: Store, home: Settings
 ) -> None:
     rows = [
-        {**r, "extra": {**r["extra"], "data_source": "arith", "ground_truth": r["extra"]["answer"]}}
+        {
+            **r,
+            "extra": {
+                **r["extra"],
+                "data_source": "arith",
+                "reward_model": {"ground_truth": r["extra"]["answer"]},
+                "extra_info": {"split": "train"},
+            },
+        }
         for r in ROWS
     ]
     job_file = make_job(tmp_path / "p", grader=FOREIGN, rows=rows, hyper={"steps": 1, "max_new_tokens": 8})
@@ -58,14 +68,18 @@ def test_the_fix_of_a_trl_and_a_verl_reward_function_grades_a_real_job(
     assert [(f.rule, f.line) for f in findings] == [("PT405", 2), ("PT405", 6)], findings
     trl, verl = findings
     assert "is a TRL reward function" in trl.message and "job.yaml names it" in trl.message
-    assert "is a verl reward function" in verl.message and "@grader" not in trl.message
+    assert "is a verl reward function" in verl.message
+    assert _decorated(trl.fix) == '@group_grader(shape="trl")' and 'shape="trl-text"' in trl.fix
+    assert _decorated(verl.fix) == '@grader(shape="verl")' and "plugins.graders" in verl.fix
+    # accuracy_reward reads completions as strings: the fix's text variant; nothing else changes
+    source = textwrap.dedent(FOREIGN).replace(
+        "\ndef accuracy_reward", '\n@group_grader(shape="trl-text")\ndef accuracy_reward'
+    )
+    source = source.replace("\ndef compute_score", "\n" + _decorated(verl.fix) + "\ndef compute_score")
     grader_py = tmp_path / "p" / "plugins" / "grader.py"
-    pasted = "\n".join(_pasted_fix(f.fix) for f in findings)
-    grader_py.write_text("from plugtune import grader\n" + textwrap.dedent(FOREIGN) + "\n\n" + pasted)
-    spec["plugins"]["graders"] = [
-        {"entry": "plugins/grader.py:grade_accuracy_reward"},
-        {"entry": "plugins/grader.py:grade_compute_score"},
-    ]
+    grader_py.write_text("from plugtune import grader, group_grader\n" + source)
+    spec["plugins"]["graders"] = [{"entry": "plugins/grader.py:compute_score"}]
+    spec["plugins"]["group_graders"] = [{"entry": "plugins/grader.py:accuracy_reward"}]
     job_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     assert lint_paths([tmp_path / "p"]).findings == []
 
@@ -74,3 +88,17 @@ def test_the_fix_of_a_trl_and_a_verl_reward_function_grades_a_real_job(
     assert run_job(store, home, job_id, wait_for_retries=False) == "succeeded", store.get_job(job_id)
     scored = store.trajectories(job_id, limit=50)
     assert scored and all(t.status == "success" and t.reward is not None and t.reward > 0 for t in scored)
+    records = store.trajectory_records(job_id, [t.trajectory_id for t in scored])
+    assert all(set(r.reward_components) == {"accuracy_reward", "compute_score"} for r in records)
+    assert all(r.metrics.get("compute_score/chars", 0) >= 1 for r in records)  # verl's extra numbers
+
+    # the module still works where it came from: called as TRL and verl call them
+    loaded = importlib.util.spec_from_file_location("graded", grader_py)
+    assert loaded is not None and loaded.loader is not None
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    assert module.accuracy_reward(prompts=["1+1?"], completions=["2"], answer=["2"]) == [1.1]
+    score = module.compute_score(
+        data_source="arith", solution_str="2", ground_truth="2", extra_info={"split": "train"}
+    )
+    assert score == {"score": 1.01, "chars": 1}

@@ -14,7 +14,9 @@ The rules (DESIGN §2, Ark semantics):
   trajectory unscorable, never 0); its ``ctx.metric`` values land as ``<grader>/<name>`` whatever
   its verdict;
 - the reward is the weighted sum of the components of a trajectory that succeeded (``None`` when
-  no grader scored it).
+  no grader scored it);
+- a finished group settles once (:func:`settle_group`): a plugin's discard drops it whole, else
+  ``failure_policy.group`` (:class:`GroupRule`) may drop it.
 """
 
 from __future__ import annotations

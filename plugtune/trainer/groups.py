@@ -5,11 +5,11 @@ How a plugin's verdict changes a trajectory (failure, retry, discard, unscorable
 failure or non-success verdict stays in the trajectory's ``errors`` with its try number, also the
 tries the caller retried (a trajectory that succeeded on its second try keeps its first try's
 verdict); ``discard`` from any plugin drops the whole group, each of its trajectories keeping the
-plugin's reason in ``discard_reason``. Retries belong to the
-caller the jobs layer passes in; each attempt of a rollout reopens its trajectory id in the
-policy server, so a failed attempt's tokens never reach the loss. When a group is stopped (the
-caller raises anything else to stop the job, or the step is cancelled), every one of its
-trajectories is still kept, in ``GroupRunner.stopped``: the finished ones as they ended, the
+plugin's reason in ``discard_reason``, else ``group_rule`` (``failure_policy.group``) may drop it.
+Retries belong to the caller the jobs layer passes in; each attempt of a rollout reopens its
+trajectory id in the policy server, so a failed attempt's tokens never reach the loss. When a
+group is stopped (the caller raises anything else to stop the job, or the step is cancelled),
+every one of its trajectories is still kept, in ``GroupRunner.stopped``: the finished ones as they ended, the
 unfinished ones ``failed`` with stop reason :data:`STOPPED` and the tokens they had so far.
 A trajectory's ``metrics`` hold its rollout's ``ctx.metric`` values by name and each grader's as
 ``<grader>/<name>`` (a group grader's on every trajectory it graded).

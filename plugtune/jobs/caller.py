@@ -152,6 +152,7 @@ class PolicyCaller:
         self.spans = spans or CallSpans()
         self.retries = 0
         self.dependency_waited_s = 0.0  # all backoff waits of this job's calls, in seconds
+        self.backoff_waited_s = 0.0  # the waits of failure_policy.backoff_s before plugins' retries
         self._rng = rng or random.Random()
         self._steps: dict[int, StepCounts] = {}
         self.outages: dict[str, Outage] = {}  # by dependency name, until a call on it succeeds
@@ -206,6 +207,12 @@ class PolicyCaller:
         counts.by_plugin[plugin] += 1
         if error is not None:
             counts.examples.setdefault(cause, error)
+
+    async def _back_off(self, delay: float) -> None:
+        """Wait ``failure_policy``'s backoff before a plugin's next try (counted with the waits)."""
+        if delay > 0:
+            await asyncio.sleep(delay)
+            self.backoff_waited_s += delay
 
     def dependency_delay(
         self, retry_after_s: float | None, tries: int, spent_s: float, down: bool = False
@@ -276,9 +283,14 @@ class PolicyCaller:
                 continue
             except PluginCallError as exc:
                 self._failed_call(fn, call_ctx, started_ns, exc)
-                decision = decide(kind_of(exc), plugin_try, self.failure)
+                rules = self.failure.for_call(fn.spec.name, exc.cause)
+                decision = decide(kind_of(exc), plugin_try, rules)
                 if isinstance(decision, RetryCall):
-                    log.info("retrying %s after %s (try %d)", fn.spec.name, exc.cause, attempt + 1)
+                    delay = rules.backoff(plugin_try, self._rng.random())
+                    log.info(
+                        "retrying %s after %s in %.2f s (try %d)", fn.spec.name, exc.cause, delay, attempt + 1
+                    )
+                    await self._back_off(delay)
                     attempt, plugin_try, self.retries = attempt + 1, decision.attempt, self.retries + 1
                     prefer = ""
                     continue
@@ -324,10 +336,12 @@ class PolicyCaller:
                 attempt, self.retries, prefer = attempt + 1, self.retries + 1, outcome.instance_id
                 continue
             kind_of_status, cause = reported
-            error = status_error(cause, fn.spec.name, outcome, (plugin_try, self.failure.max_attempts), ctx)
+            rules = self.failure.for_call(fn.spec.name, cause.value)
+            error = status_error(cause, fn.spec.name, outcome, (plugin_try, rules.max_attempts), ctx)
             self._count_error(ctx.step, fn.spec.name, cause.value, error)
-            decision = decide(kind_of_status, plugin_try, self.failure)
+            decision = decide(kind_of_status, plugin_try, rules)
             if isinstance(decision, RetryCall):
+                await self._back_off(rules.backoff(plugin_try, self._rng.random()))
                 attempt, plugin_try, self.retries = attempt + 1, decision.attempt, self.retries + 1
                 prefer = ""
                 continue

@@ -448,6 +448,61 @@ class GroupPolicy(BaseModel):
         return GroupRule(drop=self.drop, min_scored=self.min_scored)
 
 
+#: The causes of a failed plugin call that ``failure_policy.by_cause`` may set (a Create faas fault
+#: is never retried: the same code fails again; a Dependency error has ``failure_policy.dependency``).
+CALL_CAUSES = (
+    "Timeout",
+    "EOF",
+    "500",
+    "FaaS OOM",
+    "FaaS pids limit",
+    "FaaS disk limit",
+    "Invalid reward",
+    "Status failure",
+    "Status retry",
+)
+CallCause = Literal[
+    "Timeout",
+    "EOF",
+    "500",
+    "FaaS OOM",
+    "FaaS pids limit",
+    "FaaS disk limit",
+    "Invalid reward",
+    "Status failure",
+    "Status retry",
+]
+MAX_BACKOFF_S = 60.0  # the longest wait between a call's tries, whatever backoff_s doubles to
+
+
+class CallPolicy(BaseModel):
+    """What happens to some failed calls (a cause's, a plugin's): each field left out keeps the value
+    of the policy above it (the plugin's, then the job's ``by_cause``, then the job's)."""
+
+    model_config = _STRICT
+
+    max_attempts: int | None = Field(default=None, ge=1, le=100, description="Tries per call.")
+    on_exhausted: Literal["fail_job", "drop_sample"] | None = Field(
+        default=None, description="After the last try: fail the job, or drop the sample and count it."
+    )
+    backoff_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds before the second try, doubled for each later one (at most 60 s, with "
+        "jitter in its upper half); 0 retries at once.",
+    )
+
+
+class PluginPolicy(CallPolicy):
+    """A plugin's own failure policy (``failure_policy.plugins.<name>``), with its own ``by_cause``."""
+
+    by_cause: dict[CallCause, CallPolicy] = Field(
+        default_factory=dict, description="Overrides for this plugin's calls that failed with a cause."
+    )
+
+
 class FailurePolicy(BaseModel):
     """What happens when a plugin call fails (status `failure` or an exception)."""
 
@@ -459,6 +514,25 @@ class FailurePolicy(BaseModel):
     on_exhausted: Literal["fail_job", "drop_sample"] = Field(
         default="fail_job", description="After the last try: fail the job, or drop the sample and count it."
     )
+    backoff_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds before a failed call's second try, doubled for each later one (at most "
+        "60 s, with jitter in its upper half); 0 retries at once.",
+    )
+    by_cause: dict[CallCause, CallPolicy] = Field(
+        default_factory=dict,
+        description="Overrides for calls that failed with a cause (`Timeout`, `EOF`, `500`, `FaaS OOM`, "
+        "`FaaS pids limit`, `FaaS disk limit`, `Invalid reward`, `Status failure`, `Status retry`), "
+        "e.g. `Timeout: {max_attempts: 1, on_exhausted: drop_sample}`.",
+    )
+    plugins: dict[str, PluginPolicy] = Field(
+        default_factory=dict,
+        description="Overrides for one plugin's calls, by its name in the job (its `name:`, else its "
+        "function), each with its own `by_cause`.",
+    )
     dependency: DependencyRetry = Field(
         default_factory=DependencyRetry,
         description="Calls that failed on a declared service (Dependency error): retried apart from "
@@ -469,6 +543,33 @@ class FailurePolicy(BaseModel):
         description="The group rule: drop a failed trajectory or its whole group, or keep a group only "
         "with at least min_scored scored trajectories.",
     )
+
+    def for_call(self, plugin: str, cause: str) -> FailurePolicy:
+        """The policy for a call of ``plugin`` that failed with ``cause``: for each of
+        ``max_attempts``, ``on_exhausted`` and ``backoff_s``, the first set of the plugin's
+        ``by_cause``, the plugin's own, the job's ``by_cause``, the job's."""
+        own = self.plugins.get(plugin)
+        layers: list[CallPolicy] = []
+        if own is not None:
+            layers += [p for p in (own.by_cause.get(cause),) if p is not None] + [own]  # type: ignore[call-overload]
+        layers += [p for p in (self.by_cause.get(cause),) if p is not None]  # type: ignore[call-overload]
+        if not layers:
+            return self
+        update: dict[str, Any] = {}
+        for key in ("max_attempts", "on_exhausted", "backoff_s"):
+            for layer in layers:
+                value = getattr(layer, key)
+                if value is not None:
+                    update[key] = value
+                    break
+        return self.model_copy(update=update) if update else self
+
+    def backoff(self, tries: int, draw: float) -> float:
+        """Seconds to wait after the ``tries``-th try failed (``draw`` in [0, 1): the jitter)."""
+        if self.backoff_s <= 0:
+            return 0.0
+        step = min(self.backoff_s * 2 ** min(tries - 1, 30), MAX_BACKOFF_S)
+        return step * (0.5 + 0.5 * draw)
 
 
 class RetryPolicy(BaseModel):

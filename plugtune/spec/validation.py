@@ -135,6 +135,8 @@ def validate_job(
     model_dir = _check_model(raw, lines, base_dir, name, found) if check_model else None
     counts = _check_data(raw, lines, base_dir, name, found, reach)
     refs = _check_plugins(raw, lines, base_dir, name, found, reach)
+    if spec is not None:
+        found.value.extend(_policy_plugin_problems(spec, refs, lines, name))
     if confine is not None:
         found.value.extend(_secret_problems(raw, lines, name, confine))
     found.raise_if_any()
@@ -155,6 +157,23 @@ def validate_job(
         group_graders=_with_overrides(refs["group_graders"], spec.plugins.group_graders),
         lines=dict(lines),
     )
+
+
+def _policy_plugin_problems(
+    spec: JobSpec, refs: dict[str, list[PluginRef]], lines: dict[Path_, int], name: str
+) -> list[Problem]:
+    """``failure_policy.plugins`` keys that name no plugin of the job (a typo would go unused)."""
+    names = sorted(r.name for group in refs.values() for r in group)
+    out = []
+    for key in spec.failure_policy.plugins:
+        if key not in names:
+            loc: Path_ = ("failure_policy", "plugins", key)
+            message = (
+                f"no plugin of this job is named {key!r}; name one of {', '.join(names)} (a plugin's "
+                "name is its `name:` in plugins, else its function)"
+            )
+            out.append(Problem(name, message, _line_of(loc, lines), _field_text(loc)))
+    return out
 
 
 def _with_overrides(

@@ -375,7 +375,7 @@ async def cold_starts(fn: object) -> float:
     times = []
     for _ in range(10):
         t = time.perf_counter()
-        instance = await deployment.add_instance()
+        instance = await deployment.pool.add_instance()
         times.append((time.perf_counter() - t) * 1000)
         instance.kill("benchmark")
         await asyncio.sleep(0.3)  # isolated starts: back-to-back cgroup attaches would be cheaper

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugtune.errors import InvalidValueError, PluginCallError, Problem
+from plugtune.errors import InvalidValueError, Problem
 from plugtune.runtime import Function
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.runtime.snapshot import SnapshotError, collect, content_hash
@@ -36,17 +36,14 @@ class JobFunction:
             weight=fn.spec.weight if weight is None else weight,
             name=name or fn.spec.name,
         )
+        fn.name = self._spec.name  # the runtime's errors name it as the store and console do
 
     @property
     def spec(self) -> PluginSpec:
         return self._spec
 
     async def invoke(self, ctx: Context, *args: Any) -> CallOutcome:
-        try:
-            return await self.fn.invoke(ctx, *args)
-        except PluginCallError as exc:
-            exc.plugin = self.spec.name  # the store and console name plugins by this name
-            raise
+        return await self.fn.invoke(ctx, *args)
 
 
 def entry_of(ref: PluginRef) -> str:
@@ -98,11 +95,9 @@ async def deploy_all(rt: BaseRuntime, job: ValidatedJob) -> list[JobFunction]:
     dependencies = job.spec.declared()
     for ref in (job.rollout, *job.graders, *job.group_graders):
         overrides = ref.runtime.given() if ref.runtime is not None else None  # over the decorator's
-        try:
-            fn = await rt.deploy(entry_of(ref), runtime=overrides, env=env, dependencies=dependencies)
-        except PluginCallError as exc:  # Create faas fault: named as the store and console name it
-            exc.plugin = ref.name
-            raise
+        fn = await rt.deploy(
+            entry_of(ref), runtime=overrides, env=env, dependencies=dependencies, name=ref.name
+        )
         check_kind(job, ref, fn)
         deployed.append(JobFunction(fn, ref.weight, ref.name))
     return deployed

@@ -21,7 +21,8 @@ RUNNING, CLOSED = "running", "closed"
 
 
 class Function:
-    """A deployed plugin. ``invoke`` returns a :class:`CallOutcome` or raises ``PluginCallError``."""
+    """A deployed plugin. ``invoke`` returns a :class:`CallOutcome` or raises ``PluginCallError``
+    naming the plugin by ``name``: the name the job gives it (job.yaml's), else its entry."""
 
     def __init__(
         self,
@@ -30,8 +31,10 @@ class Function:
         snapshot: CodeSnapshot,
         inject: FaultInjection | None,
         metrics_period_s: float,
+        name: str = "",
     ) -> None:
         self.entry = entry
+        self.name = name or entry
         self.deployment = deployment
         self.spec: PluginSpec = deployment.spec
         self.runtime: Runtime = deployment.runtime
@@ -60,7 +63,7 @@ class Function:
         if isinstance(result, Failed):
             error = classify(
                 result,
-                plugin=self.entry,
+                plugin=self.name,
                 call_id=call_id,
                 trajectory_id=ctx.trajectory_id,
                 code_hash=self.code_hash,
@@ -80,7 +83,7 @@ class Function:
             raise call_error(
                 exc.cause,
                 exc.message,
-                plugin=self.entry,
+                plugin=self.name,
                 call_id=call_id,
                 instance_id=result.instance_id,
                 trajectory_id=ctx.trajectory_id,

@@ -30,13 +30,14 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", bound="BaseRuntime")
 
 
-def parse_entry(entry: str) -> tuple[Path, str]:
-    """``"path/to/file.py:function"`` -> (path, function); raises a Create faas fault when malformed."""
+def parse_entry(entry: str, label: str = "") -> tuple[Path, str]:
+    """``"path/to/file.py:function"`` -> (path, function); raises a Create faas fault naming the plugin
+    ``label`` (else the entry) when malformed."""
     if not isinstance(entry, str) or ":" not in entry:
-        raise create_fault(entry, f"entry {entry!r} must look like 'path/to/file.py:function'")
+        raise create_fault(label or entry, f"entry {entry!r} must look like 'path/to/file.py:function'")
     path, _, function = entry.rpartition(":")
     if not path or not function.isidentifier():
-        raise create_fault(entry, f"entry {entry!r} must look like 'path/to/file.py:function'")
+        raise create_fault(label or entry, f"entry {entry!r} must look like 'path/to/file.py:function'")
     return Path(path), function
 
 
@@ -87,6 +88,7 @@ class BaseRuntime:
         env: dict[str, str] | None = None,
         inject: FaultInjection | None = None,
         dependencies: Mapping[str, Any] | Iterable[Dependency] | None = None,
+        name: str = "",
     ) -> Function:
         """Snapshot the entry's folder and start the function; raises ``PluginCallError`` (Create faas
         fault) naming what is wrong when it cannot.
@@ -95,10 +97,12 @@ class BaseRuntime:
         only the fields it names. ``dependencies``: the services the plugin calls, as job.yaml's
         ``dependencies:`` (``{"judge": "http://127.0.0.1:8000/v1"}`` or ``{"judge": {"url": ...,
         "rpm": 600}}``): under ``network: policy-only`` the instances reach these and the policy
-        only; raises ValueError when one is malformed."""
+        only; raises ValueError when one is malformed. ``name``: what the job calls the plugin
+        (job.yaml's name); its errors, from deploying it on, name it so (else by its entry)."""
         if self.backend is None:
             raise RuntimeError("use the runtime as `async with ...` (or await start()) before deploy()")
-        path, function = parse_entry(entry)
+        label = name or entry
+        path, function = parse_entry(entry, label)
         _check_options(runtime, env, inject)
         if dependencies is None or isinstance(dependencies, Mapping):
             declared = parse_dependencies(dependencies)
@@ -107,24 +111,24 @@ class BaseRuntime:
         live = [f for f in self.functions if f.status == RUNNING]
         if len(live) >= self.quota.max_functions:
             raise create_fault(
-                entry,
+                label,
                 f"quota exceeded: {len(live)} functions are deployed "
                 f"(max_functions={self.quota.max_functions}: {how_to_raise('max_functions')})",
             )
         if isinstance(runtime, Runtime):
-            self._check_memory(entry, runtime)
+            self._check_memory(label, runtime)
         try:
             snapshot = take(path, self.state_dir)
         except (SnapshotError, OSError) as exc:
-            raise create_fault(entry, str(exc)) from None
+            raise create_fault(label, str(exc)) from None
         request = DeployRequest(
             entry, snapshot.root, snapshot.relpath, function, runtime, dict(env or {}), declared
         )
         try:
             deployment = await self.backend.deploy(request)
         except DeployFailed as exc:
-            raise create_fault(entry, exc.message, exc.traceback, exc.logs) from None
-        fn = Function(entry, deployment, snapshot, inject, self.metrics_period_s)
+            raise create_fault(label, exc.message, exc.traceback, exc.logs) from None
+        fn = Function(entry, deployment, snapshot, inject, self.metrics_period_s, name)
         if inject is not None and inject.dependency_faults:
             bridge = getattr(deployment, "bridge", None)  # the local backend's policy-only relay
             if bridge is None:

@@ -74,6 +74,25 @@ async def test_bad_plugin_is_create_fault_naming_the_problem(file: str, function
         assert (await good.invoke(ctx(), sample(), trajectory())).value == 0.0
 
 
+async def test_the_name_the_job_gives_a_plugin_names_its_errors_from_the_runtime() -> None:
+    async with LocalRuntime() as rt:
+        with pytest.raises(PluginCallError) as info:
+            await rt.deploy(entry("syntax_error.py", "score"), name="judge")
+        assert info.value.cause == Cause.CREATE_FAULT.value and info.value.plugin == "judge"
+        with pytest.raises(PluginCallError) as info:
+            await rt.deploy("no-colon-here", name="judge")
+        assert info.value.plugin == "judge"
+        named = await rt.deploy(entry("faults.py", "raises"), name="judge")
+        with pytest.raises(PluginCallError) as info:
+            await named.invoke(ctx(), sample(fail=True), trajectory())
+        assert (info.value.cause, info.value.plugin) == (Cause.ERROR_500.value, "judge")
+        assert info.value.record().evidence["plugin"] == "judge"
+        unnamed = await rt.deploy(entry("faults.py", "raises"))  # no name: its entry
+        with pytest.raises(PluginCallError) as info:
+            await unnamed.invoke(ctx(), sample(fail=True), trajectory())
+        assert info.value.plugin == entry("faults.py", "raises")
+
+
 @pytest.mark.parametrize(
     ("file", "where", "module"),
     [
@@ -104,7 +123,7 @@ async def test_import_error_and_failing_setup_point_at_the_user_line() -> None:
         with pytest.raises(PluginCallError) as info:
             await rt.deploy(entry("setup_fails.py", "score"))
         assert info.value.traceback.splitlines()[0] == "setup_fails.py:8 in setup"
-        assert any("setting up" in line.message for line in info.value.logs)  # type: ignore[attr-defined]
+        assert any("setting up" in line.message for line in info.value.logs)
 
 
 async def test_setup_runs_once_per_instance() -> None:

@@ -1,7 +1,8 @@
 """What a function's ``PolicyBridge`` measures of each declared dependency, per sampling period.
 
 One :class:`DependencyMeter` per declared dependency per function (so per plugin): the connections
-the bridge let through to it (``requests_per_s``: a per-request client opens one per request), how
+the bridge let through to it (``requests_per_s``, and the period's count ``requests``: a
+per-request client opens one per request), how
 long each lasted until its reply's last bytes (``latency_p50_ms``/``latency_p99_ms``, from a bounded
 reservoir of the period's durations; a kept-alive connection counts once, for its whole life until
 its last reply), the calls that failed on it by cause (``errors/<cause>``, from the classified call
@@ -27,7 +28,7 @@ from plugtune.runtime.metrics import percentile
 PREFIX = "dependency/"
 RESERVOIR = 1024  # durations kept per period (uniformly drawn past that), for p50/p99
 CAUSES = tuple(c.value for c in DependencyCause)
-SERIES_PER_DEPENDENCY = 7 + len(CAUSES)
+SERIES_PER_DEPENDENCY = 8 + len(CAUSES)
 
 
 def series_name(dependency: str, metric: str) -> str:
@@ -75,6 +76,7 @@ class DependencyMeter:
         self.errors = collections.Counter()
         limited = errors.get(DependencyCause.RATE_LIMITED.value, 0)
         values = {
+            "requests": float(opened),  # the period's count: weighs its share over a longer range
             "requests_per_s": opened / dt,
             "open": float(self.budget.open),
             "waiting": float(self.budget.waiting),

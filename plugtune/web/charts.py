@@ -247,6 +247,10 @@ def plugin_metrics(
         else store.metrics(job_id, plugin.name, since=start, until=end, max_points=MAX_POINTS)
     )
     charts = [_chart(spec, series, x="time", x_min=start, x_max=end) for spec in PLUGIN_CHARTS]
+    from plugtune.web.dependency_panels import panels  # it draws with this module's _chart
+
+    job = store.get_job(job_id)
+    dependencies = panels(job.spec if job is not None else {}, plugin, series, start, end)
     message = ""
     if plugin.monitoring_expired:
         message = (
@@ -261,6 +265,7 @@ def plugin_metrics(
         reclaimed=plugin.monitoring_expired,
         reclaimed_message=message,
         charts=charts,
+        dependencies=dependencies,
     )
 
 

@@ -141,6 +141,27 @@ class ChartsOut(BaseModel):
     charts: list[ChartOut]
 
 
+class DependencyPanelOut(BaseModel):
+    """A service the plugin declared (job.yaml ``dependencies:`` or its decorator's) and what the
+    policy-only relay measured of it."""
+
+    name: str
+    url: str
+    rpm: int | None = Field(default=None, description="declared requests (connections) per minute")
+    concurrency: int | None = Field(default=None, description="declared connections at once")
+    timeout_s: float | None = None
+    note: str = Field(default="", description="why it is not measured, when it is not")
+    summary: dict[str, float] = Field(
+        default_factory=dict,
+        description="over the range: peak_requests_per_s, rate_limited_share (weighted by requests), "
+        "peak_latency_p99_ms; empty when nothing was measured",
+    )
+    charts: list[ChartOut] = Field(
+        description="requests/s, latency p50/p99, errors by cause, budget in use (open, limit, "
+        "waiting), 429 share"
+    )
+
+
 class PluginMetricsOut(BaseModel):
     plugin: str
     range: str
@@ -149,6 +170,9 @@ class PluginMetricsOut(BaseModel):
     reclaimed: bool
     reclaimed_message: str = ""
     charts: list[ChartOut]
+    dependencies: list[DependencyPanelOut] = Field(
+        default_factory=list, description="a panel per declared dependency of the plugin"
+    )
 
 
 class LogOut(BaseModel):

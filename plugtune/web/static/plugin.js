@@ -1,4 +1,4 @@
-// plugtune console: the Plugin tab's selector and resource-monitoring charts.
+// plugtune console: the Plugin tab's selector, resource-monitoring charts and dependency panels.
 "use strict";
 
 (function () {
@@ -13,6 +13,58 @@
     if (!value) return null;
     const ms = Date.parse(`${value}:00Z`);
     return Number.isFinite(ms) ? ms / 1000 : null;
+  }
+
+  const NO_DEPENDENCY =
+    "This plugin declares no dependency. A service its code calls (an LLM judge, an API) is declared in " +
+    "job.yaml dependencies: (name: URL, with rpm and concurrency if it has limits); each then has a panel " +
+    "here: requests/s, latency p50/p99, errors by cause, the budget in use and the 429 share.";
+
+  function budgetText(dep) {
+    const parts = [
+      `rpm ${dep.rpm === null ? "not declared" : dep.rpm}`,
+      `concurrency ${dep.concurrency === null ? "not declared" : dep.concurrency}`,
+    ];
+    if (dep.timeout_s !== null) parts.push(`timeout_s ${dep.timeout_s}`);
+    return parts.join(" · ");
+  }
+
+  function summaryText(summary) {
+    if (summary.peak_requests_per_s === undefined) return "Nothing measured in this range.";
+    if (summary.peak_requests_per_s === 0) return "No request in this range.";
+    const parts = [
+      `up to ${PT.fmtNumber(summary.peak_requests_per_s)} requests/s`,
+      `${PT.fmtNumber(Math.round(summary.rate_limited_share * 1000) / 10)}% of requests rate limited (429)`,
+    ];
+    if (summary.peak_latency_p99_ms !== undefined) parts.push(`p99 up to ${PT.fmtNumber(summary.peak_latency_p99_ms)} ms`);
+    return `In this range: ${parts.join(" · ")}.`;
+  }
+
+  // A panel per declared dependency (name, URL, declared budget, its charts), or the empty state.
+  function drawDependencies(root, panels, emptyText) {
+    if (!panels.length) {
+      root.replaceChildren(PT.el("div", { class: "notice", id: "no-dependencies", text: NO_DEPENDENCY }));
+      return;
+    }
+    root.replaceChildren();
+    for (const dep of panels) {
+      const grid = PT.el("div", { class: "charts" });
+      root.append(
+        PT.el("section", { class: "panel dependency", "data-dependency": dep.name }, [
+          PT.el("h3", { class: "mono dep-name", text: dep.name }),
+          PT.el("dl", { class: "kv" }, [
+            PT.el("dt", { text: "URL" }),
+            PT.el("dd", { class: "mono dep-url", text: dep.url }),
+            PT.el("dt", { text: "Declared budget" }),
+            PT.el("dd", { class: "mono dep-budget", text: budgetText(dep) }),
+          ]),
+          dep.note ? PT.el("div", { class: "notice dep-note", text: dep.note }) : null,
+          PT.el("p", { class: "dep-summary", text: summaryText(dep.summary || {}) }),
+          grid,
+        ]),
+      );
+      PT.drawCharts(grid, dep.charts, emptyText);
+    }
   }
 
   function setup(grid) {
@@ -46,6 +98,7 @@
         windowLabel.textContent = `${PT.fmtTime(answer.start)} – ${PT.fmtTime(answer.end)} UTC`;
         const empty = answer.reclaimed ? "Monitoring data reclaimed." : "No data in this range.";
         PT.drawCharts(grid, answer.charts, empty);
+        drawDependencies(document.getElementById("plugin-dependencies"), answer.dependencies || [], empty);
         grid.dataset.loadedRange = state.range;
         refreshed.textContent = `updated ${PT.fmtTime(Date.now() / 1000)} UTC · auto-refresh every minute`;
         if (state.range !== "custom") {

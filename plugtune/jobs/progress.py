@@ -66,5 +66,7 @@ def _summary(latest: dict[str, Any], errors: float) -> str:
         parts.append(f"reward {latest['reward/mean']:.3f}")
     if "loss" in latest:
         parts.append(f"loss {latest['loss']:.4f}")
+    if "memory/peak_mib" in latest:
+        parts.append(f"mem {latest['memory/peak_mib']:.0f} MiB")
     parts.append(f"plugin errors {errors:.0f}")
     return "  ".join(parts)

@@ -8,6 +8,7 @@ right-padded in the ``*_BR`` tensors; position ``t`` is response token ``t``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections.abc import Sequence
@@ -36,6 +37,17 @@ class TrainBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.mask_BR.sum().item())
+
+    def to(self, device: torch.device) -> TrainBatch:
+        """This batch with its tensors on ``device`` (itself when they are there already)."""
+        if self.mask_BR.device == device:
+            return self
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **moved)
 
     @functools.cached_property
     def policy_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,9 +123,13 @@ def policy_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float)
     attention, say) each response gets a row of its own after a copy of its prompt. A
     sliding-window layer sees the whole packed row, which differs only past the window.
     """
+    device = next(model.parameters()).device
+    batch = batch.to(device)
     b_N, t_N = batch.policy_positions
     kind = mask_kind(model)
     packed = _pack(batch, shared=kind != "rows")
+    if packed.ids_GL.device != device:  # built from lists on the CPU
+        packed = _Packed(*(getattr(packed, f.name).to(device) for f in dataclasses.fields(packed)))
     row_N, source_N = packed.row_B[b_N], packed.source_BR[b_N, t_N]
     if kind == "fused":
         family = _family(model)
@@ -124,7 +140,7 @@ def policy_logits(model: PreTrainedModel, batch: TrainBatch, temperature: float)
     mask = packed.attention_G1LL
     if kind == "eager":  # an additive mask
         dtype = next(model.parameters()).dtype
-        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
     elif kind == "rows":
         mask = packed.attention_G1LL[:, 0].any(1).long()  # one row per response: a padding mask
     out = model(

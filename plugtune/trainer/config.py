@@ -10,7 +10,7 @@ trainer's own words as a :class:`plugtune.errors.Problem` naming the file and fi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -67,6 +67,21 @@ class TrainerConfig(BaseModel):
         "ask the policy (environment set-up, tools); on a machine whose cores training already "
         "fills it only adds contention.",
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="Where the trainer and the policy gateway run the model: `cuda` (the first GPU), "
+        "`cpu`, or `auto` (cuda when torch sees a GPU, else cpu).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="The model's weights and compute: `auto` is bfloat16 on a GPU that supports it, "
+        "else float32; bfloat16 halves the weights' memory (log-probs and the loss stay float32).",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Recompute activations in the backward pass instead of keeping them: less "
+        "memory, more compute (the model's own forward runs instead of plugtune's fused one).",
+    )
     lora: LoraSettings | None = Field(default=None, description=LoraSettings.docs())
 
     def __init__(self, **values: Any) -> None:
@@ -108,6 +123,9 @@ class TrainerConfig(BaseModel):
             doc = info.description or ""
             if name == "lora":
                 out[name] = doc
+            elif get_origin(info.annotation) is Literal:
+                choices = ", ".join(str(c) for c in get_args(info.annotation))
+                out[name] = f"{doc} Default {info.default!r}, one of {choices}."
             elif info.annotation is bool:
                 out[name] = f"{doc} Default {info.default!r} (true or false)."
             else:

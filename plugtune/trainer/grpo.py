@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import resource
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -99,6 +100,8 @@ class GRPOTrainer:
         checkpoint.seed_everything(config.seed)  # the adapter's initialisation too
         self.reference = _frozen_copy(model) if config.kl_coef > 0 else None  # the base, without adapter
         self.adapted = lora.attach(model, config.lora) if config.lora is not None else None
+        if config.gradient_checkpointing:  # recomputed in backward (objective.backward turns it on)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=config.learning_rate,
@@ -158,6 +161,7 @@ class GRPOTrainer:
         signal = self.monitor.measure(step, records, self.runner.plugins.weights())
         metrics = _metrics(records, parts, grad_norm, signal)
         metrics["weights/max_abs"] = _largest_trained_weight(self.model)
+        metrics["memory/peak_mib"] = step_memory_mib(next(self.model.parameters()).device)
         ended = time.perf_counter()
         began = self._last_end if prefetched and self._last_end is not None else called
         self._last_end = ended
@@ -401,6 +405,16 @@ def _metrics(
             }
         )
     return out
+
+
+def step_memory_mib(device: torch.device) -> float:
+    """The memory this step needed, in MiB: on a GPU the most allocated since the last step (then
+    reset), on the CPU the process's peak resident memory so far (the kernel keeps no per-step peak)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def _largest_trained_weight(model: PreTrainedModel) -> float:

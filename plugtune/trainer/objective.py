@@ -8,8 +8,9 @@ row per such token, and a token-level mean is a plain mean over them.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,23 @@ class NonFiniteLoss(ArithmeticError):
         self.value = value
 
 
+@contextlib.contextmanager
+def checkpointed(model: PreTrainedModel) -> Iterator[None]:
+    """With gradient checkpointing on (``hyperparameters.gradient_checkpointing``), let the model's
+    checkpointed layers recompute in backward: transformers does it only for a layer in training
+    mode, and the trainer keeps the model in eval mode (no dropout); only those layers' own flag is
+    set, so nothing inside them (dropout, attention dropout) changes."""
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    before = [m.training for m in layers]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m, was in zip(layers, before, strict=True):
+            m.training = was
+
+
 def backward(
     model: PreTrainedModel,
     reference: PreTrainedModel | None,
@@ -54,15 +72,18 @@ def backward(
     """Accumulate the gradient of the step's loss into ``model``; raise NonFiniteLoss on NaN/inf."""
     total = sum(b.num_tokens for b in batches)
     sums = dict.fromkeys(("loss", "pg", "kl", "entropy", "clip", "gap"), 0.0)
-    for batch in batches:
+    device = next(model.parameters()).device
+    for batch in (b.to(device) for b in batches):
         share = batch.num_tokens / total
         b_N, t_N = batch.policy_positions
         tokens_N = batch.response_ids_BR[b_N, t_N]
-        logps_N, entropy_N = token_logprobs_and_entropy(policy_logits(model, batch, temperature), tokens_N)
+        with checkpointed(model):
+            logits_N = policy_logits(model, batch, temperature)
+        logps_N, entropy_N = token_logprobs_and_entropy(logits_N, tokens_N)
         logps_N1, old_N1 = logps_N[:, None], batch.old_logps_BR[b_N, t_N][:, None]
         mask_N1 = torch.ones_like(logps_N1)
         pg, clip_fraction = clipped_pg_loss(logps_N1, old_N1, batch.advantages_B[b_N], mask_N1, clip_ratio)
-        kl = torch.zeros(())
+        kl = torch.zeros((), device=device)
         if reference is not None:
             with torch.no_grad():
                 ref_N = token_logprobs(policy_logits(reference, batch, temperature)[None], tokens_N[None])[0]

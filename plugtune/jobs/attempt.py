@@ -198,11 +198,13 @@ async def _train(
     from plugtune.gateway import JobSampling, PolicyGateway
     from plugtune.trainer.grpo import GRPOTrainer
     from plugtune.trainer.memory import settle_for_training
-    from plugtune.trainer.model import load_model
+    from plugtune.trainer.model import load_model, placement
 
     spec = job.spec
     config = spec.hyperparameters
-    loaded = load_model(job.model_dir)
+    device, dtype = placement(config.device, config.dtype, file=str(job.job_file))
+    loaded = load_model(job.model_dir, device=device, dtype=dtype)
+    log.info("the model runs on %s in %s", device, str(dtype).removeprefix("torch."))
     spans = CallSpans(spec.tracking.otlp.endpoint if spec.tracking.otlp else None, str(job_id))
     caller = PolicyCaller(spec.failure_policy, spans)
     functions = drain.functions

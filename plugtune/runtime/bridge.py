@@ -41,6 +41,7 @@ from plugtune.runtime.budget import Budgets, DependencyBudget
 from plugtune.runtime.dependencies import Dependency
 from plugtune.runtime.faults import FaultInjection
 from plugtune.runtime.meter import DependencyMeter
+from plugtune.runtime.protocol import TYPE_KEY
 from plugtune.runtime.worker.network import HEADER_MAX, Splice
 from plugtune.runtime.zygote_client import worker_env
 from plugtune.sdk import Policy
@@ -141,17 +142,20 @@ class PolicyBridge:
         return fault
 
     def observe(self, result: Returned | Failed) -> None:
-        """A call's outcome, for the budgets' AIMD: a call rate limited by a dependency lowers its
-        concurrency in use; a call that returned raises those of this function's dependencies."""
+        """A call's outcome, for the budgets' AIMD and the meters: a call that failed on a dependency
+        (or whose plugin raised ``Retry`` on its failure) counts under its cause, and lowers its
+        concurrency in use when rate limited; a call that returned otherwise raises those of this
+        function's dependencies."""
+        failed = failed_on(result)
+        if failed is not None:
+            cause, name = failed
+            budget = self.by_name.get(name)
+            if budget is not None and cause == "rate limited":
+                budget.rate_limited()
+            if name in self.meters:
+                self.meters[name].failed(cause)
+            return
         if isinstance(result, Failed):
-            if result.happened is Happened.DEPENDENCY:
-                cause, _, rest = result.cause.partition("/")
-                name = rest.partition("/")[0]
-                budget = self.by_name.get(name)
-                if budget is not None and cause == "rate limited":
-                    budget.rate_limited()
-                if name in self.meters:
-                    self.meters[name].failed(cause)
             return
         for budget in self.by_name.values():
             budget.succeeded()
@@ -196,6 +200,23 @@ class PolicyBridge:
             self.server = None
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def failed_on(result: Returned | Failed) -> tuple[str, str] | None:
+    """``(cause, dependency name)`` of a call that failed on a dependency: a Dependency error, or a
+    ``Retry`` its plugin raised on the dependency's failure (its status names it); else None."""
+    if isinstance(result, Failed):
+        if result.happened is not Happened.DEPENDENCY:
+            return None
+        cause, _, rest = result.cause.partition("/")
+        return cause, rest.partition("/")[0]
+    value = result.value
+    if not isinstance(value, dict) or value.get(TYPE_KEY) != "status" or value.get("status") != "retry":
+        return None
+    dependency = value.get("dependency")
+    if not isinstance(dependency, dict):
+        return None
+    return str(dependency.get("cause") or ""), str(dependency.get("name") or "")
 
 
 class _Outbound(Splice):

@@ -97,6 +97,27 @@ async def test_requests_latency_errors_and_the_429_share_of_a_judge_are_sampled(
     assert len([n for n in names if n.startswith("dependency/judge/")]) == SERIES_PER_DEPENDENCY
 
 
+async def test_a_retry_the_plugin_raised_on_a_429_counts_as_rate_limited(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    """The grader catches the judge's 429 and raises Retry: the call returns (status retry), yet it
+    failed on the judge: counted under rate limited, and it halves the concurrency in use."""
+    fn = await rt.deploy(
+        entry("judge.py", "retries_when_judge_fails"),
+        dependencies={"judge": {"url": url_of(server, ""), "concurrency": 4}},
+    )
+    fn.flush_metrics()
+    outcome = await fn.invoke(
+        Context(job_id="j", trajectory_id="t1"), sample(url=url_of(server, "429")), trajectory()
+    )
+    assert outcome.status == "retry"
+    fn.flush_metrics()
+    last = {p.name: p.value for p in fn.metrics()}
+    assert last["dependency/judge/errors/rate limited"] > 0
+    assert last["dependency/judge/rate_limited_share"] == 1.0
+    assert last["dependency/judge/limit"] == 2  # halved from 4, not raised as a success
+
+
 async def test_a_plugin_cannot_make_series_of_its_own_choosing(
     rt: LocalRuntime, server: ThreadingHTTPServer
 ) -> None:

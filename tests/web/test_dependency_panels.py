@@ -132,3 +132,10 @@ def test_the_429_share_over_a_range_weighs_each_sample_by_its_requests(store: St
         "rate_limited_share": 0.25,
         "peak_latency_p99_ms": 300.0,
     }
+
+
+def test_a_plugin_on_ray_says_its_dependencies_are_not_measured(store: Store) -> None:
+    spec = {"dependencies": {"judge": JUDGE}, "plugins": {"runtime_backend": "ray"}}
+    job_id = _job(store, spec, {"network": "policy-only"})
+    (panel,) = _metrics(store, job_id)["dependencies"]  # type: ignore[misc]
+    assert panel["note"].startswith("Not measured: on the Ray backend")

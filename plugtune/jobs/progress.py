@@ -66,6 +66,11 @@ def _summary(latest: dict[str, Any], errors: float) -> str:
         parts.append(f"reward {latest['reward/mean']:.3f}")
     if "loss" in latest:
         parts.append(f"loss {latest['loss']:.4f}")
+    filtered = latest.get("dynamic_sampling/filtered_groups", 0.0)
+    if filtered:  # hyperparameters.dynamic_sampling left groups out of the last step
+        parts.append(
+            f"filtered {filtered:.0f} (+{latest.get('dynamic_sampling/extra_rollouts', 0.0):.0f} rollouts)"
+        )
     if "memory/peak_mib" in latest:
         parts.append(f"mem {latest['memory/peak_mib']:.0f} MiB")
     parts.append(f"plugin errors {errors:.0f}")

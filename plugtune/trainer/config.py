@@ -82,6 +82,24 @@ class TrainerConfig(BaseModel):
         description="Recompute activations in the backward pass instead of keeping them: less "
         "memory, more compute (the model's own forward runs instead of plugtune's fused one).",
     )
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="Leave out of each step's batch the groups that give no gradient (every scored "
+        "trajectory got the same reward, or none was scored) and refill it with new prompts from the "
+        "dataset (they are used up, as DAPO's group filter does), so the step trains on batch_size "
+        "groups with a reward difference; the dropped groups' trajectories are recorded as discard, "
+        "saying why. Each step records dynamic_sampling/filtered_groups, /extra_groups, "
+        "/extra_rollouts and /kept_groups.",
+    )
+    max_extra_batches: int = _ranged(
+        2,
+        "With dynamic_sampling: the most extra rounds of prompts a step draws to refill its batch, "
+        "each as many prompts as the batch lacks groups (so at most max_extra_batches x batch_size "
+        "extra prompts); when they run out the step trains on the groups it has and warns "
+        "(dynamic_sampling_short).",
+        0,
+        64,
+    )
     lora: LoraSettings | None = Field(default=None, description=LoraSettings.docs())
 
     def __init__(self, **values: Any) -> None:

@@ -138,12 +138,16 @@ class GRPOTrainer:
         if rollouts is None:
             rollouts = self._start_rollouts(step)
         try:
-            groups = await rollouts.task
+            groups = [_with_advantages(g) for g in await rollouts.task]
         except BaseException:
             self.runner.stopped += rollouts.finished
             raise
+        sampled: _Sampled | None = None
+        if self.config.dynamic_sampling:
+            groups, sampled = await self._refill(step, groups)
         rolled = time.perf_counter()
-        records = [r for group in groups for r in _with_advantages(group)]
+        graded = [r for group in groups for r in group]  # as graded: the health checks read these
+        records = [r for group in groups for r in _filtered(group)] if sampled else graded
 
         batches = micro_batches(records, self.pad_id, self.vocab_size)
         parts: LossParts | None = None
@@ -158,8 +162,11 @@ class GRPOTrainer:
             raise
         self.step_count = step
 
-        signal = self.monitor.measure(step, records, self.runner.plugins.weights())
-        metrics = _metrics(records, parts, grad_norm, signal)
+        signal = self.monitor.measure(step, graded, self.runner.plugins.weights())
+        metrics = _metrics(graded, parts, grad_norm, signal)
+        if sampled is not None:  # the rewards as graded; what the step left out counts as discarded
+            metrics["trajectories/discarded"] = float(sum(r.status == "discard" for r in records))
+            metrics.update(sampled.metrics())
         metrics["weights/max_abs"] = _largest_trained_weight(self.model)
         metrics["memory/peak_mib"] = step_memory_mib(next(self.model.parameters()).device)
         ended = time.perf_counter()
@@ -178,6 +185,7 @@ class GRPOTrainer:
             *step_warnings(step, metrics, noise, self.config.top_p),
             *exploding_warnings(step, metrics, self.config.learning_rate),
             *self.monitor.warnings(signal, self.config.max_new_tokens),
+            *(sampled.warnings(step, self.config) if sampled is not None else []),
         ]
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
@@ -218,14 +226,49 @@ class GRPOTrainer:
         cursor_before = copy.copy(self.cursor)  # a checkpoint of the step before resumes from here
         samples = [self._sample(i, row) for i, row in self.cursor.batch(self.rows, self.config.batch_size)]
         finished: list[TrajectoryRecord] = []
+        task = asyncio.ensure_future(self._run_groups(step, samples, 0, finished))
+        return _Rollouts(step, task, time.perf_counter(), cursor_before, finished)
+
+    async def _run_groups(
+        self, step: int, samples: list[Sample], start: int, finished: list[TrajectoryRecord]
+    ) -> list[list[TrajectoryRecord]]:
+        """``samples``' groups at once, at places ``start``.. of the step's batch; each group's
+        records join ``finished`` as it ends (kept should a sibling group stop the step)."""
 
         async def run_group(place: int, sample: Sample) -> list[TrajectoryRecord]:
             records = await self.runner.run(step, sample, self.config.group_size, step - 1, place)
-            finished.extend(records)  # kept should a sibling group stop the step
+            finished.extend(records)
             return records
 
-        task = asyncio.ensure_future(gather_or_cancel([run_group(b, s) for b, s in enumerate(samples)]))
-        return _Rollouts(step, task, time.perf_counter(), cursor_before, finished)
+        return await gather_or_cancel([run_group(start + i, s) for i, s in enumerate(samples)])
+
+    async def _refill(
+        self, step: int, groups: list[list[TrajectoryRecord]]
+    ) -> tuple[list[list[TrajectoryRecord]], _Sampled]:
+        """Dynamic sampling: while fewer than ``batch_size`` of the step's groups give a gradient and
+        ``max_extra_batches`` allows, draw as many new prompts as are missing (the data cursor moves
+        on: they are used up) and roll them out; the groups in rollout order (graded, advantages
+        set) and the counts. Should a refill stop, every trajectory of the step so far is kept in
+        :meth:`take_stopped`."""
+        c = self.config
+        kept = sum(map(_has_gradient, groups))
+        rounds = extra_groups = 0
+        while kept < c.batch_size and rounds < c.max_extra_batches:
+            rounds += 1
+            wanted = c.batch_size - kept
+            samples = [self._sample(i, row) for i, row in self.cursor.batch(self.rows, wanted)]
+            finished: list[TrajectoryRecord] = []
+            try:
+                more = await self._run_groups(step, samples, len(groups), finished)
+            except BaseException:
+                self.runner.stopped += [r for g in groups for r in g] + finished
+                raise
+            more = [_with_advantages(g) for g in more]
+            groups += more
+            extra_groups += len(more)
+            kept += sum(map(_has_gradient, more))
+        filtered = sum(not _has_gradient(g) for g in groups)
+        return groups, _Sampled(filtered, extra_groups, extra_groups * c.group_size, kept, rounds)
 
     async def _train(
         self, batches: list[TrainBatch], step: int, records: list[TrajectoryRecord]
@@ -353,6 +396,72 @@ class GRPOTrainer:
             stats=stats,
             trajectory_ids=trajectory_ids,
         )
+
+
+#: How a trajectory that dynamic sampling left out of its step says so: its ``discard_reason`` starts so.
+DROPPED_BY_SAMPLING = "its group was dropped by dynamic sampling"
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    """What dynamic sampling did in one step."""
+
+    filtered: int  # groups left out: no gradient (zero reward variance, or nothing scored)
+    extra_groups: int  # groups of the prompts drawn to refill the batch
+    extra_rollouts: int  # their trajectories
+    kept: int  # groups that train
+    rounds: int  # extra batches drawn
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "dynamic_sampling/filtered_groups": float(self.filtered),
+            "dynamic_sampling/extra_groups": float(self.extra_groups),
+            "dynamic_sampling/extra_rollouts": float(self.extra_rollouts),
+            "dynamic_sampling/kept_groups": float(self.kept),
+        }
+
+    def warnings(self, step: int, config: TrainerConfig) -> list[StepWarning]:
+        """``dynamic_sampling_short`` when the extra batches ran out before the batch was full."""
+        if self.kept >= config.batch_size:
+            return []
+        return [
+            StepWarning(
+                "dynamic_sampling_short",
+                f"step {step}: dynamic sampling found {self.kept} of batch_size {config.batch_size} "
+                f"groups with a reward difference after {self.rounds} extra batches "
+                f"(hyperparameters.max_extra_batches {config.max_extra_batches}, {self.extra_rollouts} "
+                f"extra rollouts; {self.filtered} groups left out), so the step trained on "
+                f"{self.kept}. Most prompts get the same reward for every reply: give partial credit, "
+                "pick prompts the model solves sometimes, raise group_size or max_extra_batches; see "
+                "the metrics dynamic_sampling/kept_groups and groups/zero_variance_share.",
+            )
+        ]
+
+
+def _has_gradient(group: list[TrajectoryRecord]) -> bool:
+    """The group gives a policy gradient: a scored trajectory's advantage is not 0."""
+    return any(r.advantage for r in group)
+
+
+def _filtered(group: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
+    """The group as dynamic sampling leaves it: one without a gradient is dropped, its successful
+    trajectories recorded as discard with the reason (as a discard, without their grade: the
+    reason says what it was); failed ones stay failed."""
+    if _has_gradient(group):
+        return group
+    scored = sorted({r.reward for r in group if r.status == "success" and r.reward is not None})
+    why = (
+        f"every scored trajectory had reward {scored[0]:.6g} (zero variance)"
+        if scored
+        else "no trajectory was scored"
+    )
+    reason = f"{DROPPED_BY_SAMPLING}: {why}"
+    return [
+        replace(r, status="discard", reward=None, reward_components={}, advantage=None, discard_reason=reason)
+        if r.status == "success"
+        else r
+        for r in group
+    ]
 
 
 def _with_advantages(group: list[TrajectoryRecord]) -> list[TrajectoryRecord]:

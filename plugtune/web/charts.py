@@ -127,7 +127,16 @@ TRAINING_CHARTS: list[PluginChart] = [
         ),
     ),
     PluginChart("time", "Step time", "s", _prefix("time/"), _after("time/")),
+    PluginChart(  # hyperparameters.dynamic_sampling: drawn only for a job that records it
+        "dynamic_sampling",
+        "Dynamic sampling (groups left out, extra groups and rollouts, groups trained)",
+        "count",
+        _prefix("dynamic_sampling/"),
+        _after("dynamic_sampling/"),
+    ),
 ]
+#: Charts left out of a job that recorded none of their metrics (no validation set, an option off).
+OPTIONAL_CHARTS = ("eval_", "dynamic_sampling")
 # Evaluation of data.validation (plugtune.trainer.evaluation): shown once a job has evaluated.
 EVAL_CHARTS: list[PluginChart] = [
     PluginChart(
@@ -176,7 +185,7 @@ def training_charts(store: Store, job_id: int, job_status: str = "running") -> l
     texts = ACTIVE_EMPTY if active else ENDED_EMPTY
     other = "Not recorded yet." if active else f"Not recorded: the job {job_status} without it."
     charts = [_chart(spec, series, x="step", empty=texts.get(spec.key, other)) for spec in TRAINING_CHARTS]
-    charts = [c for c in charts if c.series or not c.key.startswith("eval_")]  # no validation set: none
+    charts = [c for c in charts if c.series or not c.key.startswith(OPTIONAL_CHARTS)]
     plugins = [p.name for p in store.list_plugins(job_id)]
     parsed = {n: found for n in series if (found := effect.parse(n, plugins)) is not None}
     claimed = {n for spec in TRAINING_CHARTS for n in series if spec.matches(n)} | set(parsed)

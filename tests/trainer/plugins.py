@@ -103,3 +103,9 @@ def by_index(ctx: Context, sample: Sample, trajectory: Trajectory) -> float | No
     return (
         None if ctx.rollout_index < int(sample.extra.get("unscorable_below", 0)) else float(ctx.rollout_index)
     )
+
+
+@grader
+def flat_when_told(ctx: Context, sample: Sample, trajectory: Trajectory) -> float:
+    """0.5 for every rollout of a row whose extra says ``flat`` (zero variance), else its index."""
+    return 0.5 if sample.extra.get("flat") else float(ctx.rollout_index)

@@ -1,8 +1,9 @@
 """One attempt of a job, in its own process: ``python -m plugtune.jobs.attempt JOB_ID``.
 
-It validates the job again, deploys the plugins, loads the model behind the policy gateway,
-resumes from the last checkpoint and trains, writing trajectories, metrics and plugin logs to
-the store as it goes. Whatever ends it is recorded on the attempt as exactly one classified
+It validates the job again as it was submitted (its stored job.yaml, plugin code and data
+fingerprints: :mod:`plugtune.jobs.submitted`), deploys the plugins, loads the model behind the
+policy gateway, resumes from the last checkpoint and trains, writing trajectories, metrics and
+plugin logs to the store as it goes. Whatever ends it is recorded on the attempt as exactly one classified
 error; the scheduler (another process) decides what happens next.
 """
 
@@ -28,9 +29,11 @@ from plugtune.jobs.evaluate import build_evaluator, is_eval_step
 from plugtune.jobs.evidence import stopped_records
 from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed, record_waiting
 from plugtune.jobs.report import JOB_WARNINGS
+from plugtune.jobs.submitted import load as load_submitted
+from plugtune.jobs.submitted import name_origins
 from plugtune.settings import Settings
 from plugtune.spec.rows import read_dataset
-from plugtune.spec.validation import ValidatedJob, validate_job
+from plugtune.spec.validation import ValidatedJob
 from plugtune.store import Store, StoreWriter
 from plugtune.trainer.evaluation import Evaluator
 from plugtune.trainer.health import EvalPoint, eval_point, eval_warnings
@@ -113,7 +116,7 @@ def _classified(exc: BaseException) -> ErrorRecord:
 
 
 async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[str, Any]) -> None:
-    job = validate_job(spec["job_file"], base_dir=spec.get("base_dir"))
+    job = load_submitted(store, job_id, spec, job_dir(settings, job_id) / "submitted")
     if job.spec.trainer != "plugtune":  # an engine's trainer, with the job's plugins in the runtime
         _train_with_engine(store, settings, job_id, job)  # sync: SIGTERM still raises Sigterm in it
         return
@@ -123,13 +126,15 @@ async def run_attempt(store: Store, settings: Settings, job_id: int, spec: dict[
     if task is not None:
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
-        await _run_plugtune(store, settings, job_id, job)
+        await _run_plugtune(store, settings, job_id, job, spec)
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-async def _run_plugtune(store: Store, settings: Settings, job_id: int, job: ValidatedJob) -> None:
+async def _run_plugtune(
+    store: Store, settings: Settings, job_id: int, job: ValidatedJob, spec: dict[str, Any]
+) -> None:
     from plugtune.runtime import Quota, runtime_for
 
     rows = read_dataset(job.train_path)
@@ -143,6 +148,7 @@ async def _run_plugtune(store: Store, settings: Settings, job_id: int, job: Vali
     async with runtime_for(backend, settings.ray_address, quota, settings.home / "runtime") as rt:
         functions = await deploy_all(rt, job)
         record_deployed(store, job_id, functions)
+        name_origins(store, job_id, job, spec)
         drain = Drain(functions)
         failed: JobStop | None = None
         try:

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from plugtune.errors import DataError
+from plugtune.jobs import submitted
 from plugtune.jobs.classify import classify
 from plugtune.jobs.scheduler import require
 from plugtune.spec import job_yaml
@@ -38,6 +39,9 @@ def create_job(
     ``jobs show`` and the console explain it; the error is returned too. ``base_dir``: where the
     relative paths of job.yaml start (default: its folder), kept for the job's attempts. ``confine``:
     where a job submitted over the API may read (see ``validate_job``).
+
+    A valid job is kept as submitted (:mod:`plugtune.jobs.submitted`): the job.yaml text validated,
+    each plugin's folder and its data files' fingerprints; every attempt runs that.
     """
     path = Path(job_file).resolve()
     text = path.read_text(errors="replace") if path.is_file() else ""
@@ -45,13 +49,14 @@ def create_job(
     where = {"job_file": str(path), **({"base_dir": str(base_dir.resolve())} if base_dir else {})}
     try:
         job = validate_job(path, base_dir=base_dir, confine=confine)
+        kept = submitted.keep(store, job)
     except DataError as exc:
         job_id = store.create_job(name, where, spec_yaml=text)
         store.set_job_error(job_id, classify(exc), attempt=None)
         store.transition(job_id, "failed", exc.type)
         return job_id, exc
-    spec = {**where, **job.spec.model_dump(mode="json")}
-    job_id = store.create_job(job.spec.name, spec, spec_yaml=text)
+    spec = {**where, **job.spec.model_dump(mode="json"), submitted.KEY: kept}
+    job_id = store.create_job(job.spec.name, spec, spec_yaml=job.text)
     store.update_job(job_id, steps_total=job.spec.hyperparameters.steps)
     return job_id, None
 

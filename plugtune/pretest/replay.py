@@ -28,6 +28,7 @@ from typing import Any
 
 from plugtune.errors import InvalidDataError, Problem
 from plugtune.jobs.plugins import JobFunction
+from plugtune.jobs.submitted import KEY, check_data, has_snapshot
 from plugtune.pretest.local import ExitsAsEof, exits_raise
 from plugtune.pretest.relay import PolicyRelay, RelayError, completion
 from plugtune.pretest.report import logs_of, trajectory_document
@@ -104,19 +105,24 @@ def _comparable(message: dict[str, Any]) -> tuple[str, str]:
 
 
 def sample_of(spec: dict[str, Any], record: TrajectoryRecord) -> Sample:
-    """The dataset row the trajectory was rolled out from, with the job's sampling settings."""
+    """The dataset row the trajectory was rolled out from, with the job's sampling settings; the
+    dataset must be the one the job was submitted with (``InvalidDataError`` naming it otherwise)."""
     job_file = Path(str(spec.get("job_file", "")))
     train = (spec.get("data") or {}).get("train")
     if not train:
         raise InvalidDataError(
             [Problem(str(job_file), "the job's spec names no training data", field="data")]
         )
-    rows = read_dataset(job_file.parent / str(train))
+    base_dir = Path(str(spec["base_dir"])) if spec.get("base_dir") else job_file.parent
+    if has_snapshot(spec):
+        check_data(job_file, {"train": spec[KEY].get("data", {}).get("train")})
+    dataset = (base_dir / str(train)).resolve()
+    rows = read_dataset(dataset)
     if not 0 <= record.sample_index < len(rows):
         message = (
             f"row {record.sample_index} is not in the dataset ({len(rows)} rows): it changed since the job"
         )
-        raise InvalidDataError([Problem(str(job_file.parent / str(train)), message, field="data.train")])
+        raise InvalidDataError([Problem(str(dataset), message, field="data.train")])
     h = spec.get("hyperparameters") or {}
     sampling = Sampling(
         temperature=float(h.get("temperature", 1.0)),

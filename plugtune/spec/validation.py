@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,7 @@ class ValidatedJob:
     graders: tuple[PluginRef, ...]
     group_graders: tuple[PluginRef, ...]
     lines: Mapping[Path_, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    text: str = dataclasses.field(default="", repr=False, compare=False)  # job.yaml as validated
 
     def line_of(self, loc: Path_) -> int | None:
         """The line of job.yaml that holds ``loc`` (e.g. ``("secrets", 0)``), or of the nearest key
@@ -102,7 +103,7 @@ class ValidatedJob:
 def load_spec(path: str | Path) -> JobSpec:
     """Read and type-check ``job.yaml`` (no file-system checks beyond the file itself)."""
     found = Found()
-    spec, _, _ = _load(Path(path), found)
+    spec, _, _, _ = _load(Path(path), found)
     found.raise_if_any()
     if spec is None:  # every failure path above records a problem
         raise InvalidValueError([Problem(str(path), "job.yaml could not be read")])
@@ -115,6 +116,8 @@ def validate_job(
     check_model: bool = True,
     base_dir: str | Path | None = None,
     confine: Confinement | None = None,
+    text: str | None = None,
+    plugin_files: Mapping[str, Path] | None = None,
 ) -> ValidatedJob:
     """Validate everything a job needs before compute starts; raise with every problem found.
 
@@ -123,10 +126,14 @@ def validate_job(
     files among plugtune's own (the store, PLUGTUNE_HOME's files and folders) are refused;
     ``confine`` (a job submitted over the API) keeps them inside its submission and shared folders
     and its secrets in the allow-list.
+
+    A submitted job is validated again from what it was submitted with: ``text`` is job.yaml's
+    content (``path`` still names it and anchors its relative paths) and ``plugin_files`` maps
+    each plugin entry's file, as job.yaml writes it, to its submitted copy, which is read instead.
     """
     job_file = Path(path)
     found = Found()
-    spec, raw, lines = _load(job_file, found)
+    spec, raw, lines, read = _load(job_file, found, text)
     if raw is None:
         found.raise_if_any()
     base_dir = Path(base_dir).resolve() if base_dir is not None else job_file.resolve().parent
@@ -134,7 +141,7 @@ def validate_job(
     reach = Reach.of(job_file, confine)
     model_dir = _check_model(raw, lines, base_dir, name, found) if check_model else None
     counts = _check_data(raw, lines, base_dir, name, found, reach)
-    refs = _check_plugins(raw, lines, base_dir, name, found, reach)
+    refs = _check_plugins(raw, lines, base_dir, name, found, reach, plugin_files)
     if spec is not None:
         found.value.extend(_policy_plugin_problems(spec, refs, lines, name))
     if confine is not None:
@@ -156,6 +163,7 @@ def validate_job(
         graders=_with_overrides(refs["graders"], spec.plugins.graders),
         group_graders=_with_overrides(refs["group_graders"], spec.plugins.group_graders),
         lines=dict(lines),
+        text=read,
     )
 
 
@@ -187,39 +195,42 @@ def _with_overrides(
     return tuple(out)
 
 
-def _load(path: Path, found: Found) -> tuple[JobSpec | None, dict[str, Any] | None, dict[Path_, int]]:
+def _load(
+    path: Path, found: Found, text: str | None = None
+) -> tuple[JobSpec | None, dict[str, Any] | None, dict[Path_, int], str]:
+    """job.yaml (``text``, else ``path``'s content) parsed and type-checked, its lines, and its text."""
     name = str(path)
-    text = read_text(path, name, found, what="job spec")
+    text = read_text(path, name, found, what="job spec") if text is None else text
     if text is None:
-        return None, None, {}
+        return None, None, {}, ""
     try:
         raw, lines, node = _compose(text)
     except job_yaml.SpecTooLarge as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark is not None else None
         found.value.append(Problem(name, f"job.yaml cannot be read: {exc.problem}", line=line))
-        return None, None, {}
+        return None, None, {}, text
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         found.value.append(Problem(name, f"YAML syntax error: {exc.problem or exc}", line=line))
-        return None, None, {}
+        return None, None, {}, text
     except yaml.YAMLError as exc:
         found.value.append(Problem(name, f"YAML error: {exc}"))
-        return None, None, {}
+        return None, None, {}, text
     if not isinstance(raw, dict):
         found.value.append(
             Problem(
                 name, f"job.yaml must be a mapping of keys (name, model, ...), got {describe(raw)}", line=1
             )
         )
-        return None, None, {}
+        return None, None, {}, text
     found.value.extend(_duplicates(node, name))
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
         found.value.extend(_pydantic_problems(exc, lines, name))
-        return None, raw, lines
-    return spec, raw, lines
+        return None, raw, lines, text
+    return spec, raw, lines, text
 
 
 def _display(path: Path) -> str:
@@ -446,7 +457,13 @@ def _secret_problems(
 
 
 def _check_plugins(
-    raw: dict[str, Any] | None, lines: dict[Path_, int], base: Path, name: str, found: Found, reach: Reach
+    raw: dict[str, Any] | None,
+    lines: dict[Path_, int],
+    base: Path,
+    name: str,
+    found: Found,
+    reach: Reach,
+    submitted: Mapping[str, Path] | None = None,
 ) -> dict[str, list[PluginRef]]:
     plugins = _section(raw, "plugins")
     refs: dict[str, list[PluginRef]] = {key: [] for key in SECTION_KINDS}
@@ -463,7 +480,7 @@ def _check_plugins(
         entry, own = item.get("entry"), item.get("name")
         if isinstance(entry, str):
             where = Problem(name, "", _line_of((*loc, "entry"), lines), _field_text((*loc, "entry")))
-            ref = _check_entry(key, entry, base, where, found, reach)
+            ref = _check_entry(key, entry, base, where, found, reach, submitted)
             if ref is not None:
                 named = own if isinstance(own, str) and own else ref.function
                 refs[key].append(replace(ref, name=named, field=_field_text(loc), line=where.line))
@@ -493,7 +510,13 @@ def _builtin_rollout() -> PluginRef:
 
 
 def _check_entry(
-    section: str, entry: str, base: Path, where: Problem, found: Found, reach: Reach
+    section: str,
+    entry: str,
+    base: Path,
+    where: Problem,
+    found: Found,
+    reach: Reach,
+    submitted: Mapping[str, Path] | None = None,
 ) -> PluginRef | None:
     def problem(message: str) -> None:
         found.value.append(Problem(where.file, message, where.line, where.field))
@@ -505,6 +528,8 @@ def _check_entry(
         return None
     if ref.file is None:
         return PluginRef(SECTION_KINDS[section], entry, ref.function, None, ref.module)
+    if submitted is not None:  # its copy, kept when the job was submitted (and checked then)
+        return _submitted_entry(section, entry, ref.file, ref.function, submitted, problem)
     path = (base / ref.file).resolve()
     refused = reach.refusal(path, "plugins")
     if refused is not None:
@@ -526,6 +551,25 @@ def _check_entry(
         problem(f"{ref.file} defines no function `{ref.function}` (public names: {known})")
         return None
     return PluginRef(SECTION_KINDS[section], entry, ref.function, path, None)
+
+
+def _submitted_entry(
+    section: str,
+    entry: str,
+    file: str,
+    function: str,
+    submitted: Mapping[str, Path],
+    problem: Callable[[str], None],
+) -> PluginRef | None:
+    copy = submitted.get(file)
+    if copy is None or not copy.is_file():
+        problem(f"plugin file {file} is not in the job's submitted snapshot; submit the job again")
+        return None
+    defined = _top_level_names(copy)
+    if defined is not None and function not in defined:
+        problem(f"{file} as submitted defines no function `{function}`")
+        return None
+    return PluginRef(SECTION_KINDS[section], entry, function, copy, None)
 
 
 def _top_level_names(path: Path) -> set[str] | None:

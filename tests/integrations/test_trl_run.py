@@ -59,18 +59,27 @@ def _attempt(job_id: int) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_a_retried_trl_attempt_resumes_from_its_last_checkpoint(home: Settings, tmp_path: Path) -> None:
+def test_a_retried_trl_attempt_resumes_from_its_last_checkpoint(
+    home: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     task = tmp_path / "task"
     shutil.copytree(TASK, task)
     job_file = task / "job.yaml"
     text = job_file.read_text().replace("steps: 2,", "steps: 3, save_every_n_steps: 1,")
-    job_file.write_text(text.replace("max_attempts: 2, on_exhausted: drop_sample", "on_exhausted: fail_job"))
+    text = text.replace("max_attempts: 2, on_exhausted: drop_sample", "on_exhausted: fail_job")
+    job_file.write_text(text + "secrets: [PT_CRASH_AT_STEP]\n")
+    # A retry runs the data and code that were submitted: the fault is in the attempt's environment
+    # (a secret, read at every attempt), picky crashing at the step it names.
+    grader = task / "plugins" / "grader.py"
+    crash = 'os.environ["PT_CRASH_AT_STEP"] == str(ctx.step)'
+    grader.write_text(grader.read_text().replace('sample.extra.get("crash_at_step") == ctx.step', crash))
     data = task / "data" / "train.jsonl"
     rows = [
-        '{"messages": [{"role": "user", "content": "21+38=?"}], "extra": {"answer": "59"%s}}',
+        '{"messages": [{"role": "user", "content": "21+38=?"}], "extra": {"answer": "59"}}',
         '{"messages": [{"role": "user", "content": "40+15=?"}], "extra": {"answer": "55"}}',
     ]
-    data.write_text("\n".join(rows) % ', "crash_at_step": 3' + "\n")  # picky crashes at step 3
+    data.write_text("\n".join(rows) + "\n")
+    monkeypatch.setenv("PT_CRASH_AT_STEP", "3")  # picky crashes at step 3
     store = Store.open(home.database_url)
     try:
         job_id, problem = create_job(store, job_file)
@@ -86,7 +95,7 @@ def test_a_retried_trl_attempt_resumes_from_its_last_checkpoint(home: Settings, 
         before = {t.trajectory_id for t in store.trajectories(job_id, limit=100)}
         assert {t.step for t in store.trajectories(job_id, limit=100)} == {1, 2}
 
-        data.write_text("\n".join(rows) % "" + "\n")  # fixed: the retry goes past step 3
+        monkeypatch.setenv("PT_CRASH_AT_STEP", "0")  # fixed: the retry goes past step 3
         second = _attempt(job_id)
         assert second.returncode == 0, second.stderr[-3000:]
         retry = store.list_attempts(job_id)[1]

@@ -213,14 +213,14 @@ from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
-    if ctx.phase == "train" and os.path.exists(os.path.join(os.path.dirname(__file__), "broken")):
+    if ctx.phase == "train" and os.environ["PT_BROKEN"] == "1":
         raise ValueError("broken on purpose")
     return 1.0 if len(trajectory.completion) % 2 == 0 else 0.0
 """
 
 
 def test_a_retry_without_a_checkpoint_evaluates_the_initial_model_once_more_not_twice(
-    tmp_path: Path, store: Store, home: Settings
+    tmp_path: Path, store: Store, home: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from plugtune.jobs.control import create_job, retry_job
     from plugtune.jobs.scheduler import run_job
@@ -228,12 +228,15 @@ def test_a_retry_without_a_checkpoint_evaluates_the_initial_model_once_more_not_
     root = tmp_path / "again"
     job_file = _eval_job(root)
     (root / "plugins" / "grader.py").write_text(BROKEN_IN_TRAINING)
-    (root / "plugins" / "broken").write_text("x")
+    spec = yaml.safe_load(job_file.read_text())
+    spec["secrets"] = ["PT_BROKEN"]  # read from the attempt's environment at every attempt
+    job_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    monkeypatch.setenv("PT_BROKEN", "1")
     job_id, _ = create_job(store, job_file)
     assert run_job(store, home, job_id) == "failed"  # step 1's grader: after step 0's evaluation
     assert store.count_trajectories(job_id, phase="eval", step=0) == 12
     assert store.latest_checkpoint(job_id) is None
-    (root / "plugins" / "broken").unlink()
+    monkeypatch.setenv("PT_BROKEN", "0")  # the fault is gone (the code that runs is the submitted one)
     retry_job(store, job_id)
     assert run_job(store, home, job_id) == "succeeded"
     # the earlier attempt's step-0 evaluation was forgotten and run again: one set, one point

@@ -136,26 +136,28 @@ def exact(ctx, sample, trajectory):
 
 
 def test_the_server_scheduler_runs_submitted_jobs_and_manual_retries(
-    tmp_path: Path, store: Store, home: Settings
+    tmp_path: Path, store: Store, home: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The fault goes with the attempt's environment (a secret is read from it at every attempt); the
+    # grader's folder cannot carry it: a retry runs the code that was submitted.
     bad = """
 import os
 from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
-    if os.path.exists(os.path.join(os.path.dirname(__file__), "broken")):
+    if os.environ["PT_BROKEN"] == "1":
         raise ValueError("broken on purpose")
     return 1.0
 """
-    job_file = make_job(tmp_path / "s", grader=bad)
-    (tmp_path / "s" / "plugins" / "broken").write_text("x")
+    job_file = make_job(tmp_path / "s", grader=bad, extra={"secrets": ["PT_BROKEN"]})
+    monkeypatch.setenv("PT_BROKEN", "1")
     job_id, _ = create_job(store, job_file)
     scheduler = Scheduler(store, home, poll_s=0.2)
     scheduler.start()
     try:
         _wait_for(store, job_id, "failed")
-        (tmp_path / "s" / "plugins" / "broken").unlink()
+        monkeypatch.setenv("PT_BROKEN", "0")
         retry_job(store, job_id)
         _wait_for(store, job_id, "succeeded")
     finally:

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plugtune.cli import app
+from plugtune.errors import InvalidDataError
 from plugtune.pretest.replay import ReplayError, replay
 from plugtune.runtime.snapshot import collect, content_hash
 from plugtune.sdk import Runtime
@@ -275,9 +276,9 @@ def test_cli_replay(store: Store) -> None:
     assert missing.exit_code == 2 and "no job" in missing.output
 
 
-@pytest.mark.slow
-def test_replay_of_a_real_job_run(tmp_path: Path, store: Store) -> None:
-    """A job really runs (attempt process, gateway, tiny model, runtime); its failed trajectory replays."""
+def _failed_real_job(tmp_path: Path, store: Store) -> tuple[Path, int, str]:
+    """A job that really ran (attempt process, gateway, tiny model, runtime): its project, id and a
+    failed trajectory."""
     project = tmp_path / "project"
     shutil.copytree(FAULTY, project)
     job = project / "job.yaml"
@@ -295,8 +296,31 @@ def test_replay_of_a_real_job_run(tmp_path: Path, store: Store) -> None:
     job_id = store.list_jobs()[0].id
     failed = store.trajectories(job_id, status="failed", limit=10)
     assert failed, "the raising grader fails every trajectory"
-    doc = replay(store, job_id, failed[0].trajectory_id)
+    return project, job_id, failed[0].trajectory_id
+
+
+@pytest.mark.slow
+def test_replay_of_a_real_job_run(tmp_path: Path, store: Store) -> None:
+    """A job really runs; its failed trajectory replays."""
+    project, job_id, trajectory_id = _failed_real_job(tmp_path, store)
+    doc = replay(store, job_id, trajectory_id)
     assert doc["reproduced"] and doc["verdict"] == "reproduced", doc
     assert doc["recorded"]["error"]["raised"] == doc["replayed"]["error"]["raised"] == "ValueError"
     assert doc["policy_turns"]["played"] == doc["policy_turns"]["recorded"] == 1
     assert doc["replayed"]["error"]["plugin"] == f"{project / 'plugins' / 'graders.py'}:raises"
+
+
+@pytest.mark.slow
+def test_a_replay_runs_the_code_the_job_ran_and_refuses_a_dataset_changed_since(
+    tmp_path: Path, store: Store
+) -> None:
+    project, job_id, trajectory_id = _failed_real_job(tmp_path, store)
+    (project / "plugins" / "graders.py").write_text("raise SystemExit('not the code the job ran')\n")
+    doc = replay(store, job_id, trajectory_id)
+    assert doc["verdict"] == "reproduced", doc  # the store's code, not the edited file
+    assert doc["replayed"]["error"]["raised"] == "ValueError"
+    data = project / "data" / "train.jsonl"
+    data.write_text(data.read_text() + data.read_text().splitlines()[0] + "\n")
+    with pytest.raises(InvalidDataError) as refused:  # its row may not be the one the job used
+        replay(store, job_id, trajectory_id)
+    assert str(data) in str(refused.value) and "changed since the job was submitted" in str(refused.value)

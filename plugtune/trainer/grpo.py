@@ -185,8 +185,9 @@ class GRPOTrainer:
             *step_warnings(step, metrics, noise, self.config.top_p),
             *exploding_warnings(step, metrics, self.config.learning_rate),
             *self.monitor.warnings(signal, self.config.max_new_tokens),
-            *(sampled.warnings(step, self.config) if sampled is not None else []),
         ]
+        if sampled is not None:  # no step trains on a group without gradient: say when one fell short
+            warnings = [w for w in warnings if w.key != "no_gradient"] + sampled.warnings(step, self.config)
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
     @property

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 from plugtune.errors import InvalidValueError
+from plugtune.sdk import Kind
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
-from plugtune.trainer.groups import Plugins
+from plugtune.trainer.groups import STOPPED, Plugins
 from plugtune.trainer.grpo import GRPOTrainer, StepResult
 from plugtune.trainer.model import load_model
+from plugtune.trainer.protocols import call_once
 from plugtune.trainer.testing import InProcessFunction, InProcessPolicyServer
 from tests.trainer import plugins as p
 
@@ -31,14 +33,14 @@ def rows(varied: set[int]) -> list[dict[str, Any]]:
     ]
 
 
-def make(path: Path, varied: set[int] = VARIED, **settings: Any) -> GRPOTrainer:
+def make(path: Path, varied: set[int] = VARIED, caller: Any = call_once, **settings: Any) -> GRPOTrainer:
     lm = load_model(path)
     config = TrainerConfig(
         **{"steps": 2, "batch_size": 2, "group_size": 2, "max_new_tokens": 4, "seed": 5, **settings}
     )
     plugins = Plugins(rollout=InProcessFunction(p.answer), graders=[InProcessFunction(p.flat_when_told)])
     server = InProcessPolicyServer(lm.model, lm.tokenizer, seed=3)
-    return GRPOTrainer(lm.model, lm.tokenizer, server, plugins, rows(varied), config)
+    return GRPOTrainer(lm.model, lm.tokenizer, server, plugins, rows(varied), config, caller=caller)
 
 
 def groups_of(result: StepResult) -> dict[str, list[Any]]:
@@ -51,7 +53,7 @@ def groups_of(result: StepResult) -> dict[str, list[Any]]:
 async def test_flat_groups_are_left_out_and_the_batch_refilled_from_the_data_cursor(
     tiny_model_path: Path,
 ) -> None:
-    trainer = make(tiny_model_path, dynamic_sampling=True, max_extra_batches=8)
+    trainer = make(tiny_model_path, steps=1, dynamic_sampling=True, max_extra_batches=8)
     result = await trainer.step()
     groups = groups_of(result)
     drawn = [members[0].sample_index for members in groups.values()]
@@ -77,7 +79,8 @@ async def test_flat_groups_are_left_out_and_the_batch_refilled_from_the_data_cur
     assert m["trajectories/total"] == 2 * len(drawn) and m["trajectories/trained"] == 4
     assert m["trajectories/discarded"] == 2 * len(dropped)
     assert m["groups/zero_variance_share"] == pytest.approx(len(dropped) / len(drawn))  # as graded
-    assert "loss" in m and not [w for w in result.warnings if w.key == "dynamic_sampling_short"]
+    # no no_gradient warning (60% of the groups rolled out were flat): it trained on groups with one
+    assert "loss" in m and [w.key for w in result.warnings] == ["truncated"]  # at max_new_tokens 4
     # the extra prompts were used up: the next step goes on where the refill stopped
     assert trainer.cursor.take(1) == [order[len(drawn)]]
 
@@ -95,7 +98,7 @@ async def test_off_by_default_flat_groups_train_as_before(tiny_model_path: Path)
 
 
 async def test_the_bound_stops_the_refill_and_the_step_trains_on_what_it_has(tiny_model_path: Path) -> None:
-    trainer = make(tiny_model_path, varied=set(), dynamic_sampling=True, max_extra_batches=2)
+    trainer = make(tiny_model_path, varied=set(), steps=1, dynamic_sampling=True, max_extra_batches=2)
     result = await trainer.step()
     m = result.metrics
     assert len(groups_of(result)) == 6  # the batch, then two extra batches of two prompts
@@ -104,8 +107,9 @@ async def test_the_bound_stops_the_refill_and_the_step_trains_on_what_it_has(tin
     assert m["dynamic_sampling/extra_groups"] == 4 and m["dynamic_sampling/extra_rollouts"] == 8
     assert m["trajectories/trained"] == 0 and "loss" not in m
     assert trainer.step_count == 1 and trainer.server.version == 1  # type: ignore[attr-defined]
-    short = [w for w in result.warnings if w.key == "dynamic_sampling_short"]
-    assert len(short) == 1
+    # it says what no_gradient would have said, and no_gradient stays quiet
+    assert [w.key for w in result.warnings] == ["truncated", "dynamic_sampling_short"]
+    short = result.warnings[1:]
     assert short[0].message.startswith(
         "step 1: dynamic sampling found 0 of batch_size 2 groups with a reward difference after 2 "
         "extra batches (hyperparameters.max_extra_batches 2, 8 extra rollouts; 6 groups left out)"
@@ -116,6 +120,29 @@ async def test_the_bound_stops_the_refill_and_the_step_trains_on_what_it_has(tin
     m = result.metrics
     assert m["dynamic_sampling/extra_rollouts"] == 0 and len(result.records) == 4
     assert m["dynamic_sampling/filtered_groups"] == 2 - m["dynamic_sampling/kept_groups"] >= 1
+
+
+class StopTheJob(Exception):
+    """What the jobs layer's caller raises to end the job (JobStop), here without the jobs layer."""
+
+
+async def test_a_stop_during_the_refill_keeps_every_trajectory_of_the_step(tiny_model_path: Path) -> None:
+    async def caller(fn: Any, ctx: Any, *args: Any) -> Any:
+        if fn.spec.kind is Kind.ROLLOUT and ctx.trajectory_id.startswith("s1-b2-"):  # the first extra group
+            raise StopTheJob("stop")
+        return await fn.invoke(ctx, *args)
+
+    trainer = make(tiny_model_path, varied=set(), caller=caller, dynamic_sampling=True)
+    with pytest.raises(StopTheJob):
+        await trainer.step()
+    assert trainer.step_count == 0
+    stopped = trainer.take_stopped()
+    places = sorted({r.group_id.split("-")[1] for r in stopped})
+    assert places == ["b0", "b1", "b2", "b3"] and len(stopped) == 8
+    batch = [r for r in stopped if r.group_id.split("-")[1] in ("b0", "b1")]
+    assert {(r.status, r.reward) for r in batch} == {("success", 0.5)}  # as graded, not yet left out
+    refill = [r for r in stopped if r not in batch]
+    assert {(r.status, r.stop_reason) for r in refill} == {("failed", STOPPED)}
 
 
 def test_the_options_are_documented_and_checked() -> None:

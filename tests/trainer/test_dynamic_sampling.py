@@ -85,6 +85,21 @@ async def test_flat_groups_are_left_out_and_the_batch_refilled_from_the_data_cur
     assert trainer.cursor.take(1) == [order[len(drawn)]]
 
 
+async def test_with_overlapped_rollouts_the_next_step_draws_after_the_refill(tiny_model_path: Path) -> None:
+    drawn = []
+    for overlap in (False, True):
+        trainer = make(
+            tiny_model_path, steps=2, overlap_rollouts=overlap, dynamic_sampling=True, max_extra_batches=8
+        )
+        results = [r async for r in trainer.train()]
+        assert [r.metrics["dynamic_sampling/kept_groups"] for r in results] == [2, 2]
+        assert (results[1].metrics["time/overlapped_s"] > 0) is overlap  # step 2's batch started early
+        drawn.append([[g[0].sample_index for g in groups_of(r).values()] for r in results])
+    # step 2's batch, drawn while step 1 trained, comes after step 1's refill: the same prompts
+    assert drawn[1] == drawn[0]
+    assert drawn[0][0] == DataCursor(8, 5).take(len(drawn[0][0]))
+
+
 async def test_off_by_default_flat_groups_train_as_before(tiny_model_path: Path) -> None:
     trainer = make(tiny_model_path)
     assert trainer.config.dynamic_sampling is False

@@ -34,7 +34,9 @@ CURVES = (
 )
 # The charts' palette (static/chart.js), so a cause keeps one color across the jobs' bars.
 COLORS = ("#2f5bd3", "#c0352b", "#1a7f4b", "#a15c00", "#8a2be2", "#0b6e99", "#b3306f", "#5b6b00")
-HIDDEN_KEYS = ("job_file",)  # where the spec was read from: differs for every job, says nothing
+# where the spec was read from, and the record of its files kept at submission (their paths and hashes):
+# they differ with every project folder and say nothing about the settings compared here
+HIDDEN_KEYS = ("job_file", "submitted")
 
 
 class ComparedJobOut(BaseModel):

@@ -204,4 +204,5 @@ def test_two_real_tiny_jobs_compare_by_what_their_trainer_wrote(
     diff = {row["key"]: row["values"] for row in out["config_diff"]}
     assert diff["hyperparameters.learning_rate"] == ["0.001", "0.005"]
     assert "plugins.rollout.entry" not in diff and "model" not in diff
+    assert not [key for key in diff if key.startswith("submitted")], diff  # their projects' paths
     assert [c["failed_calls"] for c in out["causes"]] == [0.0, 0.0]

@@ -96,7 +96,13 @@ async def deploy_all(rt: BaseRuntime, job: ValidatedJob) -> list[JobFunction]:
     for ref in (job.rollout, *job.graders, *job.group_graders):
         overrides = ref.runtime.given() if ref.runtime is not None else None  # over the decorator's
         fn = await rt.deploy(
-            entry_of(ref), runtime=overrides, env=env, dependencies=dependencies, name=ref.name
+            entry_of(ref),
+            runtime=overrides,
+            env=env,
+            dependencies=dependencies,
+            name=ref.name,
+            shape=ref.shape or "",
+            group=ref.kind is Kind.GROUP_GRADER,
         )
         check_kind(job, ref, fn)
         deployed.append(JobFunction(fn, ref.weight, ref.name))

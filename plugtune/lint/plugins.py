@@ -127,9 +127,9 @@ def check_shaped(plugin: Plugin, shape: str, file: str) -> list[Finding]:
     """PT402 for a function decorated with ``shape=``: what its framework's shape needs of it."""
     node = plugin.node
     out: list[Finding] = []
-    for problem in shape_problems(_signature_only(node), shape, plugin.decorated is Kind.GROUP_GRADER):
-        decorated = plugin.decorated.value if plugin.decorated else plugin.kind.value
-        out.append(finding(file, node, "PT402", f"@{decorated}(shape={shape!r}) `{node.name}`: {problem}"))
+    kind = plugin.decorated or plugin.kind
+    for problem in shape_problems(_signature_only(node), shape, kind is Kind.GROUP_GRADER):
+        out.append(finding(file, node, "PT402", f"{kind.value} (shape {shape!r}) `{node.name}`: {problem}"))
     return out
 
 

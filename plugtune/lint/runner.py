@@ -110,10 +110,11 @@ def lint_paths(paths: Sequence[str | Path]) -> LintReport:
             raise FileNotFoundError(f"no such file or folder: {root}")
     job_files = _job_files(roots)
     expected = _expected_kinds(job_files)
+    shapes = _expected_shapes(job_files)
     files = sorted({*_python_files(roots), *expected})
     report = LintReport(files=[str(f) for f in files] + [str(j) for j in job_files])
     for path in files:
-        report.findings.extend(lint_file(path, expected.get(path, {})))
+        report.findings.extend(lint_file(path, expected.get(path, {}), shapes.get(path, {})))
         report.plugins.extend(_plugin_names(path, expected.get(path, {})))
     for job in job_files:
         report.findings.extend(_name_findings(job))
@@ -172,8 +173,11 @@ def _name_findings(job: Path) -> list[Finding]:
     ]
 
 
-def lint_file(path: Path, expected: dict[str, Kind] | None = None) -> list[Finding]:
-    """Findings for one file; ``expected`` maps function names job.yaml gives a plugin kind."""
+def lint_file(
+    path: Path, expected: dict[str, Kind] | None = None, shapes: dict[str, str] | None = None
+) -> list[Finding]:
+    """Findings for one file; ``expected`` maps function names job.yaml gives a plugin kind,
+    ``shapes`` those it gives a ``shape:`` (a TRL/verl reward function used as it is)."""
     name = _display(path)
     try:
         source = path.read_bytes()
@@ -184,7 +188,7 @@ def lint_file(path: Path, expected: dict[str, Kind] | None = None) -> list[Findi
             )
         ]
     in_plugins = "plugins" in path.resolve().parts[:-1]
-    return lint_source(source, name, expected=expected, in_plugins_dir=in_plugins)
+    return lint_source(source, name, expected=expected, in_plugins_dir=in_plugins, shapes=shapes)
 
 
 def lint_source(
@@ -193,6 +197,7 @@ def lint_source(
     *,
     expected: dict[str, Kind] | None = None,
     in_plugins_dir: bool = False,
+    shapes: dict[str, str] | None = None,
 ) -> list[Finding]:
     """Findings for one module's source text."""
     expected = expected or {}
@@ -213,6 +218,8 @@ def lint_source(
     graders = {p.node.name for p in plugins if p.kind in (Kind.GRADER, Kind.GROUP_GRADER)}
     for plugin in plugins:
         shaped = decorator_shape(plugin.node) if plugin.decorated is not None else None
+        if plugin.decorated is None:
+            shaped = (shapes or {}).get(plugin.node.name)  # job.yaml's shape: adapts it as it is
         if shaped is not None:  # a TRL/verl function the decorator adapts: its own shape's checks
             out.extend(check_shaped(plugin, shaped, file))
             out.extend(check_exits(plugin, imports, file))
@@ -291,6 +298,26 @@ def _job_files(roots: list[Path]) -> list[Path]:
     explicit = [r for r in roots if r.is_file() and r.suffix in (".yaml", ".yml")]
     found = _walk([r for r in roots if r.is_dir()], lambda p: p.name in JOB_FILES)
     return explicit + found
+
+
+def _expected_shapes(job_files: list[Path]) -> dict[Path, dict[str, str]]:
+    """Plugin file -> {function: shape}, from the entries of every readable job.yaml with `shape:`."""
+    out: dict[Path, dict[str, str]] = {}
+    for job in job_files:
+        try:
+            spec = job_yaml.load(job.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        plugins = spec.get("plugins") if isinstance(spec, dict) else None
+        for section in ("graders", "group_graders"):
+            items = plugins.get(section) if isinstance(plugins, dict) else None
+            for item in items if isinstance(items, list) else []:
+                entry = item.get("entry") if isinstance(item, dict) else None
+                shape = item.get("shape") if isinstance(item, dict) else None
+                if isinstance(entry, str) and isinstance(shape, str) and entry.count(":") == 1:
+                    file, function = entry.split(":")
+                    out.setdefault((job.parent / file).resolve(), {})[function] = shape
+    return out
 
 
 def _expected_kinds(job_files: list[Path]) -> dict[Path, dict[str, Kind]]:

@@ -8,6 +8,7 @@ from plugtune.errors import InvalidValueError, Problem
 from plugtune.jobs.plugins import JobFunction, entry_of, plugin_env
 from plugtune.runtime import FaultInjection
 from plugtune.runtime.runtime import BaseRuntime
+from plugtune.sdk import Kind
 from plugtune.spec.validation import PluginRef, ValidatedJob
 
 
@@ -29,7 +30,13 @@ async def deploy_job(
         inject = inject_for(i) if inject_for else None
         try:
             fn = await rt.deploy(
-                entry_of(ref), runtime=overrides, env=env, inject=inject, dependencies=job.spec.declared()
+                entry_of(ref),
+                runtime=overrides,
+                env=env,
+                inject=inject,
+                dependencies=job.spec.declared(),
+                shape=ref.shape or "",
+                group=ref.kind is Kind.GROUP_GRADER,
             )
         except ValueError as exc:
             if inject is None or not inject.dependency_faults:

@@ -95,6 +95,9 @@ class DeployRequest:
     env: dict[str, str]
     #: The services the plugin calls (job.yaml ``dependencies:``): reachable under policy-only.
     dependencies: tuple[Dependency, ...] = ()
+    #: An undecorated TRL/verl reward function to adapt, as ``"<kind>/<shape>"`` (job.yaml's
+    #: ``shape:``, e.g. ``"group_grader/trl"``; see :mod:`plugtune.sdk.shapes`), or "".
+    adapt: str = ""
 
     def effective_runtime(self, decorator: Runtime) -> Runtime:
         """The limits instances get: the decorator's, replaced or overridden by the job's."""

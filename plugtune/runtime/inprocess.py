@@ -371,7 +371,7 @@ class InProcessBackend:
 async def _load(request: DeployRequest) -> Plugin:
     root = str(request.code_root)
     try:
-        plugin = load(root, request.relpath, request.function)
+        plugin = load(root, request.relpath, request.function, request.adapt)
     except LoadError as exc:
         raise DeployFailed(exc.message, exc.traceback) from None
     if plugin.setup is not None:

@@ -192,6 +192,7 @@ class LocalBackend:
             **sandbox,
             "relpath": request.relpath,
             "function": request.function,
+            "adapt": request.adapt,
             "env": dict(request.env),
         }
 

@@ -24,6 +24,7 @@ from plugtune.runtime.quota import Quota, QuotaLedger, how_to_raise
 from plugtune.runtime.sandbox import Isolation
 from plugtune.runtime.snapshot import SnapshotError, take
 from plugtune.sdk import Runtime
+from plugtune.sdk.shapes import SHAPES
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class BaseRuntime:
         inject: FaultInjection | None = None,
         dependencies: Mapping[str, Any] | Iterable[Dependency] | None = None,
         name: str = "",
+        shape: str = "",
+        group: bool = False,
     ) -> Function:
         """Snapshot the entry's folder and start the function; raises ``PluginCallError`` (Create faas
         fault) naming what is wrong when it cannot.
@@ -98,7 +101,9 @@ class BaseRuntime:
         ``dependencies:`` (``{"judge": "http://127.0.0.1:8000/v1"}`` or ``{"judge": {"url": ...,
         "rpm": 600}}``): under ``network: policy-only`` the instances reach these and the policy
         only; raises ValueError when one is malformed. ``name``: what the job calls the plugin
-        (job.yaml's name); its errors, from deploying it on, name it so (else by its entry)."""
+        (job.yaml's name); its errors, from deploying it on, name it so (else by its entry).
+        ``shape``: the entry is an undecorated TRL or verl reward function (``"trl"``, ``"trl-text"``,
+        ``"verl"``), adapted as ``@grader(shape=...)`` (``@group_grader`` with ``group``) would."""
         if self.backend is None:
             raise RuntimeError("use the runtime as `async with ...` (or await start()) before deploy()")
         label = name or entry
@@ -121,8 +126,11 @@ class BaseRuntime:
             snapshot = take(path, self.state_dir)
         except (SnapshotError, OSError) as exc:
             raise create_fault(label, str(exc)) from None
+        if shape and shape not in SHAPES:
+            raise ValueError(f"shape={shape!r}: use one of {', '.join(SHAPES)}")
+        adapt = f"{'group_grader' if group else 'grader'}/{shape}" if shape else ""
         request = DeployRequest(
-            entry, snapshot.root, snapshot.relpath, function, runtime, dict(env or {}), declared
+            entry, snapshot.root, snapshot.relpath, function, runtime, dict(env or {}), declared, adapt
         )
         try:
             deployment = await self.backend.deploy(request)

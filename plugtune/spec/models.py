@@ -344,6 +344,12 @@ class GraderEntry(BaseModel):
     runtime: RuntimeOverrides | None = Field(
         default=None, description="Overrides of the decorator's Runtime."
     )
+    shape: Literal["trl", "trl-text", "verl"] | None = Field(
+        default=None,
+        description="The entry is a TRL (`trl`, `trl-text`: completions as strings) or verl (`verl`: "
+        "compute_score) reward function, undecorated, used as it is (as `@grader(shape=...)`, or "
+        "`@group_grader(shape=...)` under group_graders, would).",
+    )
 
 
 class PluginsSpec(BaseModel):

@@ -68,6 +68,7 @@ class PluginRef:
     module: str | None
     weight: float | None = None
     runtime: RuntimeOverrides | None = None
+    shape: str | None = None  # job.yaml's shape: an undecorated TRL/verl reward function
     name: str = ""
     field: str = ""
     line: int | None = None
@@ -191,7 +192,10 @@ def _with_overrides(
     out = []
     for ref, entry in zip(refs, list(entries) + [None] * (len(refs) - len(entries)), strict=True):
         weight = entry.weight if isinstance(entry, GraderEntry) else None
-        out.append(replace(ref, weight=weight, runtime=entry.runtime if entry is not None else None))
+        shape = entry.shape if isinstance(entry, GraderEntry) else None
+        out.append(
+            replace(ref, weight=weight, runtime=entry.runtime if entry is not None else None, shape=shape)
+        )
     return tuple(out)
 
 

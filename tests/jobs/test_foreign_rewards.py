@@ -102,3 +102,36 @@ def test_a_trl_and_a_verl_reward_function_grade_a_real_job_with_only_a_decorator
         data_source="arith", solution_str="2", ground_truth="2", extra_info={"split": "train"}
     )
     assert score == {"score": 1.01, "chars": 1}
+
+
+def test_job_yaml_names_an_undecorated_trl_and_verl_function_with_its_shape(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    """No plugtune import at all: job.yaml's `shape:` adapts the functions as the decorators would,
+    and lint, seeing the shape, has nothing to say."""
+    rows = [
+        {
+            **r,
+            "extra": {
+                **r["extra"],
+                "data_source": "arith",
+                "ground_truth": r["extra"]["answer"],
+                "extra_info": {"split": "train"},
+            },
+        }
+        for r in ROWS
+    ]
+    job_file = make_job(tmp_path / "p", grader=FOREIGN, rows=rows, hyper={"steps": 1, "max_new_tokens": 8})
+    spec = yaml.safe_load(job_file.read_text())
+    spec["plugins"]["graders"] = [{"entry": "plugins/grader.py:compute_score", "shape": "verl"}]
+    spec["plugins"]["group_graders"] = [{"entry": "plugins/grader.py:accuracy_reward", "shape": "trl-text"}]
+    job_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert "plugtune" not in (tmp_path / "p" / "plugins" / "grader.py").read_text()
+    assert lint_paths([tmp_path / "p"]).findings == []
+
+    job_id, invalid = create_job(store, job_file)
+    assert invalid is None, invalid
+    assert run_job(store, home, job_id, wait_for_retries=False) == "succeeded", store.get_job(job_id)
+    scored = store.trajectories(job_id, limit=50)
+    records = store.trajectory_records(job_id, [t.trajectory_id for t in scored])
+    assert records and all(set(r.reward_components) == {"accuracy_reward", "compute_score"} for r in records)

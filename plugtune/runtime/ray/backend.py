@@ -197,5 +197,6 @@ def _config(request: DeployRequest) -> dict[str, Any]:
         "entry": request.entry,
         "relpath": request.relpath,
         "function": request.function,
+        "adapt": request.adapt,
         "env": dict(request.env),
     }

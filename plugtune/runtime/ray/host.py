@@ -85,6 +85,7 @@ class InstanceHost:
             function=self.config["function"],
             runtime=self.runtime,
             env=dict(self.config["env"]),
+            adapt=str(self.config.get("adapt") or ""),
         )
         try:
             self.deployment = await self.backend.deploy(request)

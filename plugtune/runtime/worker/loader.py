@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugtune.sdk import PluginSpec, spec_of
+from plugtune.sdk import PluginSpec, grader, group_grader, spec_of
 from plugtune.sdk.decorators import signature_problems
 
 
@@ -86,7 +86,7 @@ def _rel(filename: str, code_root: str) -> str:
     return filename[len(code_root) :].lstrip("/") if filename.startswith(code_root) else filename
 
 
-def load(code_root: str, relpath: str, function: str) -> Plugin:
+def load(code_root: str, relpath: str, function: str, adapt: str = "") -> Plugin:
     path = Path(code_root) / relpath
     name = Path(relpath).stem
     if code_root not in sys.path:
@@ -112,16 +112,39 @@ def load(code_root: str, relpath: str, function: str) -> Plugin:
             + install_hint(exc),
             user_traceback(exc, code_root),
         ) from None
-    return _find(module, relpath, function)
+    return _find(module, relpath, function, adapt)
 
 
-def _find(module: Any, relpath: str, function: str) -> Plugin:
+def _adapted(
+    fn: Any, spec: PluginSpec | None, relpath: str, function: str, adapt: str
+) -> tuple[Any, PluginSpec]:
+    """``fn``, a TRL/verl reward function job.yaml names with ``shape:``, adapted as the decorator
+    with that ``shape=`` would (``adapt``: ``"<kind>/<shape>"``)."""
+    kind, _, shape = adapt.partition("/")
+    if spec is not None:
+        raise LoadError(
+            f"{relpath}:{function}: is decorated @{spec.kind.value} and job.yaml gives it shape: {shape}; "
+            "keep one (the decorator's shape= or job.yaml's shape:)"
+        )
+    decorate = group_grader if kind == "group_grader" else grader
+    try:
+        adapted = decorate(fn, shape=shape)
+    except (TypeError, ValueError) as exc:
+        raise LoadError(f"{relpath}:{function}: job.yaml's shape: {shape}: {exc}") from None
+    found = spec_of(adapted)
+    assert found is not None
+    return adapted, found
+
+
+def _find(module: Any, relpath: str, function: str, adapt: str = "") -> Plugin:
     fn = module.__dict__.get(function)
     if fn is None:
         names = sorted(n for n, v in module.__dict__.items() if spec_of(v) is not None)
         found = f"; plugins in this file: {', '.join(names)}" if names else ""
         raise LoadError(f"{relpath}: has no function named {function!r}{found}")
     spec = spec_of(fn)
+    if adapt:
+        fn, spec = _adapted(fn, spec, relpath, function, adapt)
     if spec is None:
         raise LoadError(
             f"{relpath}:{function}: is not a plugin; decorate it with @rollout, @grader or @group_grader"

@@ -89,7 +89,9 @@ def load_or_report(config: dict[str, Any], channel: Channel) -> Plugin:
         os._exit(2)
     apply_env(config, channel)
     try:
-        return load(config["code_root"], config["relpath"], config["function"])
+        return load(
+            config["code_root"], config["relpath"], config["function"], str(config.get("adapt") or "")
+        )
     except LoadError as exc:
         channel.send([FATAL, exc.message, exc.traceback])
         os._exit(2)

@@ -6,7 +6,7 @@ in the order ``plugtune --help`` lists them.
 
 from __future__ import annotations
 
-from plugtune.cli import evidence, jobs, project, server, training
+from plugtune.cli import data, evidence, jobs, project, regrade, server, training
 from plugtune.cli.base import app, jobs_app
 
 __all__ = ["app"]
@@ -25,7 +25,10 @@ jobs_app.command("cancel")(jobs.jobs_cancel)
 app.command()(evidence.logs)
 app.command()(evidence.trajectories)
 app.command()(evidence.replay)
+app.command()(regrade.regrade)
+regrade.fixture_app.command("add")(regrade.fixture_add)
 app.command()(evidence.doctor)
+data.data_app.command("quarantine")(data.quarantine)
 app.command()(server.functions)
 app.command()(server.serve)
 app.command()(training.demo)

@@ -268,3 +268,24 @@ cancel_requests = Table(
     Column("requested_at", Time, nullable=False),
     Column("reason", Text, nullable=False, default=""),
 )
+
+# A labelled re-grade of a job's trajectories (``plugtune regrade --failed-only``): each row is one
+# trajectory's new grade beside its original, which is never rewritten (training used it). A new
+# table: created on open, no schema version change.
+regrades = Table(
+    "regrades",
+    metadata,
+    Column("id", RowId, primary_key=True, autoincrement=True),
+    _job_fk(),
+    Column("label", String(200), nullable=False),
+    Column("trajectory_id", String(200), nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("graders", Text, nullable=False),  # JSON: the graders re-run
+    Column("status", String(16), nullable=False),
+    Column("reward", Float(precision=53)),
+    Column("reward_components", Text, nullable=False),  # JSON
+    Column("errors", Text, nullable=False),  # JSON
+    Column("kind", String(32), nullable=False),  # the flip: "failed→scored", "unchanged", ...
+    Column("created_at", Time, nullable=False),
+)
+Index("ix_regrades_job", regrades.c.job_id, regrades.c.label, regrades.c.id)

@@ -24,6 +24,7 @@ from plugtune.store.jobs import JobsTable
 from plugtune.store.logs import LogsTable, insert_logs
 from plugtune.store.metrics import MetricsTable, insert_metrics
 from plugtune.store.plugins import PluginsTable
+from plugtune.store.regrades import RegradesTable
 from plugtune.store.resume import ResumeTable
 from plugtune.store.trajectories import TrajectoriesTable, upsert_trajectory_rows
 from plugtune.types import LogLine, MetricPoint, TrajectoryRecord
@@ -42,6 +43,7 @@ class Store(
     MetricsTable,
     TrajectoriesTable,
     ResumeTable,
+    RegradesTable,
 ):
     """Jobs, attempts, plugins and code, logs, metrics, trajectories and checkpoints.
 

@@ -14,6 +14,7 @@ import typer
 if TYPE_CHECKING:
     from plugtune.settings import Settings
     from plugtune.store import Store
+    from plugtune.web.models import ErrorOut, JobReportOut
 
 
 app = typer.Typer(
@@ -85,9 +86,10 @@ def echo_json(document: Any) -> None:
     typer.echo(json.dumps(document, indent=2, default=str))
 
 
-def error_title(error: dict[str, Any]) -> str:
+def error_title(error: dict[str, Any] | ErrorOut) -> str:
     """``type: cause``; an error without a cause (a validation failure) shows its message's first
     problem instead of an empty cause."""
+    error = _error_fields(error)
     detail = str(error.get("cause") or "")
     if not detail:
         lines = [line.strip() for line in str(error.get("message") or "").splitlines() if line.strip()]
@@ -100,19 +102,25 @@ def error_title(error: dict[str, Any]) -> str:
     return f"{error.get('type')}: {detail}" if detail else str(error.get("type"))
 
 
-def echo_error(error: dict[str, Any]) -> None:
+def echo_error(error: dict[str, Any] | ErrorOut) -> None:
+    error = _error_fields(error)
     cause = f": {error['cause']}" if error.get("cause") else ""
     typer.secho(f"{error.get('type')} ({error.get('owner')}){cause}", fg="red", err=True)
     typer.echo(f"  {error.get('message')}", err=True)
     typer.echo(f"  what to do: {error.get('hint')}", err=True)
 
 
-def job_or_exit(store: Store, job_id: int) -> dict[str, Any]:
-    from plugtune.jobs.report import job_document
+def _error_fields(error: dict[str, Any] | ErrorOut) -> dict[str, Any]:
+    return error if isinstance(error, dict) else error.model_dump()
+
+
+def job_or_exit(store: Store, job_id: int) -> JobReportOut:
+    """The job as ``jobs show --json`` prints it (the API's typed model); exit 2 when there is none."""
+    from plugtune.web.service import Missing, job_report
 
     try:
-        return job_document(store, job_id)
-    except LookupError:
+        return job_report(store, job_id)
+    except Missing:
         typer.echo(
             f"plugtune: there is no job {job_id} in {store.url}; `plugtune jobs list` shows them", err=True
         )

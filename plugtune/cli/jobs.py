@@ -24,20 +24,19 @@ def jobs_list(
             f"plugtune: unknown status {status!r}; one of {', '.join(s.value for s in JobStatus)}", err=True
         )
         raise typer.Exit(2)
-    from plugtune.jobs.control import queue_positions
+    from plugtune.web.service import job_listing
 
     with opened_store() as (_, store):
-        jobs = store.list_jobs(status or None, limit=limit)
-        places = queue_positions(store)
-        if as_json:
-            echo_json({"jobs": [{**j.to_dict(), "queue_position": places.get(j.id)} for j in jobs]})
-            return
-        for job in jobs:
-            failure = f"  {error_title(job.error.to_dict())}" if job.error else ""
-            place = f"  (#{places[job.id]} in the queue)" if job.id in places else ""
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(job.updated_at))
-            steps = f"{job.steps_done:>4}/{job.steps_total:<4}"
-            typer.echo(f"{job.id:>5}  {job.status:<10} {steps} {when}  {job.name}{failure}{place}")
+        jobs = job_listing(store, store.list_jobs(status or None, limit=limit))
+    if as_json:
+        echo_json({"jobs": [j.model_dump(mode="json") for j in jobs]})
+        return
+    for job in jobs:
+        failure = f"  {error_title(job.error)}" if job.error else ""
+        place = f"  (#{job.queue_position} in the queue)" if job.queue_position is not None else ""
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(job.updated_at))
+        steps = f"{job.steps_done:>4}/{job.steps_total:<4}"
+        typer.echo(f"{job.id:>5}  {job.status:<10} {steps} {when}  {job.name}{failure}{place}")
 
 
 def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JSON_OPTION) -> None:
@@ -46,48 +45,36 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
     max_new_tokens, each with example trajectory ids), the dependency outage a running job waits
     out, attempts, plugins, and each plugin's ctx.metric values of the newest step (mean, min,
     max, count)."""
-    from plugtune.jobs.caller import waiting_summary
-    from plugtune.jobs.control import queue_positions
-
     with opened_store() as (_, store):
-        doc = {**job_or_exit(store, job_id), "queue_position": queue_positions(store).get(job_id)}
-        latest = {m.name: m.value for m in store.latest_metrics([job_id], plugin="")}
-        doc["waiting"] = (waiting_summary(latest) or None) if doc["status"] == "running" else None
-        if as_json:
-            echo_json(doc)
-            return
-        typer.echo(
-            f"job {doc['id']} {doc['name']}: {doc['status']} ({doc['steps_done']}/{doc['steps_total']} steps)"
-        )
-        if doc["queue_position"] is not None:
-            ahead = doc["queue_position"] - 1
-            typer.echo(f"  #{doc['queue_position']} in the queue ({ahead} queued job(s) start before it)")
-        if doc["waiting"]:
-            typer.echo(f"  {doc['waiting']}")
-        if doc["error"]:
-            echo_error(doc["error"])
-        if doc["next_retry_at"] and doc["status"] == "failed":
-            wait = max(0, doc["next_retry_at"] - time.time())
-            retry = f"automatic retry {doc['auto_retries']} in {wait:.0f} s"
-            typer.echo(f"{retry} (or now: plugtune jobs retry {job_id})")
-        for a in doc["attempts"]:
-            cause = f" — {error_title(a['error'])}" if a.get("error") else ""
-            typer.echo(f"  attempt {a['number']}: {a['status']} (from step {a['resumed_from_step']}){cause}")
-        for warning in doc["warnings"]:
-            typer.secho(f"  warning: {warning}", fg="yellow")
-        for p in doc["plugins"]:
-            reason = f" — {p['failure_reason']}" if p["failure_reason"] else ""
-            typer.echo(
-                f"  plugin {p['name']} ({p['role']}): {p['status']} code {p['code_hash'][:12]}{reason}"
-            )
-        if doc["metrics"]:
-            shown = {
-                k: v
-                for k, v in doc["metrics"].items()
-                if k in ("reward/mean", "loss", "kl", "response_length")
-            }
-            typer.echo("  latest: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
-        _echo_plugin_metrics(doc["plugin_metrics"])
+        job = job_or_exit(store, job_id)
+    if as_json:
+        echo_json(job.model_dump(mode="json"))
+        return
+    typer.echo(f"job {job.id} {job.name}: {job.status} ({job.steps_done}/{job.steps_total} steps)")
+    if job.queue_position is not None:
+        ahead = job.queue_position - 1
+        typer.echo(f"  #{job.queue_position} in the queue ({ahead} queued job(s) start before it)")
+    if job.waiting:
+        typer.echo(f"  {job.waiting}")
+    if job.error:
+        echo_error(job.error)
+    if job.next_retry_at and job.status == "failed":
+        wait = max(0, job.next_retry_at - time.time())
+        retry = f"automatic retry {job.auto_retries} in {wait:.0f} s"
+        typer.echo(f"{retry} (or now: plugtune jobs retry {job_id})")
+    for a in job.attempts:
+        cause = f" — {error_title(a.error)}" if a.error else ""
+        typer.echo(f"  attempt {a.number}: {a.status} (from step {a.resumed_from_step}){cause}")
+    for warning in job.warnings:
+        typer.secho(f"  warning: {warning}", fg="yellow")
+    for p in job.plugins:
+        reason = f" — {p.failure_reason}" if p.failure_reason else ""
+        typer.echo(f"  plugin {p.name} ({p.role}): {p.status} code {p.code_hash[:12]}{reason}")
+    if job.metrics:
+        headline = ("reward/mean", "loss", "kl", "response_length")
+        shown = {k: v for k, v in job.metrics.items() if k in headline}
+        typer.echo("  latest: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+    _echo_plugin_metrics(job.plugin_metrics)
 
 
 def _echo_plugin_metrics(found: dict[str, dict[str, dict[str, float]]], most: int = 20) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from plugtune.cli.base import JSON_OPTION, echo_error, echo_json, job_or_exit, opened_store, supervising_alone
+
+if TYPE_CHECKING:
+    from plugtune.store import Store
 
 
 def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None:
@@ -22,25 +25,32 @@ def run(job_file: str = typer.Argument(..., help="The job's job.yaml.")) -> None
         job_id, invalid = create_job(store, job_file)
         if invalid is not None:
             typer.echo(f"job {job_id} failed validation before any compute:", err=True)
-            echo_error(job_or_exit(store, job_id)["error"])
+            _echo_job_error(store, job_id)
             raise typer.Exit(1)
         status = run_with_progress(store, settings, job_id)
         doc = job_or_exit(store, job_id)
-        typer.echo(f"job {job_id} {status} after {doc['steps_done']}/{doc['steps_total']} steps")
+        typer.echo(f"job {job_id} {status} after {doc.steps_done}/{doc.steps_total} steps")
         final = settings.home / "jobs" / str(job_id) / "final"
         if status == "succeeded" and final.is_dir():
             typer.echo(f"trained model: {final.resolve()} (AutoModelForCausalLM.from_pretrained(path))")
-        for warning in doc["warnings"]:  # what trained silently wrong, e.g. steps with no gradient
+        for warning in doc.warnings:  # what trained silently wrong, e.g. steps with no gradient
             typer.secho(f"warning: {warning}", fg="yellow", err=True)
         if status == "cancelled":
             typer.echo(f"`plugtune jobs retry {job_id}` resumes it from its last checkpoint", err=True)
         if status != "succeeded":
-            if doc["error"]:
+            if doc.error:
                 if status == "cancelled":
                     typer.echo("before it was cancelled, its last attempt had failed with:", err=True)
-                echo_error(doc["error"])
+                echo_error(doc.error)
             typer.echo(f"evidence: plugtune doctor {job_id}", err=True)
             raise typer.Exit(1)
+
+
+def _echo_job_error(store: Store, job_id: int) -> None:
+    """The job's classified error (a job that failed validation has one)."""
+    error = job_or_exit(store, job_id).error
+    if error is not None:
+        echo_error(error)
 
 
 def submit(
@@ -70,7 +80,7 @@ def submit(
         job_id, invalid = create_job(store, job_file)
         if invalid is not None:
             typer.echo(f"job {job_id} failed validation before any compute:", err=True)
-            echo_error(job_or_exit(store, job_id)["error"])
+            _echo_job_error(store, job_id)
             raise typer.Exit(1)
         url = serving_url(settings.home)
         if url is None:

@@ -25,6 +25,8 @@ class ErrorOut(BaseModel):
     trajectory_id: str = ""
     traceback: str = ""
     evidence: dict[str, Any] = Field(default_factory=dict)
+    time: float | None = Field(default=None, description="when the job recorded it (None: the current one)")
+    attempt: int | None = Field(default=None, description="the job's attempt it ended (None: none)")
 
 
 class JobOut(BaseModel):
@@ -55,6 +57,15 @@ class JobOut(BaseModel):
     )
 
 
+class ListedJobOut(JobOut):
+    """A job as ``plugtune jobs list --json`` prints it: with its job.yaml (``spec`` validated,
+    ``spec_yaml`` as submitted) and ``steps_total`` beside ``total_steps``, as it always has."""
+
+    steps_total: int
+    spec: dict[str, Any] = Field(default_factory=dict)
+    spec_yaml: str = ""
+
+
 class JobPage(BaseModel):
     items: list[JobOut]
     page: int
@@ -72,6 +83,7 @@ class AttemptOut(BaseModel):
     ended_at: float | None = None
     resumed_from_step: int = 0
     error: ErrorOut | None = None
+    pid: int | None = Field(default=None, description="the attempt's process id")
 
 
 class JobDetail(BaseModel):
@@ -104,6 +116,47 @@ class PluginOut(BaseModel):
     ended_at: float | None = None
     retention_expires_at: float | None = None
     monitoring_reclaimed: bool = False
+
+
+class CheckpointOut(BaseModel):
+    job_id: int
+    step: int
+    path: str
+    created_at: float
+
+
+class ReportAttemptOut(AttemptOut):
+    """An attempt as ``plugtune jobs show --json`` prints it: with its job id, as it always has."""
+
+    job_id: int
+
+
+class ReportPluginOut(PluginOut):
+    """A plugin as ``plugtune jobs show --json`` prints it: ``role`` and ``monitoring_expired``
+    repeat ``kind`` and ``monitoring_reclaimed`` under the names it has always printed."""
+
+    job_id: int
+    role: str
+    monitoring_expired: bool
+
+
+class JobReportOut(JobOut):
+    """What ``plugtune jobs show --json`` prints: the job as the API shows it, with its attempts
+    (oldest first), error history, plugins, trajectory counts by status, the newest value of every
+    training metric, each plugin's ctx.metric values of the newest step that has them, warnings and
+    the newest checkpoint. ``steps_total`` repeats ``total_steps`` under the name it has always printed."""
+
+    steps_total: int
+    attempts: list[ReportAttemptOut]
+    errors: list[ErrorOut] = Field(description="every error the job has had, oldest first")
+    plugins: list[ReportPluginOut]
+    trajectories: dict[str, int] = Field(description="how many trajectories by status")
+    metrics: dict[str, float] = Field(description="the newest value of every training metric")
+    plugin_metrics: dict[str, dict[str, dict[str, float]]] = Field(
+        description="plugin -> ctx.metric name -> mean, min, max, count and step of the newest step"
+    )
+    warnings: list[str]
+    checkpoint: CheckpointOut | None = None
 
 
 class CodeFileOut(BaseModel):

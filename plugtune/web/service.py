@@ -11,20 +11,35 @@ from typing import Generic, TypeVar
 from plugtune.jobs import control
 from plugtune.jobs.caller import waiting_summary
 from plugtune.jobs.control import NotRetryableError, retry_job
+from plugtune.jobs.plugin_metrics import latest_stats
+from plugtune.jobs.report import job_warnings
 from plugtune.jobs.scheduler import JobNotFoundError
 from plugtune.store import Store
 from plugtune.store.records import Attempt, IllegalTransitionError, Job, NotFoundError, Plugin
 from plugtune.web import queries
 from plugtune.web.models import (
+    CheckpointOut,
     JobOut,
+    JobReportOut,
+    ListedJobOut,
     LogOut,
     NeighborsOut,
+    ReportAttemptOut,
+    ReportPluginOut,
     TrajectoryLogs,
     TrajectoryOut,
     TrajectorySummaryOut,
 )
 from plugtune.web.queries import LogFilter, TrajectoryFilter
-from plugtune.web.views import job_out, log_out, summary_out, trajectory_out
+from plugtune.web.views import (
+    attempts_out,
+    error_out,
+    job_out,
+    log_out,
+    plugin_out,
+    summary_out,
+    trajectory_out,
+)
 
 Row = TypeVar("Row", LogOut, TrajectorySummaryOut)
 
@@ -71,6 +86,37 @@ def job_view(store: Store, job: Job) -> JobOut:
     return out.model_copy(update={"duration_s": duration, "eta_s": eta, "waiting": waiting_of(store, job)})
 
 
+def job_report(store: Store, job_id: int) -> JobReportOut:
+    """What ``plugtune jobs show --json`` prints (JobReportOut): the job as the API shows it
+    (job_view), its attempts oldest first, error history, plugins, trajectory counts, newest metrics,
+    each plugin's ctx.metric stats, warnings and newest checkpoint. Raises Missing when there is no
+    such job."""
+    job = require_job(store, job_id)
+    newest = store.latest_metrics([job_id], plugin="")
+    latest = {m.name: m.value for m in newest}
+    plugins = store.list_plugins(job_id)
+    errors = store.list_job_errors(job_id)
+    attempts = attempts_out(store.list_attempts(job_id), errors, store.list_transitions(job_id))
+    checkpoint = store.latest_checkpoint(job_id)
+    return JobReportOut(
+        **dict(job_view(store, job)),
+        steps_total=job.steps_total,
+        attempts=[ReportAttemptOut(**dict(a), job_id=job_id) for a in reversed(attempts)],
+        errors=[e for e in (error_out(x) for x in errors) if e is not None],
+        plugins=[
+            ReportPluginOut(
+                **dict(plugin_out(p)), job_id=job_id, role=p.role, monitoring_expired=p.monitoring_expired
+            )
+            for p in plugins
+        ],
+        trajectories=store.trajectory_status_counts(job_id),
+        metrics=latest,
+        plugin_metrics=latest_stats(latest, {m.name: m.step for m in newest}, [p.name for p in plugins]),
+        warnings=job_warnings(store, job_id),
+        checkpoint=CheckpointOut(**checkpoint.to_dict()) if checkpoint is not None else None,
+    )
+
+
 def waiting_of(store: Store, job: Job) -> str | None:
     """What a running job waits for (a dependency's outage, from its latest metrics), or None."""
     if job.status != "running":
@@ -82,6 +128,17 @@ def waiting_of(store: Store, job: Job) -> str | None:
 def job_list(store: Store, jobs: list[Job]) -> list[JobOut]:
     positions = queue_positions(store)
     return [job_out(j, positions) for j in jobs]
+
+
+def job_listing(store: Store, jobs: list[Job]) -> list[ListedJobOut]:
+    """The jobs as ``plugtune jobs list --json`` prints them (the API's JobOut with their job.yaml)."""
+    positions = queue_positions(store)
+    return [
+        ListedJobOut(
+            **dict(job_out(j, positions)), steps_total=j.steps_total, spec=j.spec, spec_yaml=j.spec_yaml
+        )
+        for j in jobs
+    ]
 
 
 def queue_positions(store: Store) -> dict[int, int]:

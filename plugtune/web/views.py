@@ -35,6 +35,8 @@ def error_out(error: ErrorRecord | None) -> ErrorOut | None:
         trajectory_id=error.trajectory_id,
         traceback=error.traceback,
         evidence=_jsonable(error.evidence),
+        time=error.time,
+        attempt=error.attempt,
     )
 
 
@@ -71,6 +73,7 @@ def attempts_out(
                 ended_at=a.ended_at,
                 resumed_from_step=a.resumed_from_step,
                 error=error_out(a.error if a.error else by_attempt.get(a.number)),
+                pid=a.pid,
             )
         )
     return out[::-1]

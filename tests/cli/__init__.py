@@ -1,0 +1,1 @@
+"""The CLI's commands and the documents they print."""

@@ -185,7 +185,7 @@ async def deploy_graders(
     replace_name = ""
     given: JobFunction | None = None
     if grader is not None:
-        given, replace_name = await _deploy_given(rt, grader, stored, weights, env)
+        given, replace_name = await _deploy_given(rt, grader, spec, stored, weights, env)
     deployed = await deploy_recorded(
         rt, store, [p for p in stored if p.name != replace_name], root, weights, {}, env
     )
@@ -193,7 +193,12 @@ async def deploy_graders(
 
 
 async def _deploy_given(
-    rt: BaseRuntime, grader: str, stored: list[Plugin], weights: dict[str, float], env: dict[str, str]
+    rt: BaseRuntime,
+    grader: str,
+    spec: dict[str, Any],
+    stored: list[Plugin],
+    weights: dict[str, float],
+    env: dict[str, str],
 ) -> tuple[JobFunction, str]:
     file, sep, function = grader.rpartition(":")
     if not sep or not file or not function:
@@ -221,7 +226,22 @@ async def _deploy_given(
             f"--grader {grader!r}: the job's {role}s are {names}; name the function (or its "
             "decorator's name=) as the one it replaces"
         )
+    overrides = yaml_runtime(spec, target.name)
+    if overrides:  # job.yaml's limits for the grader it replaces, over its decorator's
+        fn = await rt.deploy(f"{path}:{function}", runtime=overrides, env=env)
     return ExitsAsEof(JobFunction(fn, weights.get(target.name), target.name)), target.name
+
+
+def yaml_runtime(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    """The ``runtime:`` job.yaml gives the grader or group grader named ``name`` ({} when none)."""
+    plugins = spec.get("plugins") or {}
+    for entry in [*(plugins.get("graders") or []), *(plugins.get("group_graders") or [])]:
+        if not isinstance(entry, dict):
+            continue
+        named = entry.get("name") or str(entry.get("entry", "")).rpartition(":")[2]
+        if named == name and isinstance(entry.get("runtime"), dict):
+            return {k: v for k, v in entry["runtime"].items() if v is not None}
+    return {}
 
 
 class _Grading:

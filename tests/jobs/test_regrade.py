@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from plugtune.cli import app
@@ -53,6 +54,19 @@ def exact(ctx, sample, trajectory):
 """
 
 
+# Never answers for an even answer (past the job's timeout_s for its grader), else as FIXED.
+SLOW = """
+import time
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    if int(sample.extra["answer"]) % 2 == 0:
+        time.sleep(60)
+    return float(int(sample.extra["answer"]) % 2 == 0)
+"""
+
+
 def _answer(record: TrajectoryRecord) -> int:
     return int(ROWS[record.sample_index]["extra"]["answer"])
 
@@ -75,10 +89,14 @@ def test_regrade_failed_only_and_fixtures(tmp_path: Path, home: Settings) -> Non
         grader=FLAKY,
         extra={"failure_policy": {"max_attempts": 1, "on_exhausted": "drop_sample"}},
     )
+    spec = yaml.safe_load(job_file.read_text())
+    spec["plugins"]["graders"][0]["runtime"] = {"timeout_s": 3}  # job.yaml's limit for the grader
+    job_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     ran = runner.invoke(app, ["run", str(job_file)])
     assert ran.exit_code == 0, ran.output
     (tmp_path / "fixed.py").write_text(FIXED)
     (tmp_path / "changed.py").write_text(CHANGED)
+    (tmp_path / "slow.py").write_text(SLOW)
     store = Store.open(home.database_url)
     before = _records(store, 1)
     failed = {t for t, r in before.items() if r.status == "failed"}
@@ -173,6 +191,17 @@ def test_regrade_failed_only_and_fixtures(tmp_path: Path, home: Settings) -> Non
     assert added.exit_code == 0, added.output
     assert json.loads(wrong.read_text())["expect"] == 0.25
     assert runner.invoke(app, ["test", str(job_file), "--expect", str(wrong)]).exit_code == 1
+
+    # --grader runs with job.yaml's limits for the grader it replaces: past timeout_s 3, it fails.
+    slow = _run(["regrade", "1", "--grader", f"{tmp_path / 'slow.py'}:exact"])
+    kinds = {f["trajectory_id"]: f["kind"] for f in slow["flips"]}
+    assert kinds == {
+        t: "scored→failed" if t in scored else "failed→scored"
+        for t, r in before.items()
+        if (_answer(r) % 2 == 0) == (t in scored)
+    }
+    timed_out = [f for f in slow["flips"] if f["kind"] == "scored→failed"]
+    assert timed_out and all("timeout" in f["after"]["error"].lower() for f in timed_out), timed_out
 
     # Clear errors, exit 2.
     for args, says in [

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from plugtune.cli.base import JSON_OPTION, echo_error, echo_json, job_or_exit, opened_store
+
+if TYPE_CHECKING:
+    from plugtune.store.records import LogRow
+    from plugtune.web.models import ListedLogOut
 
 
 def logs(
@@ -41,7 +45,8 @@ def logs(
             rows = store.newest_logs(job_id, limit, **filters)
         older = store.count_logs(job_id, before_id=rows[0].id, **filters) if rows and not every else 0
         if as_json:
-            echo_json({"logs": [r.to_dict() for r in rows], "older_not_shown": older})
+            listed = [_listed(r) for r in rows]
+            echo_json({"logs": [line.model_dump(mode="json") for line in listed], "older_not_shown": older})
             return
         if older:
             typer.echo(f"({older} older lines not shown: raise --limit, or --all prints them)", err=True)
@@ -53,6 +58,14 @@ def logs(
                     last = _print_logs([r], last)
             except KeyboardInterrupt:
                 break
+
+
+def _listed(row: LogRow) -> ListedLogOut:
+    """A log line as ``logs --json`` prints it: the API's LogOut with its job and instance ids."""
+    from plugtune.web.models import ListedLogOut
+    from plugtune.web.views import log_out
+
+    return ListedLogOut(**dict(log_out(row)), job_id=row.job_id, instance_id=row.instance_id)
 
 
 def _print_logs(rows: list[Any], last: int) -> int:
@@ -75,6 +88,8 @@ def trajectories(
 
     With --json each one is its whole record: messages, prompt_ids, response_ids, response_mask
     (1 = sampled by the policy), response_logprobs, reward per grader, errors and metrics."""
+    from plugtune.web.views import summary_out
+
     with opened_store() as (_, store):
         job_or_exit(store, job_id)
         rows = store.trajectories(job_id, status=status or None, step=None if step < 0 else step, limit=limit)
@@ -88,11 +103,11 @@ def trajectories(
             ]
             echo_json({"trajectories": whole})
             return
-        for r in rows:
-            reward = "-" if r.reward is None else f"{r.reward:.3f}"
-            cause = f"  {r.error_cause}" if r.error_cause else ""
-            why = f"  — {r.discard_reason}" if r.discard_reason else ""
-            typer.echo(f"{r.trajectory_id:<20} step {r.step:>4}  {r.status:<8} reward {reward}{cause}{why}")
+        for t in (summary_out(r) for r in rows):
+            reward = "-" if t.reward is None else f"{t.reward:.3f}"
+            cause = f"  {t.error_cause}" if t.error_cause else ""
+            why = f"  — {t.discard_reason}" if t.discard_reason else ""
+            typer.echo(f"{t.id:<20} step {t.step:>4}  {t.status:<8} reward {reward}{cause}{why}")
 
 
 def replay(

@@ -239,6 +239,14 @@ class LogOut(BaseModel):
     message: str
 
 
+class ListedLogOut(LogOut):
+    """A log line as ``plugtune logs --json`` prints it: with its job id and the plugin instance
+    that wrote it, as it always has."""
+
+    job_id: int
+    instance_id: str = ""
+
+
 class LogPage(BaseModel):
     items: list[LogOut] = Field(description="newest first (order=oldest: oldest first)")
     before: int | None = Field(default=None, description="cursor of the next (older) page")

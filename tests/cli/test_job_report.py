@@ -108,3 +108,30 @@ def test_jobs_list_json_keeps_every_key_and_value_it_printed(store: Store) -> No
     failed = next(line for line in text if "adder-grpo" in line)
     assert failed.endswith("adder-grpo  Call plugin error: 500")
     assert "0/0" not in failed and "   3/10  " in failed
+
+
+def test_logs_json_keeps_every_key_and_value_it_printed(store: Store) -> None:
+    seeded = seed(store)
+    old = [r.to_dict() for r in store.newest_logs(seeded.failed_job, 30)]
+    assert old and any(r["trajectory_id"] for r in old)
+    result = runner.invoke(app, ["logs", str(seeded.failed_job), "--limit", "30", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert _missing(shown["logs"], json.loads(json.dumps(old, default=str))) == []
+    assert shown["older_not_shown"] == store.count_logs(seeded.failed_job, before_id=old[0]["id"])
+
+
+def test_trajectories_lists_each_with_its_status_reward_and_why(store: Store) -> None:
+    seeded = seed(store)
+    rows = store.trajectories(seeded.failed_job, limit=50)
+    assert any(r.status == "failed" for r in rows) and any(r.reward is not None for r in rows)
+    result = runner.invoke(app, ["trajectories", str(seeded.failed_job)])
+    assert result.exit_code == 0, result.output
+    expected = []
+    for r in rows:  # the line it has always printed, from the stored summary
+        reward = "-" if r.reward is None else f"{r.reward:.3f}"
+        cause = f"  {r.error_cause}" if r.error_cause else ""
+        why = f"  — {r.discard_reason}" if r.discard_reason else ""
+        expected.append(f"{r.trajectory_id:<20} step {r.step:>4}  {r.status:<8} reward {reward}{cause}{why}")
+    assert result.output.splitlines() == expected
+    assert f"{seeded.failed_trajectory:<20} step    2  failed   reward -  500" in expected

@@ -109,6 +109,10 @@ def test_a_multipart_archive_is_unpacked_validated_and_queued(
     assert folder.parent == home / "submissions"
     assert (folder / "plugins" / "rollout.py").read_text() == (project / "plugins" / "rollout.py").read_text()
     assert woken == [str(body["job_id"])]  # the scheduler is told at once
+    kept = job.spec["submitted"]  # what its attempts run: the submission's own files, as sent
+    assert kept["data"]["train"]["path"] == str((folder / "data" / "train.jsonl").resolve())
+    code = db.get_code(kept["plugins"]["plugins/rollout.py"]["code_hash"])
+    assert code["rollout.py"] == (project / "plugins" / "rollout.py").read_bytes()
 
 
 def test_a_dry_run_validates_and_creates_nothing(

@@ -182,6 +182,7 @@ def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JS
         typer.echo(
             f"job {job['id']} {job['name']}: {job['status']} ({job['steps_done']}/{job['steps_total']} steps)"
         )
+        _echo_quarantined(doc["quarantined_rows"], job["id"])
         if not doc["error"]:
             typer.echo("no error recorded")
             return
@@ -201,6 +202,20 @@ def doctor(job_id: int = typer.Argument(..., help="Job id."), as_json: bool = JS
             typer.echo(f"  failed trajectory {t['trajectory_id']} (step {t['step']})")
         for line in doc["recent_logs"][-10:]:
             typer.echo(f"  log {line['level']} {line['plugin']}: {line['message']}")
+
+
+def _echo_quarantined(rows: list[dict[str, Any]], job_id: int) -> None:
+    """The dataset rows the job quarantined (poison rows): Invalid data, by file and line."""
+    if not rows:
+        return
+    typer.echo(f"Invalid data (data): {len(rows)} dataset row(s) quarantined, no longer sampled:")
+    for r in rows:
+        steps = ", ".join(map(str, r["steps"]))
+        typer.echo(
+            f"  {r['file']}:{r['line']}: {r['cause']} in {r['plugin'] or 'a plugin'} on every trajectory, "
+            f"steps {steps} (e.g. trajectory {r['trajectory_id']})"
+        )
+    typer.echo(f"  the dataset without them: plugtune data quarantine {job_id} --export clean.jsonl")
 
 
 def _echo_dependency(dep: dict[str, Any] | None) -> None:

@@ -32,11 +32,12 @@ from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.jobs.submitted import load as load_submitted
 from plugtune.jobs.submitted import name_origins
 from plugtune.settings import Settings
-from plugtune.spec.rows import read_dataset
+from plugtune.spec.rows import dataset_lines, read_dataset
 from plugtune.spec.validation import ValidatedJob
 from plugtune.store import Store, StoreWriter
 from plugtune.trainer.evaluation import Evaluator
 from plugtune.trainer.health import EvalPoint, eval_point, eval_warnings
+from plugtune.trainer.poison import RowSource
 from plugtune.trainer.tracking import CallSpans, Trackers
 from plugtune.types import ErrorRecord, LogLine, MetricPoint
 
@@ -230,6 +231,7 @@ async def _train(
             job_id=str(job_id),
             signal=spec.signal.thresholds(),
             group_rule=spec.failure_policy.group.rule(),
+            row_source=RowSource(str(job.train_path), dataset_lines(job.train_path)),
         )
         checkpoint = store.latest_checkpoint(job_id)
         if checkpoint is not None:

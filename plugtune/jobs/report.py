@@ -8,6 +8,7 @@ from typing import Any
 
 from plugtune.jobs.plugin_metrics import latest_stats
 from plugtune.store import Store
+from plugtune.trainer.poison import Quarantined, parse_quarantine
 
 #: The ``plugin`` of the job's own warnings in its log (no plugin wrote them): the attempt writes
 #: them as WARNING lines, ``jobs show`` and the console's job page list them.
@@ -53,8 +54,23 @@ def job_warnings(store: Store, job_id: int, limit: int = 20) -> list[str]:
     return [line.message for line in reversed(lines)]
 
 
+#: The words every quarantine warning holds (the store's text filter narrows the job's log to them).
+_MARK = ") is quarantined: every trajectory of it failed with "
+
+
+def quarantined_rows(store: Store, job_id: int) -> list[Quarantined]:
+    """The rows the job quarantined, in the order it did (one per row, the latest warning's)."""
+    found: dict[tuple[str, int], Quarantined] = {}
+    for line in store.logs_after(job_id, 0, plugin=JOB_WARNINGS, level="WARNING", text=_MARK):
+        entry = parse_quarantine(line.message)
+        if entry is not None:
+            found[(entry.file, entry.line)] = entry
+    return list(found.values())
+
+
 def doctor_document(store: Store, job_id: int) -> dict[str, Any]:
-    """The classified error, the failing plugin's traceback, worst trajectories, metrics around it."""
+    """The classified error, the failing plugin's traceback, worst trajectories, metrics around it,
+    and the dataset rows the job quarantined (poison rows)."""
     doc = job_document(store, job_id)
     error = doc["error"] or {}
     evidence = error.get("evidence") or {}
@@ -83,6 +99,7 @@ def doctor_document(store: Store, job_id: int) -> dict[str, Any]:
         "lowest_reward_trajectories": [t.to_dict() for t in worst],
         "metrics_window": window,
         "recent_logs": [line.to_dict() for line in reversed(logs)],
+        "quarantined_rows": [q.to_dict() for q in quarantined_rows(store, job_id)],
     }
 
 

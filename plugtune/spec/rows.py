@@ -97,6 +97,13 @@ def read_dataset(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def dataset_lines(path: str | Path) -> list[int]:
+    """The 1-based line of each row of a dataset that ``read_dataset`` reads, in its order (rows
+    are its non-blank lines)."""
+    text = Path(path).read_bytes().decode("utf-8")
+    return [number for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
 def parse_rows(text: str, name: str) -> tuple[list[dict[str, Any]], list[Problem]]:
     rows: list[dict[str, Any]] = []
     problems: list[Problem] = []

@@ -100,6 +100,17 @@ class TrainerConfig(BaseModel):
         0,
         64,
     )
+    poison_after: int = _ranged(
+        2,
+        "Quarantine a dataset row (the data cursor passes over it, the job warns with Invalid data "
+        "naming its file and line) once every trajectory of it failed with the same non-transient "
+        "cause (500, EOF, FaaS OOM, Invalid reward, Status failure; never a Dependency error, a "
+        "Timeout or a platform fault) on this many different steps; 0 turns it off. Each step "
+        "records data/poison_groups, data/poison_calls (the failed calls they cost) and "
+        "data/quarantined_rows.",
+        0,
+        1000,
+    )
     lora: LoraSettings | None = Field(default=None, description=LoraSettings.docs())
 
     def __init__(self, **values: Any) -> None:

@@ -42,6 +42,7 @@ from plugtune.trainer.health import (
     step_warnings,
 )
 from plugtune.trainer.objective import LossParts
+from plugtune.trainer.poison import RowSource, observe
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
 from plugtune.trainer.rewards import group_advantages, summary
 from plugtune.trainer.spin import SpinQuieter
@@ -90,9 +91,12 @@ class GRPOTrainer:
         job_id: str = "",
         signal: SignalThresholds | None = None,
         group_rule: GroupRule | None = None,
+        row_source: RowSource | None = None,
     ) -> None:
         self.model, self.tokenizer, self.server, self.config = model, tokenizer, server, config
         self.rows = rows
+        self.row_source = row_source or RowSource()  # the file and lines poison-row warnings name
+        self.job_id = job_id
         self.runner = GroupRunner(
             server=server, plugins=plugins, caller=caller, job_id=job_id, group_rule=group_rule or GroupRule()
         )
@@ -145,6 +149,7 @@ class GRPOTrainer:
         sampled: _Sampled | None = None
         if self.config.dynamic_sampling:
             groups, sampled = await self._refill(step, groups)
+        poison = observe(self.cursor, step, groups, self.config.poison_after, self.row_source, self.job_id)
         rolled = time.perf_counter()
         graded = [r for group in groups for r in group]  # as graded: the health checks read these
         records = [r for group in groups for r in _filtered(group)] if sampled else graded
@@ -167,6 +172,7 @@ class GRPOTrainer:
         if sampled is not None:  # the rewards as graded; what the step left out counts as discarded
             metrics["trajectories/discarded"] = float(sum(r.status == "discard" for r in records))
             metrics.update(sampled.metrics())
+        metrics.update(poison.metrics)
         metrics["weights/max_abs"] = _largest_trained_weight(self.model)
         metrics["memory/peak_mib"] = step_memory_mib(next(self.model.parameters()).device)
         ended = time.perf_counter()
@@ -188,6 +194,7 @@ class GRPOTrainer:
         ]
         if sampled is not None:  # no step trains on a group without gradient: say when one fell short
             warnings = [w for w in warnings if w.key != "no_gradient"] + sampled.warnings(step, self.config)
+        warnings += poison.warnings
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
     @property

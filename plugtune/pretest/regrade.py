@@ -343,7 +343,8 @@ async def _grade_all(
         )
         return [(m[0], m[2], d) for m, d in zip(members, drafts, strict=True)]
 
-    done = await asyncio.gather(*(group(members) for members in groups.values()))
+    ordered = [sorted(members, key=lambda m: m[0].rollout_index) for members in groups.values()]
+    done = await asyncio.gather(*(group(members) for members in ordered))  # as the trainer: by rollout
     return [item for items in done for item in items]
 
 

@@ -223,3 +223,58 @@ def test_regrade_failed_only_and_fixtures(tmp_path: Path, home: Settings) -> Non
         assert result.exit_code == 2, (args, result.output)
         assert says in result.output, (args, result.output)
     store.close()
+
+
+GRADERS = """
+from plugtune import grader, group_grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    return float(int(sample.extra["answer"]) % 2 == 0)
+
+@group_grader
+def rank(ctx, sample, trajectories):
+    return [float(i) for i in range(len(trajectories))]
+"""
+
+REVERSED = """
+from plugtune import group_grader
+
+@group_grader
+def rank(ctx, sample, trajectories):
+    return [float(len(trajectories) - 1 - i) for i in range(len(trajectories))]
+"""
+
+
+@pytest.mark.slow
+def test_regrade_a_group_grader(tmp_path: Path, home: Settings) -> None:
+    job_file = make_job(tmp_path / "job", grader=GRADERS)
+    spec = yaml.safe_load(job_file.read_text())
+    spec["plugins"]["group_graders"] = [{"entry": "plugins/grader.py:rank", "weight": 0.5}]
+    job_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    ran = runner.invoke(app, ["run", str(job_file)])
+    assert ran.exit_code == 0, ran.output
+    store = Store.open(home.database_url)
+    before = _records(store, 1)
+    assert before and all(r.status == "success" for r in before.values())
+    for r in before.values():  # the job's reward: exact + 0.5 * the rollout's place in its group
+        assert r.reward == float(_answer(r) % 2 == 0) + 0.5 * r.rollout_index
+
+    same = _run(["regrade", "1"])
+    assert same["regraded"] == len(before) and same["counts"]["unchanged"] == len(before)
+
+    (tmp_path / "reversed.py").write_text(REVERSED)
+    flipped = _run(["regrade", "1", "--grader", f"{tmp_path / 'reversed.py'}:rank"])
+    expected = {}
+    for t, r in before.items():
+        even = _answer(r) % 2 == 0
+        if even:
+            expected[t] = "changed"  # 1 + 0.5 * i -> 1 + 0.5 * (1 - i)
+        else:
+            expected[t] = "0→1" if r.rollout_index == 0 else "1→0"
+    assert {f["trajectory_id"]: f["kind"] for f in flipped["flips"]} == expected
+    for f in flipped["flips"]:
+        r = before[f["trajectory_id"]]
+        # the replaced group grader keeps job.yaml's weight 0.5
+        assert f["after"]["reward"] == float(_answer(r) % 2 == 0) + 0.5 * (1 - r.rollout_index)
+    store.close()

@@ -31,6 +31,9 @@ CURVES = (
     ("loss", "Loss", "", "loss"),
     ("kl", "KL", "", "kl"),
     ("response_length", "Response length", "tokens", "response_length"),
+    # the reward signal's health (plugtune.trainer.health): whether each job's steps trained on anything
+    ("no_gradient", "Groups with no gradient (zero reward variance)", "share", "groups/zero_variance_share"),
+    ("truncated", "Replies cut at max_new_tokens", "share", "response/truncated_share"),
 )
 # The charts' palette (static/chart.js), so a cause keeps one color across the jobs' bars.
 COLORS = ("#2f5bd3", "#c0352b", "#1a7f4b", "#a15c00", "#8a2be2", "#0b6e99", "#b3306f", "#5b6b00")

@@ -101,6 +101,7 @@ def test_compare_overlays_curves_shares_causes_times_steps_and_diffs_the_specs(
         store.add_metrics(a, [MetricPoint(100.0 + step, "", "time/step_s", seconds, step=step)])
         store.add_metrics(a, [MetricPoint(100.0 + step, "", "reward/mean", step / 4, step=step)])
     store.add_metrics(a, [MetricPoint(200.0, "", "reward/mean", 0.9, step=2)])  # step 2 re-run by a retry
+    store.add_metrics(b, [MetricPoint(101.0, "", "groups/zero_variance_share", 0.75, step=1)])
     store.add_metrics(b, [MetricPoint(101.0, "", "plugin/failed_calls/Timeout", 3.0, step=1)])
     store.add_metrics(b, [MetricPoint(101.0, "", "plugin/failed_calls/500", 1.0, step=1)])
     store.add_metrics(b, [MetricPoint(102.0, "", "plugin/failed_calls/Timeout", 0.0, step=2)])
@@ -111,7 +112,16 @@ def test_compare_overlays_curves_shares_causes_times_steps_and_diffs_the_specs(
     assert [j["label"] for j in out["jobs"]] == [f"#{a} lr-1e-5", f"#{b} lr-3e-5"]
     reward = next(c for c in out["charts"] if c["key"] == "reward")
     assert reward["series"] == [{"name": f"#{a} lr-1e-5", "points": [[1, 0.25], [2, 0.9], [3, 0.75]]}]
-    assert {c["key"] for c in out["charts"]} == {"reward", "loss", "kl", "response_length"}
+    no_gradient = next(c for c in out["charts"] if c["key"] == "no_gradient")  # the signal's health too
+    assert no_gradient["series"] == [{"name": f"#{b} lr-3e-5", "points": [[1, 0.75]]}]
+    assert {c["key"] for c in out["charts"]} == {
+        "reward",
+        "loss",
+        "kl",
+        "response_length",
+        "no_gradient",
+        "truncated",
+    }
     assert out["step_times"][0] == {"job_id": a, "steps": 3, "mean_s": 4.0, "median_s": 2.0}
     assert out["step_times"][1] == {"job_id": b, "steps": 0, "mean_s": None, "median_s": None}
     assert out["causes"][1] == {

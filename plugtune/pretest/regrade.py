@@ -42,6 +42,7 @@ from plugtune.pretest.replay import deploy_recorded, grader_weights, recorded_en
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.sdk import Context, Kind, Sample
+from plugtune.spec.validation import read_dataset
 from plugtune.store import Plugin, Store
 from plugtune.store.regrades import RegradeRow
 from plugtune.trainer.draft import TrajectoryDraft
@@ -161,7 +162,10 @@ def regradable(record: TrajectoryRecord, rollout: str) -> bool:
 
 
 def failed_graders(record: TrajectoryRecord, graders: Sequence[str]) -> list[str]:
-    """The graders whose call for ``record`` failed (their errors are on it)."""
+    """The graders whose call failed ``record`` (their errors are on it; a trajectory that succeeded
+    on a later try keeps its earlier tries' errors, and has none to re-run)."""
+    if record.status != "failed":
+        return []
     names = {_name(e.plugin) for e in record.errors}
     return [g for g in graders if g in names]
 
@@ -297,6 +301,28 @@ class _Grading:
             d.graded(fn.spec.name, outcome, values[i] if i < len(values) else None)
 
 
+class _Rows:
+    """Each trajectory's dataset row as ``replay``'s ``sample_of`` gives it (which checks the dataset
+    is the one the job was submitted with), the file read once instead of once a row."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.first: Sample | None = None
+        self.rows: list[dict[str, Any]] = []
+
+    def sample(self, record: TrajectoryRecord) -> Sample:
+        if self.first is None:
+            self.first = sample_of(self.spec, record)  # checks the data, names what is wrong
+            job_file = Path(str(self.spec.get("job_file", "")))
+            base = Path(str(self.spec["base_dir"])) if self.spec.get("base_dir") else job_file.parent
+            self.rows = read_dataset((base / str(self.spec["data"]["train"])).resolve())
+            return self.first
+        if not 0 <= record.sample_index < len(self.rows):
+            return sample_of(self.spec, record)  # its error names the row and the file
+        row = Sample.from_dict(self.rows[record.sample_index])
+        return dataclasses.replace(row, index=record.sample_index, sampling=self.first.sampling)
+
+
 def _draft(record: TrajectoryRecord, sample: Sample, grader_names: Sequence[str]) -> TrajectoryDraft:
     prefixes = tuple(f"{g}/" for g in grader_names) + ("history/",)
     return TrajectoryDraft(
@@ -370,6 +396,7 @@ def regrade(
     if steps is not None and not records:
         raise RegradeError(f"job {job_id} has no trajectories in steps {steps[0]}..{steps[1]}")
     env = recorded_env(job_id, job.spec)
+    rows = _Rows(job.spec)
     samples: dict[int, Sample] = {}
     groups: dict[str, list[tuple[TrajectoryRecord, Sample, list[str]]]] = {}
     skipped = 0
@@ -379,7 +406,7 @@ def regrade(
             skipped += 1
             continue
         if record.sample_index not in samples:
-            samples[record.sample_index] = sample_of(job.spec, record)
+            samples[record.sample_index] = rows.sample(record)
         groups.setdefault(record.group_id, []).append((record, samples[record.sample_index], names))
     started = time.perf_counter()
     results, sandbox = asyncio.run(

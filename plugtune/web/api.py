@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from plugtune.jobs.report import job_warnings
+from plugtune.jobs.report import job_warnings, quarantined_rows
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
 from plugtune.web import charts, queries, service
@@ -22,6 +22,8 @@ from plugtune.web.models import (
     NeighborsOut,
     PluginMetricsOut,
     PluginOut,
+    QuarantinedRowOut,
+    QuarantineOut,
     RetryOut,
     TrajectoryOut,
     TrajectoryPage,
@@ -134,6 +136,30 @@ def training_curves(request: Request, job_id: JobId) -> ChartsOut:
     store = _store(request)
     job = service.require_job(store, job_id)
     return ChartsOut(charts=charts.training_charts(store, job_id, job.status))
+
+
+@router.get("/jobs/{job_id}/quarantine", response_model=QuarantineOut)
+def quarantined(request: Request, job_id: JobId) -> QuarantineOut:
+    """The dataset rows the job quarantined (poison rows: every trajectory of the row failed with the
+    same non-transient cause on hyperparameters.poison_after steps), by file and line, in the order
+    it quarantined them, and the command that writes the dataset without them."""
+    store = _store(request)
+    service.require_job(store, job_id)
+    return QuarantineOut(
+        rows=[
+            QuarantinedRowOut(
+                file=q.file,
+                line=q.line,
+                row=q.row,
+                cause=q.cause,
+                plugin=q.plugin,
+                steps=list(q.steps),
+                trajectory_id=q.trajectory_id,
+            )
+            for q in quarantined_rows(store, job_id)
+        ],
+        export_command=f"plugtune data quarantine {job_id} --export clean.jsonl",
+    )
 
 
 @router.get("/jobs/{job_id}/plugins", response_model=list[PluginOut])

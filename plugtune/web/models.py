@@ -364,6 +364,24 @@ class GroupOut(BaseModel):
     trajectories: list[TrajectoryOut]
 
 
+class QuarantinedRowOut(BaseModel):
+    """A dataset row the job quarantined (a poison row): every trajectory of it failed with the same
+    non-transient cause on ``hyperparameters.poison_after`` steps, so it is no longer sampled."""
+
+    file: str = Field(description="the training dataset file")
+    line: int = Field(description="the row's 1-based line in it")
+    row: int = Field(description="the row's 0-based index among the dataset's rows")
+    cause: str = Field(description="500, EOF, FaaS OOM, Invalid reward or Status failure")
+    plugin: str = Field(description="the plugin whose calls failed")
+    steps: list[int] = Field(description="the steps in which every trajectory of the row failed so")
+    trajectory_id: str = Field(description="one of its failed trajectories")
+
+
+class QuarantineOut(BaseModel):
+    rows: list[QuarantinedRowOut]
+    export_command: str = Field(description="the command that writes the dataset without them")
+
+
 class RetryOut(BaseModel):
     job_id: int
     status: str

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from plugtune.jobs.report import job_warnings
+from plugtune.jobs.report import job_warnings, quarantined_rows
 from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
@@ -149,6 +149,7 @@ def _job_page(request: Request, job_id: int, *, message: str = "", status_code: 
         attempts_limit=ATTEMPTS_ON_JOB_PAGE,
         message=message,
         warnings=warnings,
+        quarantined=quarantined_rows(store, job_id),
         retry_note=service.retry_note(store, job),
         config=config_rows(job.spec),
         spec_yaml=job.spec_yaml,

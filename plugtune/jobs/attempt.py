@@ -352,7 +352,7 @@ class _Loop:
                 self.store.add_checkpoint(self.job_id, result.step, str(path))
             writer.flush()
             self.store.update_job(self.job_id, steps_done=result.step)
-            _check_breaker(counts, self.spec.circuit_breaker)
+            _check_breaker(counts, self.spec.circuit_breaker, int(result.metrics.get("data/poison_calls", 0)))
 
     async def _evaluate(self, evaluator: Evaluator, step: int) -> None:
         """Evaluate the weights after ``step`` on the validation rows; write eval records and metrics."""
@@ -414,8 +414,8 @@ def _training_points(step: int, metrics: dict[str, float]) -> list[MetricPoint]:
     ]
 
 
-def _check_breaker(counts: StepCounts, config: Any) -> None:
-    error = counts.breaker_error(config)
+def _check_breaker(counts: StepCounts, config: Any, poison_calls: int = 0) -> None:
+    error = counts.breaker_error(config, poison_calls)
     if error is not None:
         raise JobStop(error, "circuit breaker")
 

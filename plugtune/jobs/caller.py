@@ -100,11 +100,13 @@ class StepCounts:
             ),
         ]
 
-    def breaker_error(self, config: CircuitBreaker) -> PluginCallError | None:
+    def breaker_error(self, config: CircuitBreaker, poison_calls: int = 0) -> PluginCallError | None:
         """The classified error the job's circuit breaker fails the job with after these calls
         (cause: the dominant one, with its first example's evidence), or None when it holds.
         Calls that failed on a dependency are left out (of the calls too): the service's trouble is
-        not the plugin's, and ``failure_policy.dependency`` bounds it."""
+        not the plugin's, and ``failure_policy.dependency`` bounds it. ``poison_calls``: how many of
+        the failed calls were on poison rows (every trajectory of the row failed the same way), said
+        in the message."""
         plugin_errors = self.errors - self.dependency_errors
         calls = self.calls - sum(self.dependency_errors.values())
         decision = breaker(calls, dict(plugin_errors), config)
@@ -115,7 +117,9 @@ class StepCounts:
         example = self.examples.get(cause.value)
         return PluginCallError(
             cause,
-            decision.message + (f" First one: {example.message}" if example else ""),
+            decision.message
+            + _poison_note(poison_calls)
+            + (f" First one: {example.message}" if example else ""),
             plugin=example.plugin if example else self.worst_plugin,
             call_id=example.call_id if example else "",
             trajectory_id=example.trajectory_id if example else "",
@@ -123,6 +127,16 @@ class StepCounts:
             peak_memory_mb=example.peak_memory_mb if example else None,
             code_hash=example.code_hash if example else "",
         )
+
+
+def _poison_note(poison_calls: int) -> str:
+    if poison_calls <= 0:
+        return ""
+    return (
+        f" {poison_calls} of the failed calls were on dataset rows every trajectory of which failed "
+        "the same way (poison rows: hyperparameters.poison_after quarantines them; `plugtune doctor` "
+        "lists them)."
+    )
 
 
 @dataclass

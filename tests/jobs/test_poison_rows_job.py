@@ -161,3 +161,31 @@ def test_a_row_failing_on_a_dependency_never_counts_against_it(
         assert observe(cursor, step, groups, 1, RowSource()).warnings == []
     assert cursor.quarantined == frozenset() and cursor.strikes == {}
     assert quarantined_rows(store, job_id) == []
+
+
+def test_the_circuit_breaker_says_how_many_failed_calls_poison_rows_cost(
+    tmp_path: Path, store: Store, home: Settings
+) -> None:
+    """The breaker trips on the step that drew the poisoned row: its error says that its failed
+    calls were on a row every trajectory of which failed the same way."""
+    job = make_job(
+        tmp_path / "tripped",
+        grader=POISONED_GRADER,
+        hyper={"steps": 3, "poison_after": 2},
+        extra={
+            "failure_policy": {"max_attempts": 1, "on_exhausted": "drop_sample"},
+            "circuit_breaker": {"max_error_share": 0.2, "min_calls": 1},
+        },
+    )
+    job_id, invalid = create_job(store, job)
+    assert invalid is None, invalid
+    run_job(store, home, job_id)
+    got = store.get_job(job_id)
+    assert got is not None and got.status == "failed" and got.error is not None, got
+    assert got.error.cause == "500", got.error
+    assert (
+        "2 of the failed calls were on dataset rows every trajectory of which failed the same way "
+        "(poison rows" in got.error.message
+    ), got.error.message
+    poison = store.metrics(job_id)["data/poison_calls"]
+    assert [p.value for p in poison if p.value] == [2.0]

@@ -107,7 +107,7 @@ class TrainerConfig(BaseModel):
         "cause (500, EOF, FaaS OOM, Invalid reward, Status failure; never a Dependency error, a "
         "Timeout or a platform fault) on this many different steps; 0 turns it off. Each step "
         "records data/poison_groups, data/poison_calls (the failed calls they cost) and "
-        "data/quarantined_rows.",
+        "data/quarantined_rows. On plugtune's trainer (the TRL path does not quarantine rows).",
         0,
         1000,
     )

@@ -4,12 +4,19 @@ over a quarantined row (deterministic, resumable), and the warning that names th
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
+from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.data import DataCursor
+from plugtune.trainer.groups import Plugins
+from plugtune.trainer.grpo import GRPOTrainer
+from plugtune.trainer.model import load_model
 from plugtune.trainer.poison import RowSource, observe, parse_quarantine, poison_cause
+from plugtune.trainer.testing import InProcessFunction, InProcessPolicyServer
 from plugtune.types import ErrorRecord, TrajectoryRecord
+from tests.trainer import plugins as p
 
 
 def record(
@@ -158,3 +165,31 @@ def test_no_row_left_is_a_clear_error() -> None:
         cursor.take(1)
     with pytest.raises(ValueError, match="row 5 is not a row of this dataset"):
         cursor.quarantine(5)
+
+
+async def test_a_checkpoint_keeps_the_quarantined_rows_and_strikes(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Through the trainer's own checkpoint: a resumed trainer passes over the same rows and keeps
+    counting the strikes where the first left off, drawing the same prompts next."""
+
+    def make() -> GRPOTrainer:
+        lm = load_model(tiny_model_path)
+        config = TrainerConfig(steps=3, batch_size=2, group_size=2, max_new_tokens=4, seed=5)
+        plugins = Plugins(rollout=InProcessFunction(p.answer), graders=[InProcessFunction(p.constant)])
+        server = InProcessPolicyServer(lm.model, lm.tokenizer, seed=3)
+        rows = [{"messages": [{"role": "user", "content": f"{i}+{i}=?"}]} for i in range(5)]
+        return GRPOTrainer(lm.model, lm.tokenizer, server, plugins, rows, config)
+
+    first = make()
+    first.cursor.quarantine(3)
+    first.cursor.strike(1, 1, "exact\t500")
+    result = await first.step()
+    assert 3 not in {r.sample_index for r in result.records}
+    assert result.metrics["data/quarantined_rows"] == 1.0 and result.metrics["data/poison_calls"] == 0.0
+    saved = first.save_checkpoint(tmp_path / "checkpoint")
+    second = make()
+    second.load_checkpoint(saved)
+    assert second.cursor.quarantined == {3}
+    assert second.cursor.strikes == {1: ("exact\t500", (1,))}
+    assert second.cursor.take(4) == first.cursor.take(4)

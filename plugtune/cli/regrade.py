@@ -82,7 +82,10 @@ def _print_report(doc: dict[str, Any]) -> None:
             f"{_grade(before)} → {_grade(after)}{error}  {flip['link']}"
         )
     if doc["stored_label"]:
-        typer.echo(f"stored as re-grade {doc['stored_label']!r}; the job's own rewards are unchanged")
+        typer.echo(
+            f"stored as re-grade {doc['stored_label']!r} (the console: /jobs/{doc['job_id']}/regrades); "
+            "the job's own rewards are unchanged"
+        )
 
 
 def _grade(g: dict[str, Any]) -> str:

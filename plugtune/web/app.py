@@ -26,6 +26,7 @@ from plugtune.web import (
     functions,
     login,
     pages,
+    regrades,
     service,
 )
 from plugtune.web.auth import COOKIE, TokenAuth
@@ -80,6 +81,7 @@ def create_app(
     app.include_router(compare.router)
     app.include_router(functions.router)
     app.include_router(pages.router)
+    app.include_router(regrades.router)
     app.include_router(login.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _add_meta_routes(app, token_required=api_token is not None)

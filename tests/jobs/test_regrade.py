@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from plugtune.cli import app
 from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.types import TrajectoryRecord
+from plugtune.web import create_app
 from tests.jobs.jobkit import ROWS, make_job
 
 runner = CliRunner()
@@ -167,6 +169,26 @@ def test_regrade_failed_only_and_fixtures(tmp_path: Path, home: Settings) -> Non
     assert {t: (r.status, r.reward, r.reward_components, len(r.errors)) for t, r in after.items()} == {
         t: (r.status, r.reward, r.reward_components, len(r.errors)) for t, r in before.items()
     }
+
+    # The console shows the stored re-grade, each flip linked, with its fixture line.
+    console = TestClient(create_app(store), base_url="http://127.0.0.1:8321")
+    api = console.get("/api/jobs/1/regrades", params={"label": "judge back"})
+    assert api.status_code == 200, api.text
+    assert {r["trajectory_id"]: (r["kind"], r["link"]) for r in api.json()["regrades"]} == {
+        t: ("failed→scored", f"/jobs/1/trajectories?t={t}") for t in failed
+    }
+    page = console.get("/jobs/1/regrades")
+    assert page.status_code == 200 and "judge back" in page.text
+    for t in failed:
+        assert f'href="/jobs/1/trajectories?t={t}"' in page.text
+    assert f"failed→scored</span> {len(failed)}" in page.text
+    line = console.get(
+        f"/api/jobs/1/trajectories/{sorted(failed)[0]}/fixture", params={"regrade": "judge back"}
+    )
+    assert line.status_code == 200, line.text
+    assert json.loads(line.text)["expect"] == float(_answer(before[sorted(failed)[0]]) % 2 == 0)
+    assert console.get("/api/jobs/1/trajectories/s9-p9-r9/fixture").status_code == 404
+    assert console.get("/jobs/9/regrades").status_code == 404
 
     # fixture add: a scored trajectory as recorded, a failed one as re-graded; test --expect passes.
     fixtures = tmp_path / "fixtures.jsonl"

@@ -189,3 +189,11 @@ def test_the_circuit_breaker_says_how_many_failed_calls_poison_rows_cost(
     ), got.error.message
     poison = store.metrics(job_id)["data/poison_calls"]
     assert [p.value for p in poison if p.value] == [2.0]
+    # one strike only: nothing quarantined, nothing to export
+    listed = runner.invoke(app, ["data", "quarantine", str(job_id)])
+    assert listed.exit_code == 0 and f"job {job_id} quarantined no dataset row" in listed.output
+    clean = tmp_path / "clean.jsonl"
+    refused = runner.invoke(app, ["data", "quarantine", str(job_id), "--export", str(clean)])
+    assert refused.exit_code == 1, refused.output
+    assert f"job {job_id} quarantined no dataset row: there is nothing to leave out" in refused.output
+    assert not clean.exists()

@@ -128,6 +128,8 @@
           onclick: () => { (panel.classList.contains("fullscreen") ? exitFullscreen : enterFullscreen)(); render(state.data); },
         }),
         PT.el("a", { href: `/jobs/${encodeURIComponent(job)}/groups/${encodeURIComponent(t.group_id)}`, text: "Group view" }),
+        // The trajectory as grader fixture lines (plugtune fixture add appends the same): append them to fixtures.jsonl.
+        PT.el("a", { href: `/api/jobs/${encodeURIComponent(job)}/trajectories/${encodeURIComponent(t.id)}/fixture`, download: `fixture-${t.id}.jsonl`, id: "fixture-line", text: "Fixture line" }),
         isFull ? PT.el("span", { class: "muted", text: "↑ / ↓ keys: previous / next trajectory · Esc: exit" }) : null,
       ]);
     }

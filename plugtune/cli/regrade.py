@@ -26,8 +26,13 @@ def regrade(
         help="Re-run only the grader calls that failed, and store the new grades as a labelled "
         "re-grade beside the originals (which stay as trained).",
     ),
+    save: bool = typer.Option(
+        False,
+        "--save",
+        help="Store this re-grade too, labelled (--failed-only always does): the console shows it.",
+    ),
     label: str = typer.Option(
-        "", "--label", help="The stored re-grade's label (default: failed-only <time>)."
+        "", "--label", help="The stored re-grade's label (default: failed-only <time> or regrade <time>)."
     ),
     concurrency: int = typer.Option(8, min=1, max=256, help="Grader calls at once."),
     as_json: bool = JSON_OPTION,
@@ -52,6 +57,7 @@ def regrade(
                 grader=grader or None,
                 steps=parse_steps(steps) if steps else None,
                 failed_only=failed_only,
+                save=save,
                 label=label,
                 concurrency=concurrency,
             )

@@ -381,11 +381,13 @@ def regrade(
     grader: str | None = None,
     steps: tuple[int, int] | None = None,
     failed_only: bool = False,
+    save: bool = False,
     label: str = "",
     concurrency: int = 8,
 ) -> dict[str, Any]:
     """Re-grade the job's trajectories; returns the report document (see the module's docstring).
-    ``failed_only`` stores the new grades under ``label`` (default ``failed-only <UTC time>``)."""
+    ``failed_only`` (or ``save``) stores the new grades under ``label`` (default ``failed-only <UTC
+    time>``, ``regrade <UTC time>``)."""
     job = store.get_job(job_id)
     if job is None:
         raise RegradeError(f"there is no job {job_id} in {store.url}; `plugtune jobs list` shows them")
@@ -419,8 +421,9 @@ def regrade(
     ]
     counts = {kind: sum(r.kind == kind for r in regraded) for kind in KINDS}
     stored_label = ""
-    if failed_only and regraded:
-        stored_label = label or time.strftime("failed-only %Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if (failed_only or save) and regraded:
+        what = "failed-only" if failed_only else "regrade"
+        stored_label = label or time.strftime(f"{what} %Y-%m-%dT%H:%M:%SZ", time.gmtime())
         store.add_regrades(
             job_id,
             [

@@ -137,6 +137,11 @@ def test_regrade_failed_only_and_fixtures(tmp_path: Path, home: Settings) -> Non
     counts = {k: v for k, v in changed["counts"].items() if v}
     assert sum(counts.values()) == len(before) and "unchanged" not in counts
     assert store.regrades(1) == []  # a plain re-grade stores nothing
+    saved = _run(
+        ["regrade", "1", "--grader", f"{tmp_path / 'changed.py'}:exact", "--save", "--label", "changed"]
+    )
+    assert saved["stored_label"] == "changed" and saved["counts"] == changed["counts"]
+    assert {r.trajectory_id: r.kind for r in store.regrades(1, "changed")} == expected
 
     text = runner.invoke(app, ["regrade", "1", "--grader", f"{tmp_path / 'changed.py'}:exact"])
     assert text.exit_code == 0
@@ -178,7 +183,13 @@ def test_regrade_failed_only_and_fixtures(tmp_path: Path, home: Settings) -> Non
         t: ("failed→scored", f"/jobs/1/trajectories?t={t}") for t in failed
     }
     page = console.get("/jobs/1/regrades")
-    assert page.status_code == 200 and "judge back" in page.text
+    assert page.status_code == 200 and "judge back" in page.text and 'data-label="changed"' in page.text
+    shown = page.text.split('data-label="changed"')[1].split("</section>")[0]
+    for t, kind in expected.items():  # the saved report, flip by flip, as the command printed it
+        assert (
+            f'<td class="mono">{kind}</td>\n        <td><a class="mono" href="/jobs/1/trajectories?t={t}">'
+            in shown
+        )
     for t in failed:
         assert f'href="/jobs/1/trajectories?t={t}"' in page.text
     assert f"failed→scored</span> {len(failed)}" in page.text

@@ -100,8 +100,9 @@ def test_plugins(
         "",
         "--expect",
         help="Grader fixtures (JSONL: row or sample, completion or messages, expect: a reward, null, "
-        "failure, retry, discard or error; tolerance, grader, name): check each grader call against "
-        "its expected result instead of running rollouts.",
+        "failure, retry, discard or error; tolerance, grader, name; a group grader's: completions and "
+        "expect a list of rewards): check each grader call against its expected result instead of "
+        "running rollouts.",
     ),
     as_json: bool = JSON_OPTION,
 ) -> None:

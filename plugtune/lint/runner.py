@@ -51,7 +51,8 @@ class LintReport:
     files: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     plugins: list[str] = field(default_factory=list)  # "file:function (kind)", each one checked
-    # notes, not findings: {"job", "grader", "fixtures"} for each grader no fixture beside its job.yaml covers
+    # notes, not findings: {"job", "grader", "fixtures"} for each grader or group grader no fixture
+    # beside its job.yaml covers
     graders_without_fixtures: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,7 +124,8 @@ def lint_paths(paths: Sequence[str | Path]) -> LintReport:
 
 
 def _graders_without_fixtures(job: Path) -> list[dict[str, str]]:
-    """The graders of ``job`` (by job.yaml name) that no fixture in the fixtures.jsonl beside it covers.
+    """The graders and group graders of ``job`` (by job.yaml name) that no fixture in the
+    fixtures.jsonl beside it covers (a fixture without ``grader`` covers the job's one grader).
 
     Lines that are not a fixture are skipped here (``plugtune test --expect`` names them); [] when
     the job.yaml cannot be read (validation reports that).
@@ -135,8 +137,10 @@ def _graders_without_fixtures(job: Path) -> list[dict[str, str]]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
     plugins = spec.get("plugins") if isinstance(spec, dict) else None
-    graders = [e.name for e in named_entries(plugins, {}) if e.field.startswith("plugins.graders[")]
-    if not graders:
+    entries = named_entries(plugins, {})
+    graders = [e.name for e in entries if e.field.startswith("plugins.graders[")]
+    group_graders = [e.name for e in entries if e.field.startswith("plugins.group_graders[")]
+    if not graders and not group_graders:
         return []
     fixtures = job.parent / FIXTURES_FILE
     covered: set[str] = set()
@@ -158,7 +162,7 @@ def _graders_without_fixtures(job: Path) -> list[dict[str, str]]:
             covered.add(named)
     return [
         {"job": _display(job), "grader": g, "fixtures": _display(fixtures)}
-        for g in graders
+        for g in (*graders, *group_graders)
         if g not in covered
     ]
 

@@ -231,14 +231,19 @@ def fixtures_command(job_file: str, expect: str, *, faas: bool, as_json: bool) -
         for r in results:
             f = r.fixture
             verdict = Text("pass", style="green") if r.passed else Text("FAIL", style="bold red")
-            expected = (
-                "None"
-                if f.expect is None
-                else f"{f.expect!r} ± {f.tolerance:g}"
-                if isinstance(f.expect, float)
-                else f.expect
-            )
+            expected = _expected(f.expect, f.tolerance)
             table.add_row(str(f.line), Text(f.name), f.grader, expected, Text(r.got), verdict)
         out.print(table)
         out.print(f"{passed} of {len(results)} fixtures passed")
     return 0 if passed == len(results) else 1
+
+
+def _expected(expect: float | str | None | tuple[float | None, ...], tolerance: float) -> str:
+    """A fixture's expect as the table shows it: "1.0 ± 1e-06", "[1.0, None] ± 1e-06", "None", "retry"."""
+    if expect is None:
+        return "None"
+    if isinstance(expect, float):
+        return f"{expect!r} ± {tolerance:g}"
+    if isinstance(expect, tuple):
+        return f"[{', '.join(repr(e) for e in expect)}] ± {tolerance:g}"
+    return expect

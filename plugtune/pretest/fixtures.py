@@ -12,11 +12,15 @@ A fixture is one JSON object per line:
 * ``"grader"``: the job.yaml name of the grader to ask (needed when the job has several);
   ``"name"``: a label for the table.
 
+A fixture for a group grader names it in ``"grader"`` and gives, instead of one reply, the group's
+replies as ``"completions": ["...", ...]`` (each one the sample's messages and that assistant
+reply, in the order the grader gets them); its ``"expect"`` is a list with one reward or ``null``
+per completion (each compared within ``"tolerance"``), or one of the verdicts above for the call.
+
 Each fixture is one grader call, in this process (a forked child per sync call, killed at its
 ``timeout_s``) or with ``--faas`` in the function runtime with the job's limits; the result is a
 pass/fail row per fixture and an exit status for CI: 0 when every fixture passed, 1 when one did
 not, 2 when the fixtures file or the job is invalid (each problem named by its line and field).
-Group graders are not covered yet (a fixture naming one is refused with that message).
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ MAX_FIXTURES = 10_000
 MAX_LINE_BYTES = 1 << 20
 MAX_FILE_BYTES = 64 << 20
 DEFAULT_TOLERANCE = 1e-6
-KEYS = {"row", "sample", "completion", "messages", "expect", "tolerance", "grader", "name"}
+KEYS = {"row", "sample", "completion", "messages", "completions", "expect", "tolerance", "grader", "name"}
+MAX_GROUP = 1024  # completions in one group fixture
+
+Expect = float | str | None | tuple[float | None, ...]
 
 
 @dataclass(frozen=True)
@@ -49,17 +56,17 @@ class Fixture:
     name: str
     grader: str
     sample: Sample
-    trajectory: Trajectory
-    expect: float | str | None
+    # one reply for a grader; the group's replies, in order, for a group grader
+    trajectories: tuple[Trajectory, ...]
+    expect: Expect  # a tuple (one reward or None per reply) only for a group grader
     tolerance: float
+    group: bool = False
 
 
 @dataclass(frozen=True)
 class FixtureResult:
     fixture: Fixture
-    got: (
-        str  # what the grader did, as the table shows it: "1.0", "None", "failure: reason", "error: 500: ..."
-    )
+    got: str  # what the grader did, as the table shows it: "1.0", "None", "[1.0, None]", "failure: why", ...
     passed: bool
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,7 +75,8 @@ class FixtureResult:
             "line": f.line,
             "name": f.name,
             "grader": f.grader,
-            "expect": f.expect,
+            "group": f.group,
+            "expect": list(f.expect) if isinstance(f.expect, tuple) else f.expect,
             "got": self.got,
             "passed": self.passed,
         }
@@ -141,12 +149,48 @@ def _fixture(
             bad(f"the job has {len(graders)} graders ({', '.join(graders)}): name one", "grader")
             return None
         grader = next(iter(graders))
-    elif grader in group_graders:
-        bad(f"{grader!r} is a group grader; fixtures cover graders only for now", "grader")
+    elif not isinstance(grader, str):
+        bad(f"must be the job.yaml name of a grader or group grader; got {grader!r}"[:300], "grader")
         return None
-    elif grader not in graders:
-        bad(f"no grader {grader!r} in the job; its graders: {', '.join(graders) or 'none'}", "grader")
+    elif grader not in graders and grader not in group_graders:
+        known = ", ".join([*graders, *group_graders]) or "none"
+        bad(f"no grader {grader!r} in the job; its graders and group graders: {known}", "grader")
         return None
+    group = grader in group_graders
+    sample = _sample(data, rows, bad)
+    if sample is None:
+        return None
+    messages = _group_replies(data, sample, bad) if group else _reply(data, str(grader), sample, bad)
+    if messages is None:
+        return None
+    expect = _expect(data, len(messages) if group else None, bad)
+    if isinstance(expect, _Invalid):
+        return None
+    tolerance = data.get("tolerance", DEFAULT_TOLERANCE)
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, (int, float))
+        or not 0 <= tolerance < math.inf
+    ):
+        bad("must be a number >= 0", "tolerance")
+        return None
+    label = data.get("name", "")
+    ids = [f"fixture-{number}-{i}" for i in range(len(messages))] if group else [f"fixture-{number}"]
+    return Fixture(
+        line=number,
+        name=str(label)[:200] if label is not None else "",
+        grader=str(grader),
+        sample=sample,
+        trajectories=tuple(
+            Trajectory(trajectory_id=t, messages=list(m)) for t, m in zip(ids, messages, strict=True)
+        ),
+        expect=expect,
+        tolerance=float(tolerance),
+        group=group,
+    )
+
+
+def _sample(data: dict[str, Any], rows: list[dict[str, Any]], bad: Any) -> Sample | None:
     if ("row" in data) == ("sample" in data):
         bad("give the sample as exactly one of row (an index into data.train) or sample (a dataset row)")
         return None
@@ -164,9 +208,16 @@ def _fixture(
             raise TypeError("a dataset row is an object")
         if "messages" not in sample_dict and isinstance(sample_dict.get("prompt"), str):
             sample_dict = {**sample_dict, "messages": [{"role": "user", "content": sample_dict["prompt"]}]}
-        sample = dataclasses.replace(Sample.from_dict(sample_dict), index=index)
+        return dataclasses.replace(Sample.from_dict(sample_dict), index=index)
     except (KeyError, TypeError, ValueError) as exc:
         bad(f"is not a dataset row ({exc}): give messages (or prompt) and extra", "sample")
+        return None
+
+
+def _reply(data: dict[str, Any], grader: str, sample: Sample, bad: Any) -> list[list[Any]] | None:
+    """A grader's one conversation to score (in a list, as a group grader's are)."""
+    if "completions" in data:
+        bad(f"is for a group grader; {grader!r} scores one reply: give completion", "completions")
         return None
     if ("completion" in data) == ("messages" in data):
         bad("give the reply as exactly one of completion (a string) or messages (the whole conversation)")
@@ -175,58 +226,106 @@ def _fixture(
         if not isinstance(data["completion"], str):
             bad("must be a string", "completion")
             return None
-        messages = [*sample.messages, {"role": "assistant", "content": data["completion"]}]
-    else:
-        messages = data["messages"]
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            bad("must be a list of messages, each an object with a role", "messages")
+        return [[*sample.messages, {"role": "assistant", "content": data["completion"]}]]
+    messages = data["messages"]
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        bad("must be a list of messages, each an object with a role", "messages")
+        return None
+    return [messages]
+
+
+def _group_replies(data: dict[str, Any], sample: Sample, bad: Any) -> list[list[Any]] | None:
+    """A group grader's conversations: the sample's messages and each completion."""
+    for key in ("completion", "messages"):
+        if key in data:
+            bad(f"{data['grader']!r} is a group grader: give the group's replies as completions", key)
             return None
-    if "expect" not in data:
-        bad(f"missing: a reward, null (unscorable) or one of {', '.join(VERDICTS)}", "expect")
-        return None
-    expect = data["expect"]
-    if isinstance(expect, bool) or not (
-        expect is None or isinstance(expect, (int, float)) and math.isfinite(expect) or expect in VERDICTS
-    ):
-        bad(f"must be a finite number, null or one of {', '.join(VERDICTS)}; got {expect!r}", "expect")
-        return None
-    tolerance = data.get("tolerance", DEFAULT_TOLERANCE)
+    completions = data.get("completions")
     if (
-        isinstance(tolerance, bool)
-        or not isinstance(tolerance, (int, float))
-        or not 0 <= tolerance < math.inf
+        not isinstance(completions, list)
+        or not 1 <= len(completions) <= MAX_GROUP
+        or not all(isinstance(c, str) for c in completions)
     ):
-        bad("must be a number >= 0", "tolerance")
+        bad(f"must be a list of 1 to {MAX_GROUP} strings, the group's replies", "completions")
         return None
-    label = data.get("name", "")
-    return Fixture(
-        line=number,
-        name=str(label)[:200] if label is not None else "",
-        grader=str(grader),
-        sample=sample,
-        trajectory=Trajectory(trajectory_id=f"fixture-{number}", messages=list(messages)),
-        expect=float(expect) if isinstance(expect, (int, float)) else expect,
-        tolerance=float(tolerance),
-    )
+    return [[*sample.messages, {"role": "assistant", "content": c}] for c in completions]
+
+
+class _Invalid:
+    """What _expect returns once it has named the problem."""
+
+
+def _is_reward(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _expect(data: dict[str, Any], group_size: int | None, bad: Any) -> Expect | _Invalid:
+    """The fixture's expect (a tuple for a group grader's rewards), or _Invalid once named."""
+    if "expect" not in data:
+        what = (
+            "a list of rewards (or null), one per completion,"
+            if group_size
+            else "a reward, null (unscorable)"
+        )
+        bad(f"missing: {what} or one of {', '.join(VERDICTS)}", "expect")
+        return _Invalid()
+    expect = data["expect"]
+    if isinstance(expect, str) and expect in VERDICTS:
+        return expect
+    if group_size is None:
+        if expect is None or _is_reward(expect):
+            return float(expect) if expect is not None else None
+        bad(f"must be a finite number, null or one of {', '.join(VERDICTS)}; got {expect!r}", "expect")
+        return _Invalid()
+    if not isinstance(expect, list) or not all(e is None or _is_reward(e) for e in expect):
+        bad(
+            "must be a list of finite numbers or null (one per completion) or one of "
+            f"{', '.join(VERDICTS)}; got {expect!r}"[:300],
+            "expect",
+        )
+        return _Invalid()
+    if len(expect) != group_size:
+        bad(
+            f"has {len(expect)} value(s) for {group_size} completion(s): one reward or null per completion",
+            "expect",
+        )
+        return _Invalid()
+    return tuple(None if e is None else float(e) for e in expect)
 
 
 async def run_fixtures(rt: BaseRuntime, job: ValidatedJob, fixtures: list[Fixture]) -> list[FixtureResult]:
     """Deploy the job's plugins in ``rt`` and ask each fixture's grader, one call per fixture."""
-    deployed = {jf.spec.name: jf for jf in await deploy_job(rt, job) if jf.spec.kind is Kind.GRADER}
+    kinds = (Kind.GRADER, Kind.GROUP_GRADER)
+    deployed = {jf.spec.name: jf for jf in await deploy_job(rt, job) if jf.spec.kind in kinds}
     return [await _check(deployed[f.grader], f) for f in fixtures]
 
 
 async def _check(fn: JobFunction, fixture: Fixture) -> FixtureResult:
-    ctx = Context(
-        job_id="fixtures", phase="test", trajectory_id=fixture.trajectory.trajectory_id, plugin=fixture.grader
-    )
+    if fixture.group:  # as a training step asks a group grader: no one trajectory is its own
+        ctx = Context(job_id="fixtures", phase="test", rollout_index=-1, plugin=fixture.grader)
+        args: tuple[Any, ...] = (fixture.sample, list(fixture.trajectories))
+    else:
+        trajectory = fixture.trajectories[0]
+        ctx = Context(
+            job_id="fixtures", phase="test", trajectory_id=trajectory.trajectory_id, plugin=fixture.grader
+        )
+        args = (fixture.sample, trajectory)
     try:
-        outcome = await fn.invoke(ctx, fixture.sample, fixture.trajectory)
+        outcome = await fn.invoke(ctx, *args)
     except PluginCallError as exc:
         return FixtureResult(fixture, f"error: {exc.cause}: {exc.message}"[:500], fixture.expect == "error")
     if outcome.status != "success":
         said = f"{outcome.status}: {outcome.reason}" if outcome.reason else outcome.status
         return FixtureResult(fixture, said[:500], fixture.expect == outcome.status)
+    if fixture.group:
+        values = [None if v is None else float(v) for v in outcome.value]
+        expected = fixture.expect
+        passed = (
+            isinstance(expected, tuple)
+            and len(values) == len(expected)
+            and all(_close(v, e, fixture.tolerance) for v, e in zip(values, expected, strict=True))
+        )
+        return FixtureResult(fixture, f"[{', '.join(repr(v) for v in values)}]"[:500], passed)
     value = outcome.value
     if value is None:
         return FixtureResult(fixture, "None", fixture.expect is None)
@@ -234,3 +333,9 @@ async def _check(fn: JobFunction, fixture: Fixture) -> FixtureResult:
     expect = fixture.expect
     passed = isinstance(expect, float) and abs(got - expect) <= fixture.tolerance
     return FixtureResult(fixture, repr(got), passed)
+
+
+def _close(got: float | None, expect: float | None, tolerance: float) -> bool:
+    if got is None or expect is None:
+        return got is expect
+    return abs(got - expect) <= tolerance

@@ -184,3 +184,39 @@ def test_graders_without_fixtures_are_a_note_not_a_finding(
     assert result.exit_code == 1 and "PT201" in result.stdout and "note:" not in result.stdout
     assert "1 finding(s) in 3 file(s)" in result.stderr and "covers grader(s) short;" in result.stderr
     assert [f.rule for f in lint_paths(["."]).findings] == ["PT201"]
+
+
+def test_a_group_grader_is_noted_until_a_fixture_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugtune.init_project import create_project
+
+    project = tmp_path / "group"
+    create_project(project)
+    (project / "plugins/groups.py").write_text(
+        "from plugtune import group_grader\n\n\n@group_grader\n"
+        "def longest(ctx, sample, trajectories):\n"
+        "    return [float(len(t.completion)) for t in trajectories]\n"
+    )
+    job = project / "job.yaml"
+    start = job.read_text().index("failure_policy:")
+    text = job.read_text()
+    job.write_text(
+        text[:start] + "  group_graders:\n    - {entry: plugins/groups.py:longest}\n" + text[start:]
+    )
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("PLUGTUNE_HOME", str(tmp_path / "home"))
+    # the template's fixtures cover its one grader (they name none), not the group grader
+    assert lint_paths(["."]).graders_without_fixtures == [
+        {"job": "job.yaml", "grader": "longest", "fixtures": "fixtures.jsonl"}
+    ]
+    result = CliRunner().invoke(app, ["lint"])
+    assert result.exit_code == 0 and "covers grader(s) longest;" in result.stderr, result.output
+    with (project / "fixtures.jsonl").open("a") as f:
+        f.write('{"grader": "longest", "row": 0, "completions": ["a", "bb"], "expect": [1.0, 2.0]}\n')
+    assert lint_paths(["."]).graders_without_fixtures == []
+    result = CliRunner().invoke(app, ["lint"])
+    assert result.exit_code == 0 and "note:" not in result.stderr, result.output
+    # and the fixture the note asked for passes
+    result = CliRunner().invoke(app, ["test", "--expect", "fixtures.jsonl"])
+    assert result.exit_code == 0 and "5 of 5 fixtures passed" in result.stdout, result.output

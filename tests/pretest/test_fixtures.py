@@ -114,6 +114,102 @@ def test_a_bad_fixtures_file_names_each_line_and_field_and_runs_nothing(project:
     assert code == 2 and "huge.jsonl: is 67108865 bytes; a fixtures file holds at most 67108864" in err
 
 
+GROUP_GRADERS = """
+from plugtune import Discard, group_grader
+
+
+@group_grader
+def shortest(ctx, sample, trajectories):
+    lengths = [len(t.completion) for t in trajectories]
+    if len(set(lengths)) == 1:
+        raise Discard("every reply has the same length")
+    least = min(n for n in lengths if n)  # an empty reply is unscorable
+    return [None if n == 0 else (1.0 if n == least else 0.0) for n in lengths]
+"""
+
+
+@pytest.fixture
+def group_project(project: Path) -> Path:
+    (project / "plugins/groups.py").write_text(GROUP_GRADERS)
+    job = (project / "job.yaml").read_text()
+    start = job.index("failure_policy:")
+    group = "  group_graders:\n    - {entry: plugins/groups.py:shortest, name: brevity}\n"
+    (project / "job.yaml").write_text(job[:start] + group + job[start:])
+    return project
+
+
+GROUP_FIXTURES: list[dict[str, object]] = [
+    {"row": 0, "completions": ["7", "7 !", ""], "expect": [1.0, 0.0, None], "grader": "brevity"},
+    {"sample": {"prompt": "hi"}, "completions": ["a", "b"], "expect": "discard", "grader": "brevity"},
+    {"row": 0, "completion": "7", "expect": 1.0, "grader": "exact", "name": "beside a grader's"},
+]
+
+
+def test_group_grader_fixtures_give_the_group_its_replies_and_compare_each_reward(
+    group_project: Path,
+) -> None:
+    name = _write(group_project, *GROUP_FIXTURES)
+    code, out, _ = _run("--expect", name, "--json")
+    doc = json.loads(out)
+    assert code == 0, doc
+    assert doc["summary"] == {"ok": True, "fixtures": 3, "passed": 3}
+    first = doc["fixtures"][0]
+    assert (first["grader"], first["group"], first["expect"]) == ("brevity", True, [1.0, 0.0, None])
+    assert first["got"] == "[1.0, 0.0, None]"
+    assert doc["fixtures"][1]["got"] == "discard: every reply has the same length"
+    assert doc["fixtures"][2]["group"] is False
+    # one reward off (the shortest reply scored as the longest): exit 1, the table names the line
+    name = _write(
+        group_project,
+        {"row": 0, "completions": ["7", "7 !"], "expect": [0.0, 1.0], "grader": "brevity", "name": "swapped"},
+        {"row": 0, "completions": ["7", "7 !"], "expect": [1.0, 0.05], "tolerance": 0.1, "grader": "brevity"},
+    )
+    code, out, _ = _run("--expect", name)
+    assert code == 1, out
+    assert "swapped" in out and "[0.0, 1.0] ± 1e-06" in out and "[1.0, 0.0]" in out
+    assert out.count("FAIL") == 1 and "1 of 2 fixtures passed" in out
+    code, out, _ = _run("--expect", name, "--json")
+    assert code == 1 and [f["passed"] for f in json.loads(out)["fixtures"]] == [False, True]
+
+
+def test_a_bad_group_fixture_names_its_line_and_field_and_runs_nothing(group_project: Path) -> None:
+    (group_project / "fx.jsonl").write_text(
+        '{"row": 0, "completions": ["7", "8"], "expect": [1.0, 0.0], "grader": "brevity"}\n'
+        '{"row": 0, "completions": ["7", "8", "9"], "expect": [1.0, 0.0], "grader": "brevity"}\n'
+        '{"row": 0, "completions": ["7", "8"], "expect": 1.0, "grader": "brevity"}\n'
+        '{"row": 0, "completion": "7", "expect": [1.0], "grader": "brevity"}\n'
+        '{"row": 0, "completions": [], "expect": [], "grader": "brevity"}\n'
+        '{"row": 0, "completions": ["7"], "expect": [1.0], "grader": "exact"}\n'
+        '{"row": 0, "completions": ["7", 8], "expect": [1.0, 0.0], "grader": "brevity"}\n'
+        '{"row": 0, "completions": ["7"], "expect": [true], "grader": "brevity"}\n'
+    )
+    code, out, err = _run("--expect", "fx.jsonl")
+    assert code == 2 and out == ""
+    for where in (
+        "fx.jsonl:2 [expect]: has 2 value(s) for 3 completion(s): one reward or null per completion",
+        "fx.jsonl:3 [expect]: must be a list of finite numbers or null (one per completion)",
+        "fx.jsonl:4 [completion]: 'brevity' is a group grader: give the group's replies as completions",
+        "fx.jsonl:5 [completions]: must be a list of 1 to 1024 strings",
+        "fx.jsonl:6 [completions]: is for a group grader; 'exact' scores one reply",
+        "fx.jsonl:7 [completions]: must be a list of 1 to 1024 strings",
+        "fx.jsonl:8 [expect]: must be a list of finite numbers or null",
+    ):
+        assert where in err, err
+    assert "fx.jsonl:1" not in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the function runtime's sandbox needs root here")
+def test_group_fixtures_run_in_the_function_runtime_with_faas(group_project: Path) -> None:
+    name = _write(group_project, *GROUP_FIXTURES)
+    code, out, _ = _run("--expect", name, "--faas", "--json")
+    assert code == 0 and json.loads(out)["summary"] == {"ok": True, "fixtures": 3, "passed": 3}, out
+    name = _write(
+        group_project, {"row": 0, "completions": ["7", "7 !"], "expect": [0.0, 1.0], "grader": "brevity"}
+    )
+    code, out, _ = _run("--expect", name, "--faas", "--json")
+    assert code == 1 and json.loads(out)["fixtures"][0]["got"] == "[1.0, 0.0]", out
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the function runtime's sandbox needs root here")
 def test_fixtures_run_in_the_function_runtime_with_faas(project: Path) -> None:
     name = _write(project, {"row": 1, "completion": "21 + 10 = 31", "expect": 1.0, "grader": "exact"})

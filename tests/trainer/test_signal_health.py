@@ -304,7 +304,8 @@ async def test_the_demo_jobs_first_steps_raise_no_signal_warning() -> None:
     train = [(r.step, r.metrics["reward/mean"], r.metrics["response_length"]) for r in results]
     assert [(e.step, e.rows) for e in evals] == [(0, 250), (10, 250), (20, 250)]
     thresholds = validate_job(demo_job_file()).spec.signal.thresholds()
-    assert all(eval_warnings(evals[: i + 1], train, thresholds) == [] for i in range(len(evals)))
+    said = [w for i in range(len(evals)) for w in eval_warnings(evals[: i + 1], train, thresholds)]
+    assert said == [], (said, [(e.step, e.pass_at_1) for e in evals], train)
 
 
 pytestmark = pytest.mark.skipif(

@@ -592,6 +592,26 @@ def eval_point(step: int, records: Sequence[TrajectoryRecord], pass_threshold: f
     return EvalPoint(step, len(scored), passed, failed, length)
 
 
+def rises(points: Sequence[tuple[int, float, float]]) -> bool:
+    """Whether the train reward (``(step, reward/mean, ...)`` points) rose beyond its noise: the
+    least-squares slope over the steps is positive and more than twice its standard error (a flat,
+    noisy reward that happened to end higher is no rise: divergence needs training to improve)."""
+    n = len(points)
+    xs = [float(t[0]) for t in points]
+    ys = [float(t[1]) for t in points]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if n < 2 or sxx == 0:
+        return False
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    if slope <= 0:
+        return False
+    if n < 3:
+        return True
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True)) / (n - 2)
+    return slope > 2 * math.sqrt(residual / sxx)
+
+
 def eval_warnings(
     evals: Sequence[EvalPoint],
     train: Sequence[tuple[int, float, float]],
@@ -599,8 +619,9 @@ def eval_warnings(
 ) -> list[StepWarning]:
     """Warnings when eval pass@1 fell at each of the last ``thresholds.eval_falls`` evaluations of
     ``evals`` (the run's, oldest first), by ``thresholds.eval_drop`` or more in all and by more
-    than twice its standard error: key ``eval_divergence`` while the train reward did not fall over
-    those steps (``train``: (step, reward/mean, response_length) of the steps trained), key
+    than twice its standard error: key ``eval_divergence`` while the train reward rose beyond its
+    noise over those steps (:func:`rises`; ``train``: (step, reward/mean, response_length) of the
+    steps trained), key
     ``length_hacking`` while the greedy replies grew by ``thresholds.length_rise`` or more. A
     single dip (common early in training, while sampling sharpens) is not a divergence."""
     span = list(evals)[-(thresholds.eval_falls + 1) :]
@@ -627,11 +648,11 @@ def eval_warnings(
         half = len(points) // 2
         early = sum(t[1] for t in points[:half]) / half
         late = sum(t[1] for t in points[half:]) / (len(points) - half)
-        if late >= early:
+        if rises(points):
             out.append(
                 StepWarning(
                     "eval_divergence",
-                    f"{said} while the train reward did not fall (mean {early:.3g} over steps "
+                    f"{said} while the train reward rose (mean {early:.3g} over steps "
                     f"{points[0][0]}-{points[half - 1][0]}, {late:.3g} over steps {points[half][0]}-"
                     f"{points[-1][0]}): training and held-out results diverge. The policy may be "
                     "fitting the training rows (too few, or unlike the validation rows) or exploiting "

@@ -98,6 +98,16 @@ def _from_client(exc: BaseException) -> bool:
     return any(m in CLIENTS for m, _ in _names(exc))
 
 
+def _raised_in_client(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside an HTTP client's code (a frame of one of ``CLIENTS``)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0] in CLIENTS:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _attr(obj: Any, *path: str) -> Any:
     for name in path:
         try:
@@ -204,6 +214,11 @@ def _cause(exc: BaseException) -> tuple[str, int | None] | None:
     """The cause one exception of the chain shows, with the HTTP status when it has one."""
     if getattr(exc, "policy_refused", None):
         return "policy", None
+    if isinstance(exc, ConnectionError) and _raised_in_client(exc):
+        # the socket's own error out of a client's frames (urllib lets a reset while it reads the
+        # reply out bare; sending, it wraps it in URLError): the connection was lost, as any client
+        # error that says so
+        return UNREACHABLE, None
     if not _from_client(exc):
         return None
     status = _status_of(exc)

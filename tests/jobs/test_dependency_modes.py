@@ -111,9 +111,12 @@ def test_an_outage_that_ends_within_max_wait_s_is_ridden_out(tmp_path: Path, hom
         hyper={"steps": 1},
         extra={
             "dependencies": {"judge": f"http://127.0.0.1:{port}"},
+            # tries are counted only until the judge is down (every call failing for down_after_s):
+            # enough of them that the jittered backoff cannot use them up before that (with 3 it did,
+            # once in a full run: 3 tries in under a second)
             "failure_policy": {
                 "dependency": {
-                    "max_attempts": 3,
+                    "max_attempts": 10,
                     "backoff_s": 0.5,
                     "max_backoff_s": 1,
                     "down_after_s": 1,

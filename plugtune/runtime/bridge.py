@@ -22,6 +22,13 @@ declared dependency first draws a dependency fault (``FaultInjection.draw_depend
 here instead of the service: a 429 with ``Retry-After: 1`` or a 503 answered once the request has
 arrived, a refused connection, or no answer at all. The plugin's own client sees it as from the
 service, so the whole path (classification, backoff, budgets, the outage wait) is exercised.
+
+A dependency declared with ``timeout_s`` is held to it here, whatever the plugin's client does: a
+connection that cannot be opened in ``timeout_s``, or a request whose reply has not begun
+``timeout_s`` after its last bytes went out, is answered ``504`` with :data:`TIMEOUT_HEADER` (read
+by the worker as the dependency's ``timeout``) and closed; inside TLS, where no reply can be
+made, it is closed, with a log line. It bounds the wait for a reply to begin, not a reply that
+streams slowly; the time a connection waits for the dependency's budget is not counted.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from plugtune.runtime.dependencies import Dependency
 from plugtune.runtime.faults import FaultInjection
 from plugtune.runtime.meter import DependencyMeter
 from plugtune.runtime.protocol import TYPE_KEY
+from plugtune.runtime.worker.dependency import TIMEOUT_HEADER
 from plugtune.runtime.worker.network import HEADER_MAX, Splice
 from plugtune.runtime.zygote_client import worker_env
 from plugtune.sdk import Policy
@@ -93,6 +101,7 @@ class PolicyBridge:
         self.budgets = budgets if budgets is not None else Budgets()
         self.allowed: set[tuple[str, int]] = set()
         self.declared: dict[tuple[str, int], str] = {}  # (host, port) -> the dependency's name
+        self.timeouts: dict[tuple[str, int], float] = {}  # (host, port) -> its declared timeout_s
         self.tls: set[tuple[str, int]] = set()  # declared with https/wss: no reply can be injected
         self.inject: FaultInjection | None = None  # dependency faults (plugtune test --inject)
         self.by_name: dict[str, DependencyBudget] = {}
@@ -119,6 +128,8 @@ class PolicyBridge:
                 self.by_name[dep.name] = self.budgets.declare(dep)
                 self.meters[dep.name] = DependencyMeter(dep.name, self.by_name[dep.name])
             self.declared[(dep.host, dep.port)] = dep.name
+            if dep.timeout_s is not None:
+                self.timeouts[(dep.host, dep.port)] = dep.timeout_s
             self.allowed.add((dep.host, dep.port))
             if dep.url.startswith(("https://", "wss://")):
                 self.tls.add((dep.host, dep.port))
@@ -234,6 +245,9 @@ class _Outbound(Splice):
         self.request = b""  # what the plugin sent, for an injected reply (bounded)
         self.meter: DependencyMeter | None = None  # a declared dependency's, once let through
         self.opened_at = 0.0  # monotonic time it was let through
+        self.target: tuple[str, int] | None = None
+        self.timeout_s: float | None = None  # the declared dependency's, once let through
+        self.deadline: asyncio.TimerHandle | None = None
 
     def idle_for(self, now: float) -> float:
         """Seconds since the reply's last bytes, when no request bytes came after them (else 0)."""
@@ -250,6 +264,7 @@ class _Outbound(Splice):
         if self.connecting:
             self.last_request = time.monotonic()
             super().data_received(data)
+            self._arm()
             return
         self.head += data
         line, newline, rest = self.head.partition(b"\n")
@@ -264,10 +279,14 @@ class _Outbound(Splice):
             if self.transport is not None:
                 self.transport.close()
             return
+        self.target = target
+        self.timeout_s = self.bridge.timeouts.get(target)
         self.injected = self.bridge.fault_for(target)
         if self.injected is not None:
             self._measure(target)
             self._injected(rest)
+            if self.injected == "dependency-hang":
+                self._arm()  # a hang meets the declared timeout_s as a real one would
             return
         if rest:
             self.pending.append(rest)
@@ -296,7 +315,58 @@ class _Outbound(Splice):
         self.injected = "answered"  # the rest of the plugin's bytes are read and dropped
         self.transport.close()
 
+    def _arm(self) -> None:
+        """(Re)start the wait for the reply to begin: ``timeout_s`` from the request's last bytes."""
+        if self.timeout_s is None or self.closed:
+            return
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.deadline = asyncio.get_running_loop().call_later(self.timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self.deadline = None
+        if self.closed or self.transport is None or self.timeout_s is None:
+            return
+        if self.last_reply > self.last_request:
+            return  # the reply began: no longer waiting (a later request re-arms)
+        left = self.last_request + self.timeout_s - time.monotonic()
+        if left > 0.001:
+            self.deadline = asyncio.get_running_loop().call_later(left, self._expire)
+            return
+        self.timed_out()
+
+    def timed_out(self) -> None:
+        """The dependency outlived its ``timeout_s``: answer the plugin a 504 saying so (or, inside
+        TLS, close), say it in the function's log, and close both ends."""
+        if self.transport is None or self.closed:
+            return
+        target = self.target or ("?", 0)
+        name = self.bridge.declared.get(target, "?")
+        self.bridge.log(
+            "WARNING",
+            f"the dependency {name} at {target[0]}:{target[1]} did not begin its reply within its "
+            f"declared timeout_s ({self.timeout_s:g} s): the request was ended"
+            + (" (inside TLS: the connection was closed)" if target in self.bridge.tls else ""),
+        )
+        if target not in self.bridge.tls:
+            body = (
+                b'{"error": {"message": "the dependency %s did not answer within its declared '
+                b'timeout_s (%s s; plugtune)"}}' % (name.encode(), f"{self.timeout_s:g}".encode())
+            )
+            self.transport.write(
+                b"HTTP/1.1 504 Gateway Timeout\r\nContent-Type: application/json\r\n"
+                b"%s: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                % (TIMEOUT_HEADER.encode(), f"{self.timeout_s:g}".encode(), len(body), body)
+            )
+        self.injected = "answered"  # whatever else arrives is read and dropped
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+        self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
         super().connection_lost(exc)
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the plugin gave up while its connection waited for the budget
@@ -330,7 +400,14 @@ class _Outbound(Splice):
             budget.hold(self)
         self._measure(target)
         try:
-            _, upstream = await loop.create_connection(lambda: _Upstream(self), target[0], target[1])
+            _, upstream = await asyncio.wait_for(
+                loop.create_connection(lambda: _Upstream(self), target[0], target[1]), self.timeout_s
+            )
+        except TimeoutError:
+            self.last_request, self.last_reply = time.monotonic(), 0.0
+            self.timed_out()
+            self._release()
+            return
         except OSError as exc:
             self._release()
             name = self.bridge.declared.get(target)
@@ -341,7 +418,12 @@ class _Outbound(Splice):
             if self.transport is not None:
                 self.transport.close()
             return
+        sending = bool(self.pending)
+        if sending:
+            self.last_request = time.monotonic()  # the request goes out now, not when it came in
         self.join(upstream)
+        if sending:
+            self._arm()
 
 
 def request_complete(data: bytes) -> bool:

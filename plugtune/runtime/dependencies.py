@@ -5,8 +5,9 @@ job.yaml ``dependencies:`` (or ``Runtime.deploy(..., dependencies=...)``) names 
 ``network: policy-only`` a function reaches the policy gateway and its declared dependencies only
 (``plugtune.runtime.worker.network``); a failed call on one is a ``Dependency error`` naming it.
 ``rpm`` and ``concurrency`` are enforced per dependency for all instances and plugins of a runtime,
-on connections, in the supervisor's bridge (``plugtune.runtime.budget``); ``timeout_s`` is recorded
-(stored with the job) but not enforced yet.
+on connections, in the supervisor's bridge (``plugtune.runtime.budget``); ``timeout_s`` bounds the
+wait for each reply to begin, there too (a ``Dependency error`` / ``timeout`` past it, whatever the
+plugin's client waits).
 """
 
 from __future__ import annotations

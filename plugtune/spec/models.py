@@ -206,7 +206,9 @@ class DependencySpec(BaseModel):
         default=None,
         ge=DEPENDENCY_LIMITS["timeout_s"][0],
         le=DEPENDENCY_LIMITS["timeout_s"][1],
-        description="The client timeout its requests should use (recorded; not enforced yet).",
+        description="How long a request waits for its reply to begin (under network policy-only, "
+        "enforced by the runtime whatever the plugin's client waits: past it the call fails as a "
+        "Dependency error, cause timeout).",
     )
 
     @field_validator("timeout_s", mode="before")

@@ -76,6 +76,6 @@ def test_the_job_yaml_reference_documents_each_dependencys_keys() -> None:
     assert {"dependencies.<name>.url", "dependencies.<name>.rpm", "dependencies.<name>.timeout_s"} <= set(
         rows
     )
-    assert "not enforced yet" in rows["dependencies.<name>.timeout_s"].description
+    assert "Dependency error, cause timeout" in rows["dependencies.<name>.timeout_s"].description
     assert "all instances and plugins of the job" in rows["dependencies.<name>.rpm"].description
     assert "a 429 halves it" in rows["dependencies.<name>.concurrency"].description

@@ -222,3 +222,46 @@ def test_runtime_dependencies_are_checked_at_the_decorator() -> None:
         ValueError, match=r"Runtime.dependencies=\['judge'\] must map names to a URL or host:port"
     ):
         Runtime(dependencies=["judge"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("grader", GRADERS)
+async def test_a_judge_past_its_declared_timeout_is_a_dependency_timeout_whatever_the_client_waits(
+    rt: LocalRuntime, server: ThreadingHTTPServer, grader: str
+) -> None:
+    """Each client waits 3 s; the judge answers after 2 s; the job declared timeout_s 0.4: the
+    runtime ends the wait at 0.4 s, and the call is the dependency's timeout naming that bound."""
+    port = _port(server)
+    fn = await rt.deploy(
+        entry("judge.py", grader),
+        dependencies={"judge": {"url": f"http://127.0.0.1:{port}", "timeout_s": 0.4}},
+    )
+    started = asyncio.get_running_loop().time()
+    error = await _fails(fn, f"http://127.0.0.1:{port}/wait/2")
+    waited = asyncio.get_running_loop().time() - started
+    assert (error.type, error.owner, error.cause) == ("Dependency error", "dependency", "timeout"), (
+        error.message
+    )
+    assert error.message.startswith(
+        f"the dependency judge (127.0.0.1:{port}) did not answer within its declared timeout_s (0.4 s)"
+    ), error.message
+    assert waited < 1.8, waited  # not the judge's 2 s, nor the client's 3
+    said = [x.message for x in fn.logs() if "did not begin its reply" in x.message]
+    assert (
+        said
+        and f"the dependency judge at 127.0.0.1:{port} did not begin its reply within its declared "
+        in said[0]
+    )
+
+
+async def test_a_judge_that_answers_within_its_declared_timeout_is_not_cut(
+    rt: LocalRuntime, server: ThreadingHTTPServer
+) -> None:
+    port = _port(server)
+    fn = await rt.deploy(
+        entry("judge.py", "asks_judge"),
+        dependencies={"judge": {"url": f"http://127.0.0.1:{port}", "timeout_s": 1.5}},
+    )
+    for path in ("wait/0.3", "ok"):  # a second request on the same instance re-arms the bound
+        url = f"http://127.0.0.1:{port}/{path}"
+        result = await asyncio.wait_for(fn.invoke(ctx(), sample(url=url), trajectory()), 30)
+        assert result.status == "success", result

@@ -5,7 +5,8 @@ any of them (classes are matched by module and name along the MRO).
 ``find(exc, ...)`` returns a :class:`Finding` (cause, host, port, status, the plugin line that made
 the request) or None when the failure is the plugin's own. Causes are ``DependencyCause`` values:
 ``rate limited`` (429), ``server error`` (5xx), ``unreachable`` (connect, DNS, TLS, reset),
-``timeout`` (the client's own timeout), ``bad reply`` (a reply that does not parse). Other 4xx
+``timeout`` (the client's own timeout, or the runtime's 504 with :data:`TIMEOUT_HEADER` when the
+dependency outlived its declared ``timeout_s``), ``bad reply`` (a reply that does not parse). Other 4xx
 answers (400, 401, 404) stay the plugin's: they say the request was wrong. A connection that
 ``network: policy-only`` refused (``PolicyRefused``) is reported apart (``policy_refused``): the
 job's configuration, not the service, is at fault.
@@ -30,6 +31,9 @@ RATE_LIMITED, SERVER_ERROR, UNREACHABLE, TIMEOUT, BAD_REPLY = (
 )
 CLIENTS = ("httpx", "httpcore", "openai", "requests", "urllib3", "aiohttp", "urllib", "http")
 MAX_CHAIN = 16
+#: The header of the 504 the runtime's bridge answers when a dependency outlives its declared
+#: ``timeout_s`` (``plugtune.runtime.bridge``): such a 504 is the dependency's ``timeout``.
+TIMEOUT_HEADER = "X-Plugtune-Dependency-Timeout"
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Finding:
     where: str = ""  # file:line of the plugin's code that made the request (or raised on its reply)
     error: str = ""  # the client's exception, "Type: message"
     policy_refused: str = ""  # host:port that network policy-only refused
+    declared_timeout: str = ""  # the declared timeout_s the runtime held the dependency to (its 504)
     dependency: str = ""  # the declared name, when the host:port is declared
 
     def retry_after_s(self) -> float | None:
@@ -63,7 +68,11 @@ class Finding:
             RATE_LIMITED: f"answered HTTP {self.status or 429} (rate limited)",
             SERVER_ERROR: f"answered HTTP {self.status} (server error)",
             UNREACHABLE: "could not be reached (unreachable)",
-            TIMEOUT: "did not answer in time (timeout: the client's own)",
+            TIMEOUT: (
+                f"did not answer within its declared timeout_s ({self.declared_timeout} s) (timeout)"
+                if self.declared_timeout
+                else "did not answer in time (timeout: the client's own)"
+            ),
             BAD_REPLY: "sent a reply that does not parse (bad reply)",
         }[self.cause]
         after = f", Retry-After: {self.retry_after}" if self.retry_after else ""
@@ -172,18 +181,23 @@ def retry_after_seconds(text: str) -> float | None:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
-def _retry_after(exc: BaseException) -> str:
-    for path in (("response", "headers"), ("headers",)):
+def _header(exc: BaseException, name: str) -> str:
+    """A header of the reply an HTTP error carries ("" without one), bounded."""
+    for path in (("response", "headers"), ("headers",), ("hdrs",)):
         headers = _attr(exc, *path)
         if headers is None:
             continue
         try:
-            value = headers.get("Retry-After") or headers.get("retry-after")
+            value = headers.get(name) or headers.get(name.lower())
         except Exception:  # noqa: BLE001 - not a mapping after all
             continue
         if value:
             return str(value)[:64]
     return ""
+
+
+def _retry_after(exc: BaseException) -> str:
+    return _header(exc, "Retry-After")
 
 
 def _from_frames(exc: BaseException) -> str:
@@ -233,6 +247,8 @@ def _cause(exc: BaseException) -> tuple[str, int | None] | None:
             return BAD_REPLY, status
         if status == 429:
             return RATE_LIMITED, status
+        if status == 504 and _header(exc, TIMEOUT_HEADER):
+            return TIMEOUT, status  # the runtime held the dependency to its declared timeout_s
         if status >= 500:
             return SERVER_ERROR, status
         if status == 408:
@@ -296,6 +312,8 @@ def find(
             return None
         if found is None:
             found = Finding(cause, status=status, error=_text(item))
+            if cause == TIMEOUT and status == 504:
+                found.declared_timeout = _header(item, TIMEOUT_HEADER)
         if not found.url:
             found.url = _url_of(item)
         if not found.retry_after:

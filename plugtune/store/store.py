@@ -20,6 +20,7 @@ from plugtune.settings import Settings
 from plugtune.store.attempts import AttemptsTable
 from plugtune.store.cancels import CancelsTable
 from plugtune.store.database import Database, normalize_url
+from plugtune.store.engine_runs import EngineRunsTable
 from plugtune.store.jobs import JobsTable
 from plugtune.store.logs import LogsTable, insert_logs
 from plugtune.store.metrics import MetricsTable, insert_metrics
@@ -44,6 +45,7 @@ class Store(
     TrajectoriesTable,
     ResumeTable,
     RegradesTable,
+    EngineRunsTable,
 ):
     """Jobs, attempts, plugins and code, logs, metrics, trajectories and checkpoints.
 

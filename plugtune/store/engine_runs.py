@@ -49,8 +49,9 @@ class EngineRunsTable(StoreBase):
                     .values(members=engine_runs.c.members + 1, joined=engine_runs.c.joined + 1)
                 )
                 return int(found), False
-            row: dict[str, Any] = {"name": name, "spec": dumps(spec), "spec_yaml": spec_yaml, "status": "queued"}
-            row.update(created_at=now, updated_at=now, steps_done=0, steps_total=0, auto_retries=0)
+            row: dict[str, Any] = {"name": name, "spec": dumps(spec), "spec_yaml": spec_yaml}
+            row.update(status="queued", created_at=now, updated_at=now, steps_done=0, steps_total=0)
+            row.update(auto_retries=0)
             job_id = int(conn.execute(insert(jobs).returning(jobs.c.id), row).scalar_one())
             transition = {"from_status": None, "to_status": "queued", "time": now, "reason": "created"}
             conn.execute(insert(job_transitions), {"job_id": job_id, **transition})

@@ -261,10 +261,12 @@ async def test_a_run_whose_replies_lengthen_while_its_reward_falls_warns(tiny_mo
     assert warning_examples(warning.message) and set(warning_examples(warning.message)) <= later
 
 
-async def demo_steps(steps: int, every: int) -> tuple[list[StepResult], list[EvalPoint]]:
+async def demo_steps(
+    steps: int, every: int, grade: Any = demo_grader.exact_match
+) -> tuple[list[StepResult], list[EvalPoint]]:
     """The demo job (plugtune/demo/job.yaml: its settings, plugins, signal thresholds and held-out
     rows) for ``steps`` steps, evaluated greedily before them and every ``every`` steps, as its job
-    does (every 30)."""
+    does (every 30); ``grade`` is its grader (the demo's exact match unless given)."""
     job = validate_job(demo_job_file())
     spec = job.spec
     config = spec.hyperparameters.model_copy(update={"steps": steps})
@@ -273,7 +275,7 @@ async def demo_steps(steps: int, every: int) -> tuple[list[StepResult], list[Eva
         json.loads(line) for line in (DEMO / "data" / "train.jsonl").read_text().splitlines()
     ]
     plugins = Plugins(
-        rollout=InProcessFunction(demo_rollout.answer), graders=[InProcessFunction(demo_grader.exact_match)]
+        rollout=InProcessFunction(demo_rollout.answer), graders=[InProcessFunction(grade)]
     )
     sampling = JobSampling(config.temperature, config.top_p, config.max_new_tokens)
     with PolicyGateway(lm.model, lm.tokenizer, sampling=sampling) as gateway:
@@ -318,6 +320,23 @@ async def test_the_demo_job_raises_no_step_warning_and_an_eval_warning_only_on_a
         noise = 2 * math.sqrt(p0 * (1 - p0) / 250 + p1 * (1 - p1) / 250)
         assert passes[0] > passes[1] > passes[2] and p0 - p1 > max(noise, thresholds.eval_drop), passes
         assert rises([t for t in train if t[0] > 30]), train
+
+
+async def test_a_healthy_job_with_a_real_grader_raises_no_warning() -> None:
+    """The demo's task graded by math-verify (a real-world grader, the one TRL's and open-r1's accuracy
+    rewards use; installed by `make test`) instead of the demo's exact match: 30 steps and evaluations
+    at 0 and 30 raise no signal warning (no false alarms on a real grader's rewards)."""
+    from tests.fixtures.plugins.math_verify_grader import verified
+
+    results, evals = await demo_steps(30, every=30, grade=verified)
+    warned = [w for r in results for w in r.warnings]
+    assert not {w.key for w in warned} & (NEW_KEYS | {"no_gradient", "truncated"}), warned
+    assert all(r.metrics["grader/verified/unscorable_share"] == 0.0 for r in results)
+    rewards = [r.metrics["reward/mean"] for r in results]
+    assert max(rewards[-10:]) > rewards[0], rewards  # it is a job that learns, not a flat one
+    train = [(r.step, r.metrics["reward/mean"], r.metrics["response_length"]) for r in results]
+    thresholds = validate_job(demo_job_file()).spec.signal.thresholds()
+    assert eval_warnings(evals, train, thresholds) == [], [(e.step, e.pass_at_1) for e in evals]
 
 
 pytestmark = pytest.mark.skipif(

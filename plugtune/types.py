@@ -46,6 +46,18 @@ class TokenSegment:
 
 
 @dataclass(frozen=True)
+class DroppedSpan:
+    """Response tokens a history rewrite cut from the record (they never reach the trainer): they
+    stood at response position ``at`` of the record as it is now (a later rewrite that cuts before
+    ``at`` moves it back to its own cut)."""
+
+    at: int
+    tokens: int
+    policy_tokens: int  # of them, sampled by the policy (mask 1)
+    rewrite: int  # which rewrite of the trajectory (1, 2, ...)
+
+
+@dataclass(frozen=True)
 class TokenTrace:
     """What the policy gateway recorded for one trajectory: exact tokens, never re-tokenized."""
 
@@ -58,6 +70,7 @@ class TokenTrace:
     rewrites: int = 0  # how many times a later call rewrote history and started a new segment
     dropped_policy_tokens: int = 0  # policy-sampled tokens those rewrites cut from the record
     finish_reason: str = ""
+    dropped_spans: list[DroppedSpan] = field(default_factory=list)  # where those rewrites cut
 
 
 #: The taxonomy's five fields (DESIGN §2): a job error's own columns in the store.
@@ -163,6 +176,10 @@ class TrajectoryRecord:
     # Why it gave the policy no gradient (empty when it did): discarded by a plugin, failed and
     # dropped, unscorable, a zero-advantage group, no policy tokens, or a step that was not applied.
     discard_reason: str = ""
+    # The trainer's log-prob of each response token under the weights it trained (before the step),
+    # 0.0 where the mask is 0; empty when no trainer scored it (not trained, or an engine's trainer).
+    trainer_logprobs: list[float] = field(default_factory=list)
+    dropped_spans: list[DroppedSpan] = field(default_factory=list)  # cut by history rewrites
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "errors": [e.on_trajectory() for e in self.errors]}

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plugtune.gateway.chat import ChatRenderer, is_extension, normalize_message
 from plugtune.gateway.engine import Generation
 from plugtune.gateway.sampling import JobSampling
-from plugtune.types import TokenSegment, TokenTrace
+from plugtune.types import DroppedSpan, TokenSegment, TokenTrace
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class TraceBuilder:
     tools: list[dict[str, Any]] | None = None
     rewrites: int = 0
     dropped_policy_tokens: int = 0
+    dropped_spans: list[DroppedSpan] = field(default_factory=list)
     finish_reason: str = ""
     ended_with_eos: bool = False
     has_reply: bool = False  # the record ends with a policy reply (the last call did not fail)
@@ -97,11 +98,14 @@ class TraceBuilder:
         self, plan: CallPlan, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, version: int
     ) -> list[int]:
         """Change the record as planned; returns the token ids the policy continues from."""
+        span: DroppedSpan | None = None
         if plan.is_rewrite:
             self.rewrites += 1
             cut = 0 if plan.new_prompt is not None else plan.keep - len(self.prompt_ids)
             dropped = sum(self.response_mask[cut:])
             self.dropped_policy_tokens += dropped
+            if len(self.response_ids) > cut:
+                span = DroppedSpan(cut, len(self.response_ids) - cut, dropped, self.rewrites)
             logger.warning(
                 "trajectory %s rewrote its history (rewrite %d): the record starts a new segment "
                 "after %d shared tokens; %d policy tokens of the old history are dropped",
@@ -116,6 +120,8 @@ class TraceBuilder:
         else:
             self._truncate_response(plan.keep - len(self.prompt_ids))
             self._append(plan.environment_ids, [0.0] * len(plan.environment_ids), "environment", version)
+        if span is not None:  # after the truncation, which moves the older spans back to ``cut``
+            self.dropped_spans.append(span)
         self.messages = list(messages)
         self.tools = tools
         self.has_reply = False
@@ -140,6 +146,7 @@ class TraceBuilder:
             rewrites=self.rewrites,
             dropped_policy_tokens=self.dropped_policy_tokens,
             finish_reason=self.finish_reason,
+            dropped_spans=list(self.dropped_spans),
         )
 
     def _append(self, ids: list[int], logprobs: list[float], source: str, version: int) -> None:
@@ -158,3 +165,4 @@ class TraceBuilder:
             for s in self.segments
             if s.start < n
         ]
+        self.dropped_spans = [replace(d, at=min(d.at, n)) for d in self.dropped_spans]

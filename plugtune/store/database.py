@@ -166,7 +166,8 @@ class Database:
         """Upgrade the database from ``version`` to the next one, in the caller's transaction."""
         prefix = f'"{self.schema}".' if self.schema is not None else ""
         for statement in MIGRATIONS[version]:
-            conn.execute(text(statement.format(trajectories=prefix + "trajectories")))
+            blob = "BYTEA" if self.engine.dialect.name == "postgresql" else "BLOB"
+            conn.execute(text(statement.format(trajectories=prefix + "trajectories", blob=blob)))
         upgraded = str(version + 1)
         conn.execute(update(store_meta).where(store_meta.c.key == "schema_version").values(value=upgraded))
         return upgraded

@@ -24,17 +24,23 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
-SCHEMA_VERSION = 3  # bump when a table changes; Store.open refuses a database of another version
+SCHEMA_VERSION = 4  # bump when a table changes; Store.open refuses a database of another version
 
 #: What turns a database of an older version into the next one (``{trajectories}``: the qualified
 #: table name). Version 2: trajectories.phase (train | eval). Version 3:
-#: trajectories.discard_reason (why a trajectory gave no gradient; '' for the older ones).
+#: trajectories.discard_reason (why a trajectory gave no gradient; '' for the older ones). Version 4:
+#: trajectories.trainer_logprobs and dropped_spans (the token view's; NULL for the older ones).
+#: ``{blob}``: the dialect's binary type.
 MIGRATIONS: dict[int, list[str]] = {
     1: [
         "ALTER TABLE {trajectories} ADD COLUMN phase VARCHAR(16) NOT NULL DEFAULT 'train'",
         "CREATE INDEX ix_trajectories_phase ON {trajectories} (job_id, phase, id)",
     ],
     2: ["ALTER TABLE {trajectories} ADD COLUMN discard_reason TEXT NOT NULL DEFAULT ''"],
+    3: [
+        "ALTER TABLE {trajectories} ADD COLUMN trainer_logprobs {blob}",
+        "ALTER TABLE {trajectories} ADD COLUMN dropped_spans TEXT",
+    ],
 }
 
 # BIGINT on PostgreSQL, but INTEGER on SQLite so the column is the rowid (autoincrement, no copy).
@@ -226,6 +232,8 @@ trajectories = Table(
     Column("response_ids", LargeBinary, nullable=False),  # int32 LE
     Column("response_mask", LargeBinary, nullable=False),  # uint8
     Column("response_logprobs", LargeBinary, nullable=False),  # float64 LE
+    Column("trainer_logprobs", LargeBinary),  # float64 LE; NULL or empty: not scored by the trainer
+    Column("dropped_spans", Text),  # JSON: the spans history rewrites cut (types.DroppedSpan)
     Column("errors", Text, nullable=False),  # JSON
     Column("metrics", Text, nullable=False),  # JSON
     Column("timing", Text, nullable=False),  # JSON

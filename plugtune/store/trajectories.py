@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Select, func, select
@@ -17,7 +18,7 @@ from plugtune.store.base import StoreBase, count_rows, dumps, loads, page_size
 from plugtune.store.database import Database, contains_text, upsert
 from plugtune.store.records import NotFoundError, TrajectorySummary
 from plugtune.store.schema import trajectories as T  # noqa: N812 - the table, as SQL names it
-from plugtune.types import ErrorRecord, TrajectoryRecord
+from plugtune.types import DroppedSpan, ErrorRecord, TrajectoryRecord
 
 Order = Literal["newest", "oldest", "reward_asc", "reward_desc"]
 PREVIEW_CHARS = 200
@@ -239,6 +240,8 @@ def _row(job_id: int, r: TrajectoryRecord, now: float) -> dict[str, Any]:
         "response_ids": _pack("i", r.response_ids),
         "response_mask": bytes(r.response_mask),
         "response_logprobs": _pack("d", r.response_logprobs),
+        "trainer_logprobs": _pack("d", r.trainer_logprobs),
+        "dropped_spans": dumps([asdict(d) for d in r.dropped_spans]),
         "errors": dumps([e.on_trajectory() for e in r.errors]),
         "metrics": dumps(r.metrics),
         "timing": dumps(r.timing),
@@ -296,4 +299,6 @@ def _record(r: Any) -> TrajectoryRecord:
         code_hash=loads(r.code_hash),
         phase=r.phase,
         discard_reason=r.discard_reason,
+        trainer_logprobs=_unpack("d", r.trainer_logprobs) if r.trainer_logprobs is not None else [],
+        dropped_spans=[DroppedSpan(**d) for d in loads(r.dropped_spans)] if r.dropped_spans else [],
     )

@@ -179,6 +179,7 @@ class TrajectoryDraft:
             code_hash=code_hash if code_hash is not None else {},
             phase=self.phase,
             discard_reason=self.discard_reason if self.discarded else "",
+            dropped_spans=list(trace.dropped_spans),
         )
 
 

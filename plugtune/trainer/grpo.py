@@ -166,6 +166,8 @@ class GRPOTrainer:
             self.runner.stopped += records
             raise
         self.step_count = step
+        if parts is not None:  # each trained trajectory keeps the trainer's log-probs of its tokens
+            records = objective.with_trainer_logprobs(records, parts.trainer_logprobs)
 
         signal = self.monitor.measure(step, graded, self.runner.plugins.weights())
         metrics = _metrics(graded, parts, grad_norm, signal)
@@ -188,7 +190,7 @@ class GRPOTrainer:
         )
         noise = logprob_noise(next(self.model.parameters()).dtype)
         warnings = [
-            *step_warnings(step, metrics, noise, self.config.top_p),
+            *step_warnings(step, metrics, noise, self.config.top_p, records),
             *exploding_warnings(step, metrics, self.config.learning_rate),
             *self.monitor.warnings(signal, self.config.max_new_tokens),
         ]

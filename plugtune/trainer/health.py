@@ -39,8 +39,15 @@ def logprob_noise(dtype: torch.dtype) -> float:
     return FULL_PRECISION_NOISE if dtype.itemsize >= 4 else HALF_PRECISION_NOISE
 
 
-def step_warnings(step: int, metrics: dict[str, float], noise: float, top_p: float) -> list[StepWarning]:
-    """What the step's metrics say went silently wrong ([] for a healthy step)."""
+def step_warnings(
+    step: int,
+    metrics: dict[str, float],
+    noise: float,
+    top_p: float,
+    records: Sequence[TrajectoryRecord] = (),
+) -> list[StepWarning]:
+    """What the step's metrics say went silently wrong ([] for a healthy step); the off-policy and
+    history warnings name example trajectories of ``records`` (the console's token view shows them)."""
     out: list[StepWarning] = []
     gap = metrics.get("logprob_gap")
     if gap is not None and gap > noise:
@@ -56,7 +63,8 @@ def step_warnings(step: int, metrics: dict[str, float], noise: float, top_p: flo
             StepWarning(
                 "logprob_gap",
                 f"step {step}: logprob_gap is {gap:.4g}, above the {noise:g} that numerical noise "
-                f"explains: training is off-policy. Likely cause: {cause}.",
+                f"explains: training is off-policy. Likely cause: {cause}. "
+                f"{_examples(_largest_gaps(records))}".rstrip(),
             )
         )
     rewrites = metrics.get("history/rewrites", 0.0)
@@ -68,10 +76,30 @@ def step_warnings(step: int, metrics: dict[str, float], noise: float, top_p: flo
                 f"step {step}: {rewrites:.0f} rollout call(s) sent a history that differs from what the "
                 f"policy produced, so {dropped:.0f} recorded policy tokens were dropped from training. "
                 "Send the assistant messages back as the policy returned them (each trajectory's "
-                "metrics history/rewrites and history/dropped_policy_tokens say which ones).",
+                "metrics history/rewrites and history/dropped_policy_tokens say which ones). "
+                f"{_examples(_rewritten(records))}".rstrip(),
             )
         )
     return out
+
+
+def _rewritten(records: Sequence[TrajectoryRecord]) -> list[str]:
+    return [r.trajectory_id for r in records if r.metrics.get("history/rewrites")]
+
+
+def _largest_gaps(records: Sequence[TrajectoryRecord]) -> list[str]:
+    """The trajectories whose policy tokens the trainer scored furthest from the sampler (mean
+    absolute difference), largest first."""
+    gaps: list[tuple[float, str]] = []
+    for r in records:
+        pairs = [
+            abs(t - s)
+            for m, s, t in zip(r.response_mask, r.response_logprobs, r.trainer_logprobs, strict=False)
+            if m
+        ]
+        if pairs:
+            gaps.append((sum(pairs) / len(pairs), r.trajectory_id))
+    return [tid for _, tid in sorted(gaps, key=lambda g: -g[0])]
 
 
 #: A trained weight's magnitude, or a gradient norm (before clipping), past which a step is no

@@ -9,9 +9,10 @@ row per such token, and a token-level mean is a plain mean over them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -23,6 +24,7 @@ from plugtune.trainer.losses import (
     token_logprobs,
     token_logprobs_and_entropy,
 )
+from plugtune.types import TrajectoryRecord
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class LossParts:
     entropy: float
     clip_fraction: float
     logprob_gap: float
+    # Each trained trajectory's log-prob per response token under the weights it trained (0.0 where
+    # the policy did not sample the token), by trajectory id: what the console's token view shows.
+    trainer_logprobs: dict[str, list[float]] = field(default_factory=dict)
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -72,6 +77,7 @@ def backward(
     """Accumulate the gradient of the step's loss into ``model``; raise NonFiniteLoss on NaN/inf."""
     total = sum(b.num_tokens for b in batches)
     sums = dict.fromkeys(("loss", "pg", "kl", "entropy", "clip", "gap"), 0.0)
+    scored: dict[str, list[float]] = {}
     device = next(model.parameters()).device
     for batch in (b.to(device) for b in batches):
         share = batch.num_tokens / total
@@ -95,6 +101,7 @@ def backward(
         with torch.no_grad():
             sums["entropy"] += share * entropy_N.mean().item()
             sums["gap"] += share * (logps_N1 - old_N1).abs().mean().item()
+            scored.update(_per_trajectory(batch, logps_N.detach()))
         sums["loss"] += loss.item()
         sums["pg"] += share * pg.item()
         sums["kl"] += share * kl.item()
@@ -106,4 +113,27 @@ def backward(
         entropy=sums["entropy"],
         clip_fraction=sums["clip"],
         logprob_gap=sums["gap"],
+        trainer_logprobs=scored,
     )
+
+
+def with_trainer_logprobs(
+    records: Sequence[TrajectoryRecord], scored: dict[str, list[float]]
+) -> list[TrajectoryRecord]:
+    """``records``, each one the trainer scored with its ``trainer_logprobs``."""
+    return [
+        dataclasses.replace(r, trainer_logprobs=scored[r.trajectory_id][: len(r.response_ids)])
+        if r.trajectory_id in scored
+        else r
+        for r in records
+    ]
+
+
+def _per_trajectory(batch: TrainBatch, logps_N: torch.Tensor) -> dict[str, list[float]]:
+    """``logps_N`` (one per policy token, row-major) as one list per trajectory over its response."""
+    b_N, t_N = batch.policy_positions
+    lengths = batch.response_attention_BR.sum(1).tolist()
+    out = {tid: [0.0] * int(n) for tid, n in zip(batch.trajectory_ids, lengths, strict=True)}
+    for b, t, value in zip(b_N.tolist(), t_N.tolist(), logps_N.float().cpu().tolist(), strict=True):
+        out[batch.trajectory_ids[b]][t] = value
+    return out

@@ -55,6 +55,8 @@ def test_a_schema_1_store_is_upgraded_and_its_trajectories_are_train(tmp_path: P
     with sqlite3.connect(path) as conn:  # back to what plugtune wrote before phases
         conn.execute("DROP INDEX ix_trajectories_phase")
         conn.execute("ALTER TABLE trajectories DROP COLUMN phase")
+        conn.execute("ALTER TABLE trajectories DROP COLUMN trainer_logprobs")  # version 4's
+        conn.execute("ALTER TABLE trajectories DROP COLUMN dropped_spans")
         conn.execute("ALTER TABLE trajectories DROP COLUMN discard_reason")
         conn.execute("UPDATE plugtune_meta SET value = '1' WHERE key = 'schema_version'")
 
@@ -79,6 +81,8 @@ def test_a_schema_2_store_gains_discard_reasons_and_keeps_its_trajectories(tmp_p
     store.upsert_trajectories(job, [_record("s1-p0-r0", 1)])
     store.close()
     with sqlite3.connect(path) as conn:  # back to what plugtune wrote before discard reasons
+        conn.execute("ALTER TABLE trajectories DROP COLUMN trainer_logprobs")  # version 4's
+        conn.execute("ALTER TABLE trajectories DROP COLUMN dropped_spans")
         conn.execute("ALTER TABLE trajectories DROP COLUMN discard_reason")
         conn.execute("UPDATE plugtune_meta SET value = '2' WHERE key = 'schema_version'")
 

@@ -333,7 +333,7 @@ async def test_a_healthy_job_with_a_real_grader_raises_no_warning() -> None:
     assert not {w.key for w in warned} & (NEW_KEYS | {"no_gradient", "truncated"}), warned
     assert all(r.metrics["grader/verified/unscorable_share"] == 0.0 for r in results)
     rewards = [r.metrics["reward/mean"] for r in results]
-    assert max(rewards[-10:]) > rewards[0], rewards  # it is a job that learns, not a flat one
+    assert 0.1 < sum(rewards) / len(rewards) < 0.9, rewards  # a signal to learn from, not a flat one
     train = [(r.step, r.metrics["reward/mean"], r.metrics["response_length"]) for r in results]
     thresholds = validate_job(demo_job_file()).spec.signal.thresholds()
     assert eval_warnings(evals, train, thresholds) == [], [(e.step, e.pass_at_1) for e in evals]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import typer
 
@@ -88,14 +89,32 @@ def _echo_plugin_metrics(found: dict[str, dict[str, dict[str, float]]], most: in
         typer.echo(f"  ... and {len(rows) - most} more plugin metrics (jobs show --json has them all)")
 
 
-def jobs_retry(job_id: int = typer.Argument(..., help="Job id.")) -> None:
+def jobs_retry(
+    job_id: int = typer.Argument(..., help="Job id."),
+    code: Path | None = typer.Option(
+        None,
+        "--code",
+        help="Resume with the plugin code in this project folder (each plugin file at the path job.yaml "
+        "names, e.g. DIR/plugins/grader.py), after it passes lint and a quick test on the job's own "
+        "trajectories; job.yaml, data and hyperparameters stay as submitted.",
+        file_okay=False,
+    ),
+) -> None:
     """Retry a failed or cancelled job now; it resumes from its last checkpoint.
 
-    `plugtune serve` runs the retried job (it reads the same store)."""
+    Without --code it runs the code it was submitted with (or its last --code), never the files on
+    disk. With --code DIR the new code is first validated against the stored job.yaml, linted and
+    run in the function runtime's sandbox on the job's newest failed groups (the policy's recorded
+    answers played back): any problem refuses it (exit 1, nothing changed); otherwise it is stored
+    by content hash and the job's next attempts run it. `plugtune serve` runs the retried job (it
+    reads the same store)."""
     from plugtune.jobs.control import NotRetryableError, retry_job
     from plugtune.jobs.scheduler import JobNotFoundError
     from plugtune.store import IllegalTransitionError
 
+    if code is not None:
+        _retry_with_code(job_id, code)
+        return
     with opened_store() as (_, store):
         try:
             retry_job(store, job_id)
@@ -103,6 +122,42 @@ def jobs_retry(job_id: int = typer.Argument(..., help="Job id.")) -> None:
             typer.echo(f"plugtune: {exc}", err=True)
             raise typer.Exit(2) from None
         typer.echo(f"job {job_id} queued for retry; it resumes from its last checkpoint")
+
+
+def _retry_with_code(job_id: int, code: Path) -> None:
+    from plugtune.errors import DataError
+    from plugtune.jobs.revision import RevisionError
+    from plugtune.jobs.scheduler import JobNotFoundError
+    from plugtune.web.code_retry import CodeRefusedError, retry_with_code
+    from plugtune.web.service import retry_note
+
+    with opened_store() as (_, store):
+        try:
+            done = retry_with_code(store, job_id, code)
+        except (JobNotFoundError, RevisionError) as exc:
+            typer.echo(f"plugtune: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except DataError as exc:
+            refused = f"plugtune: job {job_id}: the code in {code} is refused; nothing was changed:"
+            typer.echo(refused, err=True)
+            for p in exc.problems:
+                where = f"{p.file}:{p.line}" if p.line else p.file
+                field = f" [{p.field}]" if p.field else ""
+                typer.echo(f"  - {where}{field}: {p.message}", err=True)
+            raise typer.Exit(1) from None
+        except CodeRefusedError as exc:
+            typer.echo(f"plugtune: {exc}", err=True)
+            raise typer.Exit(1) from None
+        job = store.get_job(job_id)
+        note = retry_note(store, job) if job is not None else ""
+    for line in done.tested:
+        typer.echo(f"  tested: {line}")
+    for line in done.notes:
+        typer.secho(f"  note: {line}", fg="yellow")
+    typer.echo(
+        f"job {job_id} queued for retry with code {done.code_hash[:12]} (was {done.previous_hash[:12]}); "
+        f"it {note}"
+    )
 
 
 def jobs_cancel(job_id: int = typer.Argument(..., help="Job id.")) -> None:

@@ -1,6 +1,7 @@
 """One attempt of a job, in its own process: ``python -m plugtune.jobs.attempt JOB_ID``.
 
-It validates the job again as it was submitted (its stored job.yaml, plugin code and data
+It validates the job again as it was submitted (its stored job.yaml, plugin code — or the code of a
+``jobs retry --code``, recorded per attempt — and data
 fingerprints: :mod:`plugtune.jobs.submitted`), deploys the plugins, loads the model behind the
 policy gateway, resumes from the last checkpoint and trains, writing trajectories, metrics and
 plugin logs to the store as it goes. Whatever ends it is recorded on the attempt as exactly one classified
@@ -29,6 +30,7 @@ from plugtune.jobs.evaluate import build_evaluator, is_eval_step
 from plugtune.jobs.evidence import stopped_records
 from plugtune.jobs.plugins import LOG_READ_S, Drain, as_plugins, deploy_all, record_deployed, record_waiting
 from plugtune.jobs.report import JOB_WARNINGS
+from plugtune.jobs.revision import record_attempt
 from plugtune.jobs.submitted import load as load_submitted
 from plugtune.jobs.submitted import name_origins
 from plugtune.settings import Settings
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     checkpoint = store.latest_checkpoint(job_id)
     number = store.start_attempt(job_id, os.getpid(), checkpoint.step if checkpoint else 0)
+    record_attempt(store, job_id, number, job.spec)  # the code it runs: the console's steps by code
     signal.signal(signal.SIGTERM, _on_sigterm)
     # A server or run started in the background (`cmd &` in a script, nohup) hands its children
     # SIGINT ignored: an interrupt from outside must still end the attempt, as an unknown error.

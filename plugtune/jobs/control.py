@@ -109,8 +109,9 @@ def queue_positions(store: Store) -> dict[int, int]:
     return {j.id: i + 1 for i, j in enumerate(reversed(queued))}
 
 
-def retry_job(store: Store, job_id: int) -> None:
-    """Put a failed or cancelled job back in the queue now; it resumes from its last checkpoint."""
+def retry_job(store: Store, job_id: int, *, reason: str = "manual retry") -> None:
+    """Put a failed or cancelled job back in the queue now; it resumes from its last checkpoint.
+    ``reason`` (its status history's) starts with "manual retry"."""
     require(store, job_id)
     job = store.get_job(job_id)
     if job is not None and "engine" in job.spec:
@@ -119,4 +120,4 @@ def retry_job(store: Store, job_id: int) -> None:
             "cannot start again: run that script (or command) again; it records a new job"
         )
     store.update_job(job_id, next_retry_at=None)
-    store.transition(job_id, "queued", "manual retry")
+    store.transition(job_id, "queued", reason)

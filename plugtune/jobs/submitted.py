@@ -30,6 +30,7 @@ from plugtune.types import LogLine
 log = logging.getLogger(__name__)
 
 KEY = "submitted"  # the job spec's key for what is kept
+REVISED_KEY = "code"  # the job spec's key for new plugin code a retry was given (jobs.revision)
 DATA_KEYS = ("train", "validation")
 CHUNK = 1 << 20
 
@@ -75,6 +76,16 @@ def has_snapshot(spec: dict[str, Any]) -> bool:
     return isinstance(spec.get(KEY), dict)
 
 
+def plugins_to_run(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The plugin folders an attempt runs (job.yaml's plugin file -> ``{code_hash, file, path}``): the
+    code of the newest ``jobs retry --code`` (:mod:`plugtune.jobs.revision`), else the submitted code."""
+    revised = spec.get(REVISED_KEY)
+    if isinstance(revised, dict) and isinstance(revised.get("plugins"), dict):
+        return dict(revised["plugins"])
+    kept = spec.get(KEY)
+    return dict(kept.get("plugins") or {}) if isinstance(kept, dict) else {}
+
+
 def load(store: Store, job_id: int, spec: dict[str, Any], folder: Path) -> ValidatedJob:
     """The job as it was submitted: its stored job.yaml validated with the plugins written from the
     store under ``folder`` and its data files checked against their fingerprints
@@ -101,7 +112,7 @@ def load(store: Store, job_id: int, spec: dict[str, Any], folder: Path) -> Valid
     check_data(job_file, kept.get("data") or {})
     recorded = store.get_job(job_id)
     text = recorded.spec_yaml if recorded is not None else ""
-    files = write_plugins(store, job_file, kept.get("plugins") or {}, folder)
+    files = write_plugins(store, job_file, plugins_to_run(spec), folder)
     return validate_job(job_file, base_dir=base_dir, text=text, plugin_files=files)
 
 
@@ -114,7 +125,7 @@ def _adopt(store: Store, job_id: int, spec: dict[str, Any], job: ValidatedJob) -
 def name_origins(store: Store, job_id: int, job: ValidatedJob, spec: dict[str, Any]) -> None:
     """Show each deployed plugin's entry as the file it was submitted from (``path:function``), not
     its copy in the job's folder that the runtime deployed (the code shown is the copy's: the same)."""
-    kept = spec[KEY].get("plugins") or {} if has_snapshot(spec) else {}
+    kept = plugins_to_run(spec)
     for ref in (job.rollout, *job.graders, *job.group_graders):
         file = parse_entry(ref.entry).file
         origin = (kept.get(file) or {}).get("path") if file is not None else None

@@ -1,9 +1,10 @@
 """``plugtune replay JOB TRAJECTORY``: re-run one recorded trajectory on this machine, without the model.
 
-The rollout and graders run from the exact code that ran in the job (the store's files for each
-plugin's code hash), with the recorded trajectory's id and rollout index in their ``ctx`` and the
-job's ``env`` (its ``secrets`` from this process's environment), and the policy's recorded
-assistant turns are played back, in order, by a local OpenAI-compatible server.
+The rollout and graders run from the exact code that ran the trajectory in the job (the store's files
+for the code hash its record names for each plugin; a job's snapshot, or the code of the
+``jobs retry --code`` whose attempt ran it), with the recorded trajectory's id and rollout index in
+their ``ctx`` and the job's ``env`` (its ``secrets`` from this process's environment), and the
+policy's recorded assistant turns are played back, in order, by a local OpenAI-compatible server.
 That code is whoever submitted the job's, so by default it runs in the function runtime's sandbox
 (its own uid, limits, scrubbed environment: ``rt.isolation``), as ``plugtune test --faas`` does;
 ``in_process=True`` runs it in this process instead (a debugger works), with no sandbox, which is
@@ -228,6 +229,16 @@ def grader_weights(spec: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def recorded_plugins(store: Store, job_id: int, record: TrajectoryRecord) -> list[Plugin]:
+    """The job's plugins, rollout first, each with the code ``record`` ran (its code hash by plugin:
+    an attempt retried with ``jobs retry --code`` ran other code than the job's newest)."""
+    plugins = sorted(store.list_plugins(job_id), key=lambda p: ROLE_ORDER.get(p.role, 9))
+    if not plugins or plugins[0].role != "rollout":
+        raise ReplayError(f"job {job_id} has no recorded rollout plugin to replay")
+    ran = record.code_hash or {}
+    return [dataclasses.replace(p, code_hash=str(ran.get(p.name) or p.code_hash)) for p in plugins]
+
+
 def replay(
     store: Store,
     job_id: int,
@@ -249,9 +260,7 @@ def replay(
         raise ReplayError(
             f"job {job_id} has no trajectory {trajectory_id!r}; `plugtune trajectories {job_id}`"
         )
-    plugins = sorted(store.list_plugins(job_id), key=lambda p: ROLE_ORDER.get(p.role, 9))
-    if not plugins or plugins[0].role != "rollout":
-        raise ReplayError(f"job {job_id} has no recorded rollout plugin to replay")
+    plugins = recorded_plugins(store, job_id, record)
     sample = sample_of(job.spec, record)
     playback = Playback(record.messages, "policy")
     weights = grader_weights(job.spec)

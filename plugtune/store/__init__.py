@@ -10,6 +10,7 @@ page = store.logs(job_id, plugin="rollout", limit=100)        # newest first
 older = store.logs(job_id, plugin="rollout", before_id=page[-1].id)
 """
 
+from plugtune.store.attempt_code import AttemptCode
 from plugtune.store.database import sqlite_file
 from plugtune.store.records import (
     TRANSITIONS,
@@ -34,6 +35,7 @@ from plugtune.store.writer import StoreWriter
 __all__ = [
     "TRANSITIONS",
     "Attempt",
+    "AttemptCode",
     "Checkpoint",
     "IllegalTransitionError",
     "Job",

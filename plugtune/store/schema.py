@@ -297,3 +297,19 @@ regrades = Table(
     Column("created_at", Time, nullable=False),
 )
 Index("ix_regrades_job", regrades.c.job_id, regrades.c.label, regrades.c.id)
+
+# The plugin code each attempt of a job ran: the whole set's hash, each plugin file's code hash (the
+# files are in code_files) and where it came from (the submission, or `jobs retry --code DIR`). One
+# row an attempt, written when it starts. A new table: created on open, no schema version change; an
+# attempt recorded before it has no row (it ran the submitted code).
+attempt_code = Table(
+    "attempt_code",
+    metadata,
+    _job_fk(),
+    Column("attempt", Integer, nullable=False),
+    Column("code_hash", String(128), nullable=False),
+    Column("plugins", Text, nullable=False),  # JSON: plugin file -> {code_hash, file, path}
+    Column("source", Text, nullable=False, default=""),
+    Column("created_at", Time, nullable=False),
+    UniqueConstraint("job_id", "attempt", name="uq_attempt_code_job_attempt"),
+)

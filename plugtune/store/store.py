@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from sqlalchemy import Connection
 
 from plugtune.settings import Settings
+from plugtune.store.attempt_code import AttemptCodeTable
 from plugtune.store.attempts import AttemptsTable
 from plugtune.store.cancels import CancelsTable
 from plugtune.store.database import Database, normalize_url
@@ -46,6 +47,7 @@ class Store(
     ResumeTable,
     RegradesTable,
     EngineRunsTable,
+    AttemptCodeTable,
 ):
     """Jobs, attempts, plugins and code, logs, metrics, trajectories and checkpoints.
 

@@ -35,6 +35,8 @@ MULTIPART = "multipart/form-data"
 YAML_TYPES = ("application/x-yaml", "application/yaml", "text/yaml", "text/x-yaml")
 #: Routes that take uploads: their own body limit and the extra Content-Types they accept.
 UPLOADS = {("POST", "/api/jobs"): (MAX_UPLOAD_BYTES, (MULTIPART, *YAML_TYPES))}
+#: A retry with new plugin code takes the project as POST /api/jobs does (multipart), by job id.
+RETRY_UPLOAD = re.compile(r"/api/jobs/[0-9]{1,18}/retry")
 # The pages load only the console's own files; injected markup could not run a script anyway.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -140,7 +142,7 @@ class EdgeGuard:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         request = Request(scope)
-        limit, extra_types = UPLOADS.get((scope["method"], scope["path"].rstrip("/")), (MAX_BODY_BYTES, ()))
+        limit, extra_types = upload_limits(scope["method"], scope["path"].rstrip("/"))
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise _too_large(int(declared), limit, scope)
@@ -177,6 +179,13 @@ def check_pairs(pairs: list[bytes], what: str) -> None:
         value = _utf8(f"{what} {name!r}", unquote_to_bytes(value_raw.replace(b"+", b" ")))
         if "\x00" in name or "\x00" in value:
             raise Refused(400, f"{what} {name.replace(chr(0), '')!r} contains a NUL byte (%00)")
+
+
+def upload_limits(method: str, path: str) -> tuple[int, tuple[str, ...]]:
+    """The body limit and extra Content-Types of a route (an upload route's, else the default)."""
+    if method == "POST" and RETRY_UPLOAD.fullmatch(path):
+        return MAX_UPLOAD_BYTES, (MULTIPART,)
+    return UPLOADS.get((method, path), (MAX_BODY_BYTES, ()))
 
 
 def check_body(body: bytes, content_type: str, extra_types: tuple[str, ...] = ()) -> None:

@@ -608,7 +608,7 @@ class CircuitBreaker(BaseModel):
 
 class SignalSpec(BaseModel):
     """When the reward-signal health checks warn (each warning is also a per-step metric; see
-    README, Signal health). A check looks at the last 10 steps (all of a shorter run's)."""
+    the docs, plugins/policy.md: Reward signal health). A check looks at the last 10 steps (all of a shorter run's)."""
 
     model_config = _STRICT
 
@@ -730,7 +730,7 @@ class JobSpec(BaseModel):
         default="plugtune",
         description="Which engine trains: `plugtune` (the embedded GRPO trainer) or `trl` (TRL's "
         "GRPOTrainer, with the plugins in plugtune's runtime; needs pip install -e '.[trl]'). verl runs "
-        "from its own launcher (see README, Scaling training).",
+        "from its own launcher (see the docs, scaling/verl.md).",
     )
     hyperparameters: TrainerConfig = Field(
         default_factory=TrainerConfig,

@@ -46,6 +46,8 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
     max_new_tokens, each with example trajectory ids), the dependency outage a running job waits
     out, attempts, plugins, and each plugin's ctx.metric values of the newest step (mean, min,
     max, count)."""
+    from plugtune.jobs.report import task_lines
+
     with opened_store() as (_, store):
         job = job_or_exit(store, job_id)
     if as_json:
@@ -75,6 +77,8 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
         headline = ("reward/mean", "loss", "kl", "response_length")
         shown = {k: v for k, v in job.metrics.items() if k in headline}
         typer.echo("  latest: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+        for line in task_lines(job.metrics):  # a multi-task job: each task's own numbers
+            typer.echo(f"  {line}")
     _echo_plugin_metrics(job.plugin_metrics)
 
 

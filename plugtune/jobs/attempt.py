@@ -227,7 +227,7 @@ async def _train(
             loaded.model,
             loaded.tokenizer,
             gateway,
-            as_plugins(functions),
+            as_plugins(functions, job),
             rows,
             config,
             caller=caller,
@@ -252,7 +252,8 @@ async def _train(
                 loop = _Loop(store, job_id, trainer, caller, drain, writer, hashes, out, gateway, spec)
                 loop.trackers = trackers
                 if job.validation_path is not None:  # held-out rows, through the same plugins and gateway
-                    loop.evaluator = build_evaluator(job, gateway, as_plugins(functions), caller, str(job_id))
+                    plugins = as_plugins(functions, job)
+                    loop.evaluator = build_evaluator(job, gateway, plugins, caller, str(job_id))
                 await loop.run()
             finally:
                 tail.cancel()

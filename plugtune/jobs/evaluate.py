@@ -118,7 +118,7 @@ async def evaluate_model(model: str, job: ValidatedJob, settings: Settings) -> M
         sampling = JobSampling(h.temperature, h.top_p, h.max_new_tokens)
         with PolicyGateway(loaded.model, loaded.tokenizer, sampling=sampling) as gateway:
             evaluator = build_evaluator(
-                job, gateway, as_plugins(functions), PolicyCaller(job.spec.failure_policy), ""
+                job, gateway, as_plugins(functions, job), PolicyCaller(job.spec.failure_policy), ""
             )
             result = await evaluator.run(step=0, policy_version=0)
     return ModelEval(where.resolve(), job.validation_path, evaluator.settings, result)

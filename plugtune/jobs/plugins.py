@@ -6,7 +6,7 @@ import dataclasses
 import importlib.util
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from plugtune.sdk import Context, Kind, PluginSpec
 from plugtune.spec.validation import PluginRef, ValidatedJob
 from plugtune.store import Store
 from plugtune.trainer.groups import Plugins
+from plugtune.trainer.protocols import PluginFunction
 from plugtune.types import CallOutcome, LogLine, MetricPoint
 
 LOG_READ_S = 1.0  # how often a running job reads its plugins' new logs (the live tail's period)
@@ -93,7 +94,7 @@ async def deploy_all(rt: BaseRuntime, job: ValidatedJob) -> list[JobFunction]:
     deployed = []
     env = plugin_env(job)
     dependencies = job.spec.declared()
-    for ref in (job.rollout, *job.graders, *job.group_graders):
+    for ref in job.plugin_refs():  # a multi-task job's tasks' too, each plugin once
         overrides = ref.runtime.given() if ref.runtime is not None else None  # over the decorator's
         fn = await rt.deploy(
             entry_of(ref),
@@ -123,18 +124,32 @@ def check_kind(job: ValidatedJob, ref: PluginRef, fn: Function) -> None:
     raise InvalidValueError([Problem(str(job.job_file), message, ref.line, ref.field or None)])
 
 
-def as_plugins(functions: list[JobFunction]) -> Plugins:
-    return Plugins(
-        rollout=functions[0],
-        graders=[f for f in functions if f.spec.kind is Kind.GRADER],
-        group_graders=[f for f in functions if f.spec.kind is Kind.GROUP_GRADER],
-    )
+def as_plugins(functions: Sequence[PluginFunction], job: ValidatedJob | None = None) -> Plugins:
+    """The deployed functions as the trainer takes them; with ``job``, a multi-task job's plugin
+    set per task (its functions found by name) besides the top-level one."""
+    if job is None or not job.tasks:
+        return Plugins(
+            rollout=functions[0],
+            graders=[f for f in functions if f.spec.kind is Kind.GRADER],
+            group_graders=[f for f in functions if f.spec.kind is Kind.GROUP_GRADER],
+        )
+    by_name = {f.spec.name: f for f in functions}
+
+    def pick(rollout: PluginRef, graders: Sequence[PluginRef], group_graders: Sequence[PluginRef]) -> Plugins:
+        return Plugins(
+            rollout=by_name[rollout.name],
+            graders=[by_name[r.name] for r in graders],
+            group_graders=[by_name[r.name] for r in group_graders],
+        )
+
+    tasks = {name: pick(t.rollout, t.graders, t.group_graders) for name, t in job.tasks.items()}
+    return dataclasses.replace(pick(job.rollout, job.graders, job.group_graders), tasks=tasks)
 
 
 def record_waiting(store: Store, job_id: int, job: ValidatedJob) -> None:
     """Declare the job's plugins before they deploy, each with the code it deploys (so a plugin that
     fails to deploy still shows its code): the console shows them waiting meanwhile."""
-    for ref in (job.rollout, *job.graders, *job.group_graders):
+    for ref in job.plugin_refs():
         code_hash = _store_code(store, ref)
         store.upsert_plugin(job_id, ref.name, ROLES[ref.kind], ref.entry, code_hash=code_hash)
         store.set_plugin_status(job_id, ref.name, "waiting")

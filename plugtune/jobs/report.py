@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from plugtune.jobs.plugin_metrics import latest_stats
 from plugtune.store import Store
 from plugtune.trainer.poison import Quarantined, parse_quarantine
+from plugtune.trainer.tasks import split_task_metric
 
 #: The ``plugin`` of the job's own warnings in its log (no plugin wrote them): the attempt writes
 #: them as WARNING lines, ``jobs show`` and the console's job page list them.
@@ -45,6 +47,30 @@ def job_document(store: Store, job_id: int) -> dict[str, Any]:
         "warnings": job_warnings(store, job_id),
         "checkpoint": (c.to_dict() if (c := store.latest_checkpoint(job_id)) else None),
     }
+
+
+def task_lines(latest: Mapping[str, float]) -> list[str]:
+    """A multi-task job's newest step per task, one line each (``jobs show``): its mean reward, failed
+    trajectories and calls by cause, and the share of its groups without a gradient and of its
+    replies cut at max_new_tokens ([] for a job without tasks)."""
+    by_task: dict[str, dict[str, float]] = {}
+    for name, value in latest.items():
+        found = split_task_metric(name)
+        if found is not None:
+            by_task.setdefault(found[0], {})[found[1]] = value
+    lines = []
+    for task, m in sorted(by_task.items()):
+        causes = sorted(
+            (k.removeprefix("plugin/errors/"), v) for k, v in m.items() if k.startswith("plugin/errors/")
+        )
+        calls = f" ({', '.join(f'{c} {v:.0f}' for c, v in causes)})" if causes else ""
+        lines.append(
+            f"task {task}: reward/mean={m.get('reward/mean', math.nan):.4g}, "
+            f"failed {m.get('trajectories/failed', 0):.0f} of {m.get('trajectories/total', 0):.0f} "
+            f"trajectories{calls}, no-gradient groups {m.get('groups/zero_variance_share', 0):.0%}, "
+            f"truncated replies {m.get('response/truncated_share', 0):.0%}"
+        )
+    return lines
 
 
 def job_warnings(store: Store, job_id: int, limit: int = 20) -> list[str]:

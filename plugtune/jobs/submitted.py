@@ -41,7 +41,7 @@ def keep(store: Store, job: ValidatedJob) -> dict[str, Any]:
     folder cannot be kept (over the runtime snapshot's bounds, a link out of it, ...)."""
     plugins: dict[str, dict[str, str]] = {}
     problems = []
-    for ref in (job.rollout, *job.graders, *job.group_graders):
+    for ref in job.plugin_refs():
         file = parse_entry(ref.entry).file
         if ref.path is None or file is None or file in plugins:
             continue
@@ -126,7 +126,7 @@ def name_origins(store: Store, job_id: int, job: ValidatedJob, spec: dict[str, A
     """Show each deployed plugin's entry as the file it was submitted from (``path:function``), not
     its copy in the job's folder that the runtime deployed (the code shown is the copy's: the same)."""
     kept = plugins_to_run(spec)
-    for ref in (job.rollout, *job.graders, *job.group_graders):
+    for ref in job.plugin_refs():
         file = parse_entry(ref.entry).file
         origin = (kept.get(file) or {}).get("path") if file is not None else None
         if origin:

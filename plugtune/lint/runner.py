@@ -325,7 +325,8 @@ def _expected_shapes(job_files: list[Path]) -> dict[Path, dict[str, str]]:
 
 
 def _expected_kinds(job_files: list[Path]) -> dict[Path, dict[str, Kind]]:
-    """Plugin file -> {function: kind}, from the entries of every readable job.yaml."""
+    """Plugin file -> {function: kind}, from the entries of every readable job.yaml (its
+    ``plugins`` and each of its ``tasks``' plugin sets)."""
     out: dict[Path, dict[str, Kind]] = {}
     for job in job_files:
         try:
@@ -333,13 +334,19 @@ def _expected_kinds(job_files: list[Path]) -> dict[Path, dict[str, Kind]]:
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue  # `plugtune run` / validation reports a broken job.yaml
         plugins = spec.get("plugins") if isinstance(spec, dict) else None
-        for section, kind in SECTIONS.items():
-            items = plugins.get(section) if isinstance(plugins, dict) else None
-            for item in items if isinstance(items, list) else [items]:
-                entry = item.get("entry") if isinstance(item, dict) else None
-                if isinstance(entry, str) and entry.count(":") == 1 and entry.split(":")[0].endswith(".py"):
-                    file, function = entry.split(":")
-                    path = (job.parent / file).resolve()
-                    if path.is_file():
-                        out.setdefault(path, {})[function] = kind
+        tasks = spec.get("tasks") if isinstance(spec, dict) else None
+        for plugin_set in [plugins, *(tasks.values() if isinstance(tasks, dict) else [])]:
+            for section, kind in SECTIONS.items():
+                items = plugin_set.get(section) if isinstance(plugin_set, dict) else None
+                for item in items if isinstance(items, list) else [items]:
+                    entry = item.get("entry") if isinstance(item, dict) else None
+                    if (
+                        isinstance(entry, str)
+                        and entry.count(":") == 1
+                        and entry.split(":")[0].endswith(".py")
+                    ):
+                        file, function = entry.split(":")
+                        path = (job.parent / file).resolve()
+                        if path.is_file():
+                            out.setdefault(path, {})[function] = kind
     return out

@@ -13,8 +13,9 @@ from plugtune.spec.validation import PluginRef, ValidatedJob
 
 
 def refs_of(job: ValidatedJob) -> list[PluginRef]:
-    """The rollout, then graders, then group graders (the order ``as_plugins`` expects)."""
-    return [job.rollout, *job.graders, *job.group_graders]
+    """The rollout, then graders, then group graders (the order ``as_plugins`` expects), then a
+    multi-task job's tasks' plugins (each plugin once)."""
+    return list(job.plugin_refs())
 
 
 async def deploy_job(

@@ -97,6 +97,8 @@ async def run_faas(
                 concurrency=concurrency,
                 group_size=group_size_of(job),
                 on_call=on_call,
+                job=job,
+                rows=rows,
             )
         budgets = getattr(rt.backend, "budgets", None)  # the Ray backend enforces none
         if isinstance(budgets, Budgets):

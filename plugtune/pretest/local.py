@@ -49,7 +49,13 @@ async def run_local(
             group_size = group_size_of(job)
             chosen = samples_of(job, rows, samples)
             return await run_trial(
-                functions, server, chosen, concurrency=samples * group_size, group_size=group_size
+                functions,
+                server,
+                chosen,
+                concurrency=samples * group_size,
+                group_size=group_size,
+                job=job,
+                rows=rows,
             )
 
 

@@ -22,6 +22,7 @@ from plugtune.sdk.runtime_spec import LIMITS, Runtime
 from plugtune.trainer.config import TrainerConfig
 from plugtune.trainer.draft import GroupRule
 from plugtune.trainer.health import SignalThresholds
+from plugtune.trainer.tasks import DEFAULT_TASK as _DEFAULT_TASK
 
 #: The rollout used when ``plugins.rollout`` is absent: one chat call, the reply is the trajectory.
 BUILTIN_ROLLOUT = "plugtune.jobs.builtin_rollout:single_turn"
@@ -387,6 +388,109 @@ class PluginsSpec(BaseModel):
     def _some_grader(self) -> PluginsSpec:
         if not self.graders and not self.group_graders:
             raise ValueError("at least one grader or group grader is needed to compute a reward")
+        return self
+
+
+#: The task of dataset rows without ``task:``: the top-level ``plugins``; no ``tasks:`` entry may take it.
+DEFAULT_TASK = _DEFAULT_TASK
+
+
+def _check_task_name(value: str) -> str:
+    if not re.fullmatch(PLUGIN_NAME_PATTERN, value) or len(value) > 64:
+        raise ValueError(
+            f"task name {value!r} must start with a letter or _ and hold only letters, digits, _ . - "
+            "(at most 64)"
+        )
+    if value == DEFAULT_TASK:
+        raise ValueError(
+            f"the task {DEFAULT_TASK!r} is the top-level plugins' (rows without task:); "
+            "name this one otherwise"
+        )
+    return value
+
+
+TaskName = Annotated[str, AfterValidator(_check_task_name)]
+
+
+class TaskPluginEntry(BaseModel):
+    """A plugin of a task: a job plugin's name (``- exact``, or ``use: exact``: one of ``plugins:`` or
+    of another task, the same deployed plugin), or an entry of its own, as under ``plugins:``."""
+
+    model_config = _STRICT
+
+    use: str | None = Field(
+        default=None,
+        pattern=PLUGIN_NAME_PATTERN,
+        max_length=100,
+        description="The name of a plugin the job already lists (under plugins or another task).",
+    )
+    entry: str | None = Field(default=None, description="`file.py:function`, the file relative to job.yaml.")
+    name: str | None = Field(
+        default=None,
+        pattern=PLUGIN_NAME_PATTERN,
+        max_length=100,
+        description="The name its rewards, metrics and logs are keyed by (default: the function's name); "
+        "unique in the job.",
+    )
+    weight: float | None = Field(
+        default=None, gt=0, description="Weight in the summed reward (> 0); default: the decorator's weight."
+    )
+    runtime: RuntimeOverrides | None = Field(
+        default=None, description="Overrides of the decorator's Runtime."
+    )
+    shape: Literal["trl", "trl-text", "verl"] | None = Field(
+        default=None, description="As under plugins.graders: an undecorated TRL or verl reward function."
+    )
+
+    @model_validator(mode="after")
+    def _use_or_entry(self) -> TaskPluginEntry:
+        if (self.use is None) == (self.entry is None):
+            raise ValueError("give a plugin's name (use: NAME, or just NAME) or an entry: file.py:function")
+        if self.use is not None and self.model_fields_set - {"use"}:
+            extra = ", ".join(sorted(self.model_fields_set - {"use"}))
+            raise ValueError(
+                f"use: names a plugin as the job already lists it; {extra} cannot be set here (set them "
+                "where it is listed, or give an entry of its own)"
+            )
+        return self
+
+
+def _named(value: Any) -> Any:
+    return {"use": value} if isinstance(value, str) else value
+
+
+class TaskSpec(BaseModel):
+    """The plugin set of one task: the dataset rows whose ``task:`` names it are rolled out and
+    graded by these."""
+
+    model_config = _STRICT
+
+    rollout: TaskPluginEntry | None = Field(
+        default=None, description="The task's rollout (default: plugins.rollout, else the built-in one)."
+    )
+    graders: list[TaskPluginEntry] = Field(
+        default_factory=list, description="Graders scoring each of the task's trajectories."
+    )
+    group_graders: list[TaskPluginEntry] = Field(
+        default_factory=list, description="Graders scoring a group of the task's trajectories at once."
+    )
+
+    @field_validator("rollout", mode="before")
+    @classmethod
+    def _rollout_by_name(cls, value: Any) -> Any:
+        return _named(value)
+
+    @field_validator("graders", "group_graders", mode="before")
+    @classmethod
+    def _graders_by_name(cls, value: Any) -> Any:
+        return [_named(v) for v in value] if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _some_grader(self) -> TaskSpec:
+        if not self.graders and not self.group_graders:
+            raise ValueError("a task needs at least one grader or group grader to compute its reward")
+        if self.rollout is not None and (self.rollout.weight is not None or self.rollout.shape is not None):
+            raise ValueError("a rollout has no weight or shape (those are a grader's)")
         return self
 
 
@@ -772,6 +876,13 @@ class JobSpec(BaseModel):
     signal: SignalSpec = Field(
         default_factory=SignalSpec,
         description="Thresholds of the reward-signal health warnings.",
+    )
+    tasks: dict[TaskName, TaskSpec] = Field(
+        default_factory=dict,
+        description="Multi-task jobs: task name -> its plugin set ({rollout, graders, group_graders}; "
+        "a plugin is an entry or the name of one the job lists). A dataset row's `task:` picks the set "
+        "that scores it; rows without one use `plugins` (the task `default`). Each task's reward, "
+        "failures and signal health are measured apart (metrics task/<name>/...).",
     )
 
     def declared(self) -> tuple[Dependency, ...]:

@@ -6,6 +6,8 @@ The same checks run before a job starts and on every row the training loop reads
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,9 @@ from plugtune.errors import InvalidDataError, InvalidValueError, Problem
 #: Problems reported per dataset file before the rest are summarised in one line.
 MAX_PROBLEMS_PER_FILE = 50
 
-ROW_KEYS = ("messages", "tools", "extra")
+ROW_KEYS = ("messages", "tools", "extra", "task")
+#: A row's ``task``: the name of one of job.yaml's ``tasks`` (a multi-task job's plugin sets).
+TASK_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 LAST_ROLES = ("user", "tool")
 
@@ -154,7 +158,40 @@ def validate_row(row: Any, file: str, line: int | None) -> list[Problem]:
     extra = row.get("extra", {})
     if extra is not None and not isinstance(extra, dict):
         out.append(problem(f"must be an object, got {describe(extra)}", "extra"))
+    task = row.get("task")
+    if "task" in row and not (isinstance(task, str) and TASK_PATTERN.fullmatch(task)):
+        out.append(
+            problem(f"must be a task name of job.yaml's tasks (letters, digits, _ . -), got {task!r}", "task")
+        )
     return out
+
+
+def task_problems(text: str, name: str, known: Collection[str], where: str = "") -> list[Problem]:
+    """One problem per row (by line) whose ``task`` names no plugin set: none of ``known`` (job.yaml's
+    tasks and ``default``, the top-level plugins)."""
+    problems: list[Problem] = []
+    bad = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue  # parse_rows reports it
+        task = row.get("task") if isinstance(row, dict) else None
+        if not isinstance(task, str) or not TASK_PATTERN.fullmatch(task) or task in known:
+            continue
+        bad += 1
+        if len(problems) < MAX_PROBLEMS_PER_FILE:
+            sets = ", ".join(sorted(set(known) - {"default"})) or "none"
+            message = (
+                f"task {task!r} has no plugin set: job.yaml's tasks are {sets} (and default: the top-level "
+                f"plugins, for rows without task); add tasks.{task} to job.yaml, or fix the row's task{where}"
+            )
+            problems.append(Problem(name, message, line=number, field="task"))
+    if bad > len(problems):
+        problems.append(
+            Problem(name, f"... and {bad - len(problems)} more row(s) whose task has no plugin set")
+        )
+    return problems
 
 
 def _message_problems(messages: Any, problem: Any) -> list[Problem]:

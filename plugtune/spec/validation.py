@@ -23,17 +23,28 @@ from plugtune.spec import job_yaml
 from plugtune.spec.models import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_ROLLOUT,
+    DEFAULT_TASK,
     GraderEntry,
     JobSpec,
     RolloutEntry,
     RuntimeOverrides,
+    TaskPluginEntry,
+    TaskSpec,
     nested_model,
     parse_entry,
     resolve_model,
 )
 from plugtune.spec.plugin_names import duplicate_names, named_entries
 from plugtune.spec.reach import Confinement, Reach
-from plugtune.spec.rows import Found, describe, parse_rows, read_dataset, read_text, validate_row
+from plugtune.spec.rows import (
+    Found,
+    describe,
+    parse_rows,
+    read_dataset,
+    read_text,
+    task_problems,
+    validate_row,
+)
 from plugtune.trainer.config import TrainerConfig, config_message
 
 SECTION_KINDS = {"rollout": Kind.ROLLOUT, "graders": Kind.GRADER, "group_graders": Kind.GROUP_GRADER}
@@ -75,6 +86,15 @@ class PluginRef:
 
 
 @dataclass(frozen=True)
+class TaskPlugins:
+    """One task's plugin set (job.yaml's ``tasks.<name>``), its plugins resolved."""
+
+    rollout: PluginRef
+    graders: tuple[PluginRef, ...]
+    group_graders: tuple[PluginRef, ...]
+
+
+@dataclass(frozen=True)
 class ValidatedJob:
     """A job whose spec, paths, plugin entries and datasets all passed validation."""
 
@@ -91,6 +111,17 @@ class ValidatedJob:
     group_graders: tuple[PluginRef, ...]
     lines: Mapping[Path_, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     text: str = dataclasses.field(default="", repr=False, compare=False)  # job.yaml as validated
+    tasks: Mapping[str, TaskPlugins] = dataclasses.field(default_factory=dict)  # tasks: (multi-task)
+
+    def plugin_refs(self) -> tuple[PluginRef, ...]:
+        """Every plugin the job deploys, once each: the rollout, graders and group graders of
+        ``plugins``, then each task's that no set before it has (by name)."""
+        sets = [(self.rollout, *self.graders, *self.group_graders)]
+        sets += [(t.rollout, *t.graders, *t.group_graders) for t in self.tasks.values()]
+        seen: dict[str, PluginRef] = {}
+        for ref in (r for group in sets for r in group):
+            seen.setdefault(ref.name, ref)
+        return tuple(seen.values())
 
     def line_of(self, loc: Path_) -> int | None:
         """The line of job.yaml that holds ``loc`` (e.g. ``("secrets", 0)``), or of the nearest key
@@ -143,14 +174,24 @@ def validate_job(
     model_dir = _check_model(raw, lines, base_dir, name, found) if check_model else None
     counts = _check_data(raw, lines, base_dir, name, found, reach)
     refs = _check_plugins(raw, lines, base_dir, name, found, reach, plugin_files)
+    tasks: dict[str, TaskPlugins] = {}
     if spec is not None:
-        found.value.extend(_policy_plugin_problems(spec, refs, lines, name))
+        tasks = _check_tasks(spec, refs, lines, base_dir, Problem(name, ""), found, reach, plugin_files)
+        everyone = {
+            **refs,
+            "tasks": [r for t in tasks.values() for r in (t.rollout, *t.graders, *t.group_graders)],
+        }
+        found.value.extend(_policy_plugin_problems(spec, everyone, lines, name))
+        found.value.extend(_engine_problems(spec, lines, name))
     if confine is not None:
         found.value.extend(_secret_problems(raw, lines, name, confine))
     found.raise_if_any()
     if spec is None:  # pragma: no cover - a failed spec always records a problem
         raise InvalidValueError([Problem(name, "job.yaml could not be validated")])
     data = spec.data
+    rollout = _with_overrides(refs["rollout"], [spec.plugins.rollout])[0]
+    graders = _with_overrides(refs["graders"], spec.plugins.graders)
+    group_graders = _with_overrides(refs["group_graders"], spec.plugins.group_graders)
     return ValidatedJob(
         spec=spec,
         job_file=job_file.resolve(),
@@ -160,19 +201,36 @@ def validate_job(
         validation_path=(base_dir / data.validation).resolve() if data.validation else None,
         train_rows=counts.get("train", 0),
         validation_rows=counts.get("validation", 0),
-        rollout=_with_overrides(refs["rollout"], [spec.plugins.rollout])[0],
-        graders=_with_overrides(refs["graders"], spec.plugins.graders),
-        group_graders=_with_overrides(refs["group_graders"], spec.plugins.group_graders),
+        rollout=rollout,
+        graders=graders,
+        group_graders=group_graders,
         lines=dict(lines),
         text=read,
+        tasks=_with_plugins_overrides(tasks, (rollout, *graders, *group_graders)),
     )
+
+
+def _with_plugins_overrides(
+    tasks: dict[str, TaskPlugins], listed: Sequence[PluginRef]
+) -> dict[str, TaskPlugins]:
+    """The tasks' sets with ``plugins``' own refs (job.yaml's weight and runtime attached) where a
+    task names one of them."""
+    by_name = {r.name: r for r in listed}
+
+    def same(refs: Sequence[PluginRef]) -> tuple[PluginRef, ...]:
+        return tuple(by_name.get(r.name, r) for r in refs)
+
+    return {
+        task: TaskPlugins(same([t.rollout])[0], same(t.graders), same(t.group_graders))
+        for task, t in tasks.items()
+    }
 
 
 def _policy_plugin_problems(
     spec: JobSpec, refs: dict[str, list[PluginRef]], lines: dict[Path_, int], name: str
 ) -> list[Problem]:
     """``failure_policy.plugins`` keys that name no plugin of the job (a typo would go unused)."""
-    names = sorted(r.name for group in refs.values() for r in group)
+    names = sorted({r.name for group in refs.values() for r in group})
     out = []
     for key in spec.failure_policy.plugins:
         if key not in names:
@@ -438,8 +496,15 @@ def _check_data(
         if text is not None:
             rows, problems = parse_rows(text, label)
             found.value.extend(problems)
+            found.value.extend(task_problems(text, label, _task_names(raw), where))
             counts[key] = len(rows)
     return counts
+
+
+def _task_names(raw: dict[str, Any] | None) -> set[str]:
+    """The plugin sets a row's ``task`` may name: ``default`` and job.yaml's ``tasks``."""
+    tasks = (raw or {}).get("tasks")
+    return {DEFAULT_TASK, *(str(k) for k in (tasks if isinstance(tasks, dict) else {}))}
 
 
 def _secret_problems(
@@ -594,3 +659,132 @@ def _top_level_names(path: Path) -> set[str] | None:
         elif isinstance(node, (ast.Name,)) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
     return names
+
+
+# --- tasks (multi-task jobs) ------------------------------------------------------------------
+
+Item = tuple[str, Path_, TaskPluginEntry]  # its section (rollout, graders, ...), where, what
+
+
+def _task_items(task: str, spec: TaskSpec) -> list[Item]:
+    items: list[Item] = []
+    if spec.rollout is not None:
+        items.append(("rollout", ("tasks", task, "rollout"), spec.rollout))
+    for section in ("graders", "group_graders"):
+        for index, item in enumerate(getattr(spec, section)):
+            items.append((section, ("tasks", task, section, index), item))
+    return items
+
+
+def _check_tasks(
+    spec: JobSpec,
+    refs: dict[str, list[PluginRef]],
+    lines: dict[Path_, int],
+    base: Path,
+    job: Problem,
+    found: Found,
+    reach: Reach,
+    submitted: Mapping[str, Path] | None,
+) -> dict[str, TaskPlugins]:
+    """Each task's plugin set: its own entries checked as ``plugins``' are (a name unique in the job),
+    its names of plugins resolved (a name no plugin has, or a plugin of another kind, is refused);
+    without a rollout, ``plugins``' (or the built-in one)."""
+    named = {r.name: r for group in refs.values() for r in group}
+    own: dict[Path_, PluginRef] = {}
+    for task, task_spec in spec.tasks.items():
+        for section, loc, item in _task_items(task, task_spec):
+            if item.entry is None:
+                continue
+            where = replace(job, line=_line_of((*loc, "entry"), lines), field=_field_text((*loc, "entry")))
+            ref = _check_entry(section, item.entry, base, where, found, reach, submitted)
+            if ref is None:
+                continue
+            ref = replace(
+                ref,
+                name=item.name or ref.function,
+                field=_field_text(loc),
+                line=where.line,
+                weight=item.weight,
+                runtime=item.runtime,
+                shape=item.shape,
+            )
+            taken = named.get(ref.name)
+            if taken is not None:
+                said = f"{taken.field} (line {taken.line})" if taken.line else taken.field
+                key = "name" if item.name else "entry"
+                message = (
+                    f"plugin name `{ref.name}` is already used by {said}: each plugin's rewards, metrics "
+                    f"and logs are kept under its name. To use that plugin in this task, give its name "
+                    f"(`- {ref.name}`); for another plugin, give this entry its own `name:`"
+                )
+                found.value.append(
+                    replace(
+                        job,
+                        message=message,
+                        line=_line_of((*loc, key), lines),
+                        field=_field_text((*loc, key)),
+                    )
+                )
+                continue
+            named[ref.name] = ref
+            own[loc] = ref
+    return {
+        task: _task_set(task, task_spec, refs["rollout"][0], named, own, lines, job, found)
+        for task, task_spec in spec.tasks.items()
+    }
+
+
+def _task_set(
+    task: str,
+    spec: TaskSpec,
+    rollout: PluginRef,
+    named: Mapping[str, PluginRef],
+    own: Mapping[Path_, PluginRef],
+    lines: dict[Path_, int],
+    job: Problem,
+    found: Found,
+) -> TaskPlugins:
+    picked: dict[str, list[PluginRef]] = {"rollout": [], "graders": [], "group_graders": []}
+    for section, loc, item in _task_items(task, spec):
+        field = _field_text(loc)
+        if item.use is None:
+            ref = own.get(loc)
+        else:
+            ref = named.get(item.use)
+            kind = SECTION_KINDS[section]
+            if ref is None or ref.kind is not kind:
+                same = sorted(n for n, r in named.items() if r.kind is kind)
+                what = (
+                    f"no plugin of this job is named `{item.use}`"
+                    if ref is None
+                    else f"`{item.use}` is a {ref.kind.value} ({ref.field}), not a {kind.value}"
+                )
+                message = (
+                    f"{what}: name one of the job's {kind.value}s ({', '.join(same) or 'none'}; a plugin's "
+                    "name is its `name:`, else its function), or give an `entry:` of its own"
+                )
+                found.value.append(replace(job, message=message, line=_line_of(loc, lines), field=field))
+                ref = None
+        if ref is None:
+            continue
+        if any(r.name == ref.name for r in picked[section]):
+            message = f"`{ref.name}` is listed twice in tasks.{task}.{section}; list each plugin once"
+            found.value.append(replace(job, message=message, line=_line_of(loc, lines), field=field))
+            continue
+        picked[section].append(ref)
+    return TaskPlugins(
+        rollout=picked["rollout"][0] if picked["rollout"] else rollout,
+        graders=tuple(picked["graders"]),
+        group_graders=tuple(picked["group_graders"]),
+    )
+
+
+def _engine_problems(spec: JobSpec, lines: dict[Path_, int], name: str) -> list[Problem]:
+    """``tasks:`` on an engine that does not route rows to plugin sets (TRL)."""
+    if not spec.tasks or spec.trainer == "plugtune":
+        return []
+    message = (
+        f"tasks: (multi-task jobs) runs on plugtune's trainer only; trainer: {spec.trainer} scores every "
+        "row with the top-level plugins. Remove trainer: (or set trainer: plugtune), or run one job per task"
+    )
+    return [Problem(name, message, _line_of(("tasks",), lines), "tasks")]

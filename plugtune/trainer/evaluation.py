@@ -21,6 +21,7 @@ from plugtune.sdk import Sample, Sampling
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
 from plugtune.trainer.rewards import summary
+from plugtune.trainer.tasks import task_of
 from plugtune.types import TrajectoryRecord
 
 #: Group id prefixes of evaluation trajectories (``eval-greedy-s10-p3-r0``: step 10, row 3).
@@ -158,11 +159,14 @@ class Evaluator:
         for at in range(0, len(self.rows), self.rows_at_once):
             chunk = list(enumerate(self.rows))[at : at + self.rows_at_once]
             runs = [
-                self.greedy.run(step, _sample(i, row, greedy_sampling), 1, policy_version) for i, row in chunk
+                self.greedy.run(step, _sample(i, row, greedy_sampling), 1, policy_version, task=task_of(row))
+                for i, row in chunk
             ]
             if s.samples:
                 runs += [
-                    self.sampled.run(step, _sample(i, row, sampled_sampling), s.samples, policy_version)
+                    self.sampled.run(
+                        step, _sample(i, row, sampled_sampling), s.samples, policy_version, task=task_of(row)
+                    )
                     for i, row in chunk
                 ]
             groups = await gather_or_cancel([kept(r) for r in runs])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from plugtune.errors import PluginCallError
 from plugtune.sdk import Context, Kind, PluginSpec, Policy, Sample, Status, Trajectory
 from plugtune.trainer.draft import EMPTY_TRACE, GroupRule, TrajectoryDraft, settle_group
 from plugtune.trainer.protocols import Caller, PluginFunction, PolicyServer
+from plugtune.trainer.tasks import DEFAULT_TASK
 from plugtune.types import CallOutcome, TokenTrace, TrajectoryRecord
 
 T = TypeVar("T")
@@ -43,6 +44,8 @@ class Plugins:
     rollout: PluginFunction
     graders: Sequence[PluginFunction] = ()
     group_graders: Sequence[PluginFunction] = ()
+    #: a multi-task job's other plugin sets, by task (these are the default task's: rows without one)
+    tasks: Mapping[str, Plugins] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         wanted = [(self.rollout, Kind.ROLLOUT)]
@@ -57,6 +60,21 @@ class Plugins:
 
     def weights(self) -> dict[str, float]:
         return {fn.spec.name: fn.spec.weight for fn in (*self.graders, *self.group_graders)}
+
+    def for_task(self, task: str) -> Plugins:
+        """The plugin set of a row's ``task`` (these for the default task); ValueError for a task
+        without one (validation refuses such rows before a job starts)."""
+        if task == DEFAULT_TASK:
+            return self
+        found = self.tasks.get(task)
+        if found is None:
+            known = ", ".join([DEFAULT_TASK, *sorted(self.tasks)])
+            raise ValueError(f"a dataset row's task {task!r} has no plugin set (job.yaml's tasks: {known})")
+        return found
+
+    def task_weights(self) -> dict[str, dict[str, float]]:
+        """Each task's graders' weights (the default task's too)."""
+        return {DEFAULT_TASK: self.weights(), **{t: p.weights() for t, p in self.tasks.items()}}
 
 
 @dataclass
@@ -138,10 +156,17 @@ class GroupRunner:
     stopped: list[TrajectoryRecord] = field(default_factory=list)  # of groups that did not end
 
     async def run(
-        self, step: int, sample: Sample, group_size: int, policy_version: int, place: int | None = None
+        self,
+        step: int,
+        sample: Sample,
+        group_size: int,
+        policy_version: int,
+        place: int | None = None,
+        task: str = DEFAULT_TASK,
     ) -> list[TrajectoryRecord]:
-        """Roll out ``group_size`` trajectories of ``sample`` concurrently and grade them;
-        ``place`` is the group's place in its step's batch."""
+        """Roll out ``group_size`` trajectories of ``sample`` concurrently and grade them with the
+        plugin set of the row's ``task``; ``place`` is the group's place in its step's batch."""
+        plugins = self.plugins.for_task(task)
         batch = "" if place is None else f"-b{place}"
         group_id = f"{self.group_prefix}{step}{batch}-p{sample.index}"
         slots = [
@@ -160,29 +185,29 @@ class GroupRunner:
             # A trajectory's single graders run as soon as its rollout ends (they need nothing
             # else); the group's graders run once every rollout has ended.
             nonlocal rolled, discard
-            await self._rollout(step, sample, slot, group_id)
+            await self._rollout(plugins, step, sample, slot)
             rolled = max(rolled, time.perf_counter())
             discard = discard or slot.discarded
             if slot.ok and not discard:
-                await self._grade_single(step, sample, slot)
+                await self._grade_single(plugins, step, sample, slot)
             slot.finished = True
 
         try:
             await gather_or_cancel([roll_and_grade(slot) for slot in slots])
             discard = any(s.discarded for s in slots)
             if not discard:
-                if self.plugins.group_graders:
+                if plugins.group_graders:
                     for slot in slots:
                         slot.finished = False
-                await self._grade_groups(step, sample, slots)
+                await self._grade_groups(plugins, step, sample, slots)
                 for slot in slots:
                     slot.finished = True
         except BaseException:  # stopped: keep every trajectory, then stop as asked
-            self.stopped += self._stopped(step, sample, group_id, slots, policy_version)
+            self.stopped += self._stopped(plugins, step, sample, slots, policy_version)
             raise
         graded = time.perf_counter()
         settle_group(slots, self.group_rule)
-        weights = self.plugins.weights()
+        weights = plugins.weights()
         records = []
         for slot in slots:
             slot.timing.update(rollouts_s=rolled - started, graders_s=graded - rolled)
@@ -190,13 +215,13 @@ class GroupRunner:
         return records
 
     def _stopped(
-        self, step: int, sample: Sample, group_id: str, slots: list[_Slot], policy_version: int
+        self, plugins: Plugins, step: int, sample: Sample, slots: list[_Slot], policy_version: int
     ) -> list[TrajectoryRecord]:
         """The group's records when it was stopped; the policy server closes every trajectory. Only
         a finished trajectory's discard drops its group."""
         discard = any(s.discarded and s.finished for s in slots)
         first = next((s for s in slots if s.discarded), None)
-        records, weights = [], self.plugins.weights()
+        records, weights = [], plugins.weights()
         for slot in slots:
             trace = _take(self.server, slot.trajectory_id)  # EMPTY_TRACE once its rollout ended
             if not slot.finished:
@@ -210,9 +235,9 @@ class GroupRunner:
             records.append(record if slot.finished else replace(record, stop_reason=STOPPED))
         return records
 
-    async def _rollout(self, step: int, sample: Sample, slot: _Slot, group_id: str) -> None:
-        adapter = _Tries(_FreshTrajectoryRollout(self.plugins.rollout, self.server, slot), [slot], False)
-        ctx = self._context(step, sample, slot, self.plugins.rollout)
+    async def _rollout(self, plugins: Plugins, step: int, sample: Sample, slot: _Slot) -> None:
+        adapter = _Tries(_FreshTrajectoryRollout(plugins.rollout, self.server, slot), [slot], False)
+        ctx = self._context(step, sample, slot, plugins.rollout)
         started = time.perf_counter()
         # Any other exception (the caller stopping the job) ends the step; the policy server keeps
         # the record so the caller can attach it as evidence.
@@ -223,7 +248,7 @@ class GroupRunner:
             slot.rollout_failed(exc, kept=adapter.has_kept(exc))
             return
         self._collect(slot, started)
-        slot.rolled_out(outcome, self.plugins.rollout.spec.name, kept=adapter.has_kept(outcome))
+        slot.rolled_out(outcome, plugins.rollout.spec.name, kept=adapter.has_kept(outcome))
 
     def _collect(self, slot: _Slot, started: float) -> None:
         slot.timing["rollout_s"] = time.perf_counter() - started
@@ -231,19 +256,19 @@ class GroupRunner:
         if slot.attempt:
             slot.trace = trace
 
-    async def _grade_single(self, step: int, sample: Sample, slot: _Slot) -> None:
+    async def _grade_single(self, plugins: Plugins, step: int, sample: Sample, slot: _Slot) -> None:
         trajectory = slot.trajectory()
         await gather_or_cancel(
-            [self._grade_one(step, sample, slot, fn, trajectory) for fn in self.plugins.graders]
+            [self._grade_one(step, sample, slot, fn, trajectory) for fn in plugins.graders]
         )
 
-    async def _grade_groups(self, step: int, sample: Sample, slots: list[_Slot]) -> None:
-        if not self.plugins.group_graders:
+    async def _grade_groups(self, plugins: Plugins, step: int, sample: Sample, slots: list[_Slot]) -> None:
+        if not plugins.group_graders:
             return
         live = [s for s in slots if s.ok]
         trajectories = {s.rollout_index: s.trajectory() for s in live}
         await gather_or_cancel(
-            [self._grade_group(step, sample, live, fn, trajectories) for fn in self.plugins.group_graders]
+            [self._grade_group(step, sample, live, fn, trajectories) for fn in plugins.group_graders]
         )
 
     async def _grade_one(

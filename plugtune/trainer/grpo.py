@@ -46,6 +46,7 @@ from plugtune.trainer.poison import RowSource, observe
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
 from plugtune.trainer.rewards import group_advantages, summary
 from plugtune.trainer.spin import SpinQuieter
+from plugtune.trainer.tasks import TaskHealth, task_of, warning_key
 from plugtune.types import TrajectoryRecord
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class GRPOTrainer:
     ) -> None:
         self.model, self.tokenizer, self.server, self.config = model, tokenizer, server, config
         self.rows = rows
+        self.tasks = [task_of(row) for row in rows]  # each row's task: its plugin set (multi-task jobs)
         self.row_source = row_source or RowSource()  # the file and lines poison-row warnings name
         self.job_id = job_id
         self.runner = GroupRunner(
@@ -121,6 +123,7 @@ class GRPOTrainer:
         self._last_end: float | None = None
         self.step_count = 0
         self.monitor = SignalMonitor(signal, config.steps)  # job.yaml's signal: thresholds, the last steps
+        self.task_health = TaskHealth(signal, config.steps) if plugins.tasks else None  # per task, too
         checkpoint.seed_everything(config.seed)
         server.set_policy_version(self.step_count)
 
@@ -169,8 +172,13 @@ class GRPOTrainer:
         if parts is not None:  # each trained trajectory keeps the trainer's log-probs of its tokens
             records = objective.with_trainer_logprobs(records, parts.trainer_logprobs)
 
-        signal = self.monitor.measure(step, graded, self.runner.plugins.weights())
+        weights = self.runner.plugins.task_weights()
+        signal = self.monitor.measure(step, graded, {k: v for w in weights.values() for k, v in w.items()})
         metrics = _metrics(graded, parts, grad_norm, signal)
+        by_task: tuple[dict[str, float], list[StepWarning]] = ({}, [])
+        if self.task_health is not None:  # a multi-task job: each task's reward and health on its own
+            by_task = self.task_health.observe(step, graded, self.tasks, weights, self.config.max_new_tokens)
+            metrics.update(by_task[0])
         if sampled is not None:  # the rewards as graded; what the step left out counts as discarded
             metrics["trajectories/discarded"] = float(sum(r.status == "discard" for r in records))
             metrics.update(sampled.metrics())
@@ -193,9 +201,11 @@ class GRPOTrainer:
             *step_warnings(step, metrics, noise, self.config.top_p, records),
             *exploding_warnings(step, metrics, self.config.learning_rate),
             *self.monitor.warnings(signal, self.config.max_new_tokens),
+            *by_task[1],
         ]
         if sampled is not None:  # no step trains on a group without gradient: say when one fell short
-            warnings = [w for w in warnings if w.key != "no_gradient"] + sampled.warnings(step, self.config)
+            warnings = [w for w in warnings if warning_key(w.key) != "no_gradient"]
+            warnings += sampled.warnings(step, self.config)
         warnings += poison.warnings
         return StepResult(step=step, metrics=metrics, records=records, warnings=warnings)
 
@@ -246,7 +256,8 @@ class GRPOTrainer:
         records join ``finished`` as it ends (kept should a sibling group stop the step)."""
 
         async def run_group(place: int, sample: Sample) -> list[TrajectoryRecord]:
-            records = await self.runner.run(step, sample, self.config.group_size, step - 1, place)
+            task = self.tasks[sample.index]
+            records = await self.runner.run(step, sample, self.config.group_size, step - 1, place, task)
             finished.extend(records)
             return records
 

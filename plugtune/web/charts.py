@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from plugtune.jobs import plugin_metrics as effect
 from plugtune.store import Store
 from plugtune.store.records import Plugin, SeriesPoint
+from plugtune.trainer.tasks import split_task_metric
 from plugtune.web.models import ChartOut, PluginMetricsOut, SeriesOut
 
 MAX_POINTS = 400  # per series and chart: a 7-day chart costs what a 1-hour one does
@@ -135,8 +136,61 @@ TRAINING_CHARTS: list[PluginChart] = [
         _after("dynamic_sampling/"),
     ),
 ]
+
+
+def _of_task(matches: Callable[[str], bool]) -> Callable[[str], bool]:
+    """A multi-task job's ``task/<name>/<metric>`` whose metric ``matches``."""
+    return lambda n: (found := split_task_metric(n)) is not None and matches(found[1])
+
+
+def _task_label(shown: str = "") -> Callable[[str], str]:
+    """``math`` for the task's ``shown`` metric, ``math: <metric>`` for its others (a failed call's
+    cause as ``math: failed: 500``, as the trajectories chart says it)."""
+
+    def label(name: str) -> str:
+        task, metric = split_task_metric(name) or ("", name)
+        if metric == shown:
+            return task
+        metric = metric.replace("plugin/errors/", "failed: ").removeprefix("trajectories/")
+        return f"{task}: {metric.removeprefix('reward/')}"
+
+    return label
+
+
+# A multi-task job's tasks (job.yaml's tasks:), one series per task: drawn only for a job that has them.
+TASK_CHARTS: list[PluginChart] = [
+    PluginChart(
+        "task_reward",
+        "Reward per task (mean, and per grader)",
+        "",
+        _of_task(lambda m: m.startswith("reward/") and m != "reward/scored" and not is_signal_health(m)),
+        _task_label("reward/mean"),
+    ),
+    PluginChart(
+        "task_failures",
+        "Trajectories per task (failed, and failed calls by cause)",
+        "count",
+        _of_task(lambda m: m.startswith(("trajectories/", "plugin/errors/")) or m == "reward/scored"),
+        _task_label(),
+    ),
+    PluginChart(
+        "task_signal",
+        "Reward signal health per task (shares of groups, replies, trajectories, reward variance)",
+        "share",
+        _of_task(is_signal_health),
+        _task_label(),
+    ),
+    PluginChart(
+        "task_response_length",
+        "Response length per task",
+        "tokens",
+        _of_task("response_length".__eq__),
+        _task_label("response_length"),
+    ),
+]
+TRAINING_CHARTS += TASK_CHARTS
 #: Charts left out of a job that recorded none of their metrics (no validation set, an option off).
-OPTIONAL_CHARTS = ("eval_", "dynamic_sampling")
+OPTIONAL_CHARTS = ("eval_", "dynamic_sampling", "task_")
 # Evaluation of data.validation (plugtune.trainer.evaluation): shown once a job has evaluated.
 EVAL_CHARTS: list[PluginChart] = [
     PluginChart(

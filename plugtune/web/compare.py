@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from plugtune.jobs import plugin_metrics
 from plugtune.store import Store
 from plugtune.store.records import Job, SeriesPoint
+from plugtune.trainer.tasks import split_task_metric, task_metric
 from plugtune.web import charts, service
 from plugtune.web.charts import _newest_per_step
 from plugtune.web.models import ChartOut, SeriesOut
@@ -125,6 +126,7 @@ def compare(store: Store, ids: list[int]) -> CompareOut:
     return CompareOut(
         jobs=[_job_out(j, label) for j, label in zip(jobs, labels, strict=True)],
         charts=[_curve(key, title, unit, name, labels, series) for key, title, unit, name in CURVES]
+        + _task_curves(labels, series)
         + _plugin_curves(store, jobs, labels, series),
         causes=[_causes(j.id, s) for j, s in zip(jobs, series, strict=True)],
         step_times=[_step_time(store, j.id) for j in jobs],
@@ -176,6 +178,33 @@ def _curve(
         if points:
             out.append(SeriesOut(name=label, points=[(float(p.step or 0), p.value) for p in points]))
     return ChartOut(key=key, title=title, unit=unit, x="step", empty="No job recorded it.", series=out)
+
+
+# A multi-task job's per-task curves (job.yaml's tasks:): one series per job and task, so a math + code
+# mix is compared task by task, not as one averaged number.
+TASK_CURVES = (
+    ("task_reward", "Reward per task (mean)", "", "reward/mean"),
+    ("task_failed", "Failed trajectories per task", "count", "trajectories/failed"),
+    ("task_no_gradient", "Groups with no gradient per task", "share", "groups/zero_variance_share"),
+)
+
+
+def _task_curves(labels: list[str], series: list[dict[str, list[SeriesPoint]]]) -> list[ChartOut]:
+    """Per-task curves, one series per job and task (``#3 mix · math``); none when no job has tasks."""
+    tasks = sorted({t[0] for by_name in series for n in by_name if (t := split_task_metric(n)) is not None})
+    if not tasks:
+        return []
+    out = []
+    for key, title, unit, metric in TASK_CURVES:
+        drawn: list[SeriesOut] = []
+        for task in tasks:
+            name = task_metric(task, metric)
+            chart = _curve(key, title, unit, name, [f"{label} · {task}" for label in labels], series)
+            drawn += chart.series
+        out.append(
+            ChartOut(key=key, title=title, unit=unit, x="step", empty="No job recorded it.", series=drawn)
+        )
+    return out
 
 
 def _plugin_curves(

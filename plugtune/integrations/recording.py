@@ -77,6 +77,7 @@ class EngineRun:
         runtime: BaseRuntime,
         owns_job: bool,
         attempt: int,
+        run_key: str = "",
     ) -> None:
         self.store, self.job_id, self.job, self.functions = store, job_id, job, functions
         self.caller = PolicyCaller(failure_policy)
@@ -85,7 +86,7 @@ class EngineRun:
         self._tasks: set[asyncio.Task[CallOutcome]] = set()
         self._failure: tuple[BaseException, str] | None = None
         self._loop, self._runtime = loop, runtime
-        self._owns_job, self._attempt = owns_job, attempt
+        self._owns_job, self._attempt, self.run_key = owns_job, attempt, run_key
         self._drain = Drain(functions)
         self._writer = StoreWriter(store, job_id)
         self._closed = False
@@ -125,17 +126,22 @@ class EngineRun:
         store: Store | None = None,
         job_id: int | None = None,
         name: str = "",
+        run_key: str = "",
     ) -> EngineRun:
         """Deploy the plugins of ``job`` (a job.yaml or a validated job), or only ``graders``
         (``file.py:function`` entries), and record the run in ``store`` (default: the store
-        ``plugtune serve`` reads). ``job_id``: the job already exists (``plugtune run``)."""
+        ``plugtune serve`` reads). ``job_id``: the job already exists (``plugtune run``).
+        ``run_key``: the engine's run, whose processes (verl's workers) each open an ``EngineRun``:
+        the first creates the job, the others join it, and the last one to close ends it."""
         validated = validate_job(job) if isinstance(job, (str, Path)) else job
         if validated is None and not graders:
             raise ValueError("EngineRun.open needs a job.yaml or at least one grader entry")
         policy = failure_policy or (validated.spec.failure_policy if validated else FailurePolicy())
         store = store or Store.open()
-        owns_job = job_id is None
-        if job_id is None:
+        owns_job, created = job_id is None, job_id is None
+        if job_id is None and run_key:
+            job_id, created = _join_job(store, validated, graders, engine, name, run_key)
+        elif job_id is None:
             job_id = _create_job(store, validated, graders, engine, name)
         loop = _loop_thread()
         runtime = LocalRuntime()
@@ -145,10 +151,13 @@ class EngineRun:
             _run(loop, runtime.close())
             loop.call_soon_threadsafe(loop.stop)
             if owns_job:
-                _end_job(store, job_id, store.start_attempt(job_id, os.getpid()), exc)
+                if run_key:
+                    store.leave_engine_run(run_key)
+                _end_job(store, job_id, _attempt_of(store, job_id, created), exc)
             raise
-        record_deployed(store, job_id, functions)
-        attempt = store.start_attempt(job_id, os.getpid()) if owns_job else 0
+        if created or not run_key:
+            record_deployed(store, job_id, functions)
+        attempt = store.start_attempt(job_id, os.getpid()) if created else 0
         return cls(
             store,
             job_id,
@@ -159,6 +168,7 @@ class EngineRun:
             runtime=runtime,
             owns_job=owns_job,
             attempt=attempt,
+            run_key=run_key,
         )
 
     # --- calling plugins -------------------------------------------------------------------
@@ -257,11 +267,28 @@ class EngineRun:
             self.monitor.steps = total
             self.store.update_job(self.job_id, steps_total=total)
 
-    def add_signal(self, step: int, records: Sequence[TrajectoryRecord], weights: dict[str, float]) -> None:
+    def add_signal(
+        self,
+        step: int,
+        records: Sequence[TrajectoryRecord],
+        weights: dict[str, float],
+        max_new_tokens: int | None = None,
+    ) -> None:
         """The reward-signal checks on ``step``'s recorded trajectories: their metrics
         (``grader/<name>/unscorable_share``, ``reward/at_ceiling_share``...) and each kind of warning
-        once per run, in the job's warnings (log, ``jobs show``, API, job page)."""
-        metrics, warnings = self.monitor.observe(step, records, weights)
+        once per run, in the job's warnings (log, ``jobs show``, API, job page). With
+        ``max_new_tokens`` (records whose ``advantage`` says which trained: verl's), the zero-variance
+        and truncation shares and their warnings too."""
+        if max_new_tokens is None:
+            metrics, warnings = self.monitor.observe(step, records, weights)
+        else:
+            from plugtune.trainer.health import signal_metrics
+
+            signal = self.monitor.measure(step, records, weights)
+            metrics = signal_metrics(signal)
+            metrics["groups/zero_variance_share"] = signal.zero_variance_share
+            metrics["response/truncated_share"] = signal.truncated_share
+            warnings = self.monitor.warnings(signal, max_new_tokens)
         self.add_metrics(step, metrics)
         fresh = [w for w in warnings if w.key not in self._warned]
         self._warned.update(w.key for w in fresh)
@@ -331,10 +358,14 @@ class EngineRun:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._owns_job:
             exc, reason = failure if failure is not None else (None, "")
+            others = self.store.leave_engine_run(self.run_key) if self.run_key else 0
+            if exc is None and others:  # the run's other processes go on: the last one ends it
+                return
             done = self.store.get_job(self.job_id)
             if exc is None and not self._steps_total and done is not None and done.steps_done:
                 self.store.update_job(self.job_id, steps_total=done.steps_done)  # all it was to run
-            _end_job(self.store, self.job_id, self._attempt, exc, reason)
+            attempt = self._attempt or _attempt_of(self.store, self.job_id)
+            _end_job(self.store, self.job_id, attempt, exc, reason)
 
 
 def _finite(value: Any) -> bool:
@@ -356,6 +387,41 @@ def _create_job(
         job_id = store.create_job(name or f"{engine}-run", {**owner, "graders": list(graders)})
     store.transition(job_id, "running", f"{engine} run started")
     return job_id
+
+
+def _join_job(
+    store: Store, job: ValidatedJob | None, graders: Sequence[str], engine: str, name: str, run_key: str
+) -> tuple[int, bool]:
+    """The job of the engine run ``run_key`` (created by its first process); (job id, created)."""
+    owner = {"engine": engine, "engine_host": socket.gethostname(), "run_key": run_key}
+    if job is not None:
+        text = job.job_file.read_text(errors="replace")
+        spec = {"job_file": str(job.job_file), **job.spec.model_dump(mode="json"), **owner}
+        job_id, created = store.join_engine_run(run_key, name or job.spec.name, spec, spec_yaml=text)
+    else:
+        spec = {**owner, "graders": list(graders)}
+        job_id, created = store.join_engine_run(run_key, name or f"{engine}-run", spec)
+    if created:
+        if job is not None:
+            store.update_job(job_id, steps_total=job.spec.hyperparameters.steps)
+        store.transition(job_id, "running", f"{engine} run started (run key {run_key})")
+        return job_id, True
+    found = store.get_job(job_id)
+    if found is not None and found.status not in ("queued", "running"):
+        store.leave_engine_run(run_key)
+        raise ValueError(
+            f"the {engine} run key {run_key!r} names job {job_id}, which has already ended "
+            f"({found.status}): a new run needs a new key (PLUGTUNE_RUN, or the run= setting)"
+        )
+    return job_id, False
+
+
+def _attempt_of(store: Store, job_id: int, start: bool = False) -> int:
+    """The job's latest attempt (a process that joined an engine run ends the creator's)."""
+    attempts = store.list_attempts(job_id)
+    if start or not attempts:
+        return store.start_attempt(job_id, os.getpid())
+    return attempts[-1].number
 
 
 def _end_job(store: Store, job_id: int, attempt: int, error: BaseException | None, reason: str = "") -> None:

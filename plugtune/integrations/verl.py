@@ -21,13 +21,30 @@ Reward function (``reward.custom_reward_function``): ``path=pkg://plugtune.integ
 ``name=compute_score`` (verl's per-sample form) or ``name=compute_score_batch`` (the ``batch``
 reward manager's form), ``reward_kwargs.job=/abs/path/job.yaml``.
 
-``PLUGTUNE_JOB`` may name the job.yaml instead. One ``EngineRun`` (one plugtune job) per process
-and job.yaml; ``close_runs()`` (or the process's exit) ends it.
+``PLUGTUNE_JOB`` may name the job.yaml instead.
+
+One verl run is one plugtune job: verl's agent-loop and reward workers are separate Ray processes,
+and each one's ``EngineRun`` joins the job of the run's key (``run_key()``: ``run=`` in the agent
+loop config or ``reward_kwargs``, else ``$PLUGTUNE_RUN``, else the Ray session and job every worker
+of one verl run shares); the first to start creates it, the last to close ends it. Outside Ray and
+without a key, each process records a job of its own. ``close_runs()`` (or the process's exit)
+leaves the run.
+
+Steps: an agent loop takes the trajectory's step from verl's worker (its batch's
+``meta_info["global_steps"]``); the reward function from what verl's agent loop passes on in
+``extra_info`` (plugtune's ``plugtune_step``, or the weights version verl's server sampled with + 1).
+
+``failure_policy.group`` is applied in the agent loop: a trajectory waits for the rest of its prompt
+group (verl's ``uid``, ``rollout.n`` trajectories) and the group is judged as plugtune's trainer
+judges it (a dropped group's trajectories are masked out and recorded ``discard`` saying why; the
+step's ``groups/dropped_by_rule`` counts them). The reward function sees one response at a time, so
+it refuses a group rule. Each training step's reward-signal checks run on its recorded trajectories.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import sys
@@ -52,16 +69,17 @@ from plugtune.integrations.recording import EngineRun
 from plugtune.integrations.token_gateway import TokenGateway, TokenReply
 from plugtune.integrations.verl_trajectory import TrajectoryRunner, plain, sample_of
 from plugtune.spec.models import GroupPolicy
-from plugtune.spec.validation import validate_job
+from plugtune.spec.validation import ValidatedJob, validate_job
 from plugtune.types import TrajectoryRecord
 
 log = logging.getLogger(__name__)
 
 JOB_ENV = "PLUGTUNE_JOB"
+RUN_ENV = "PLUGTUNE_RUN"
 
 # verl builds a new agent loop object per trajectory and loads the reward function by path, so
 # the run they share lives here: one per process and job.yaml.
-_runs: dict[Path, _VerlRun] = {}
+_runs: dict[tuple[Path, str], _VerlRun] = {}
 _runs_lock = threading.Lock()
 
 
@@ -88,16 +106,22 @@ class _VerlRun:
             return gateway
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         for gateway in self._gateways.values():
             gateway.stop()
-        self.run.close()
+        try:
+            self.runner.finish()
+        finally:
+            self.run.close()
 
 
-def run_for(job: str | os.PathLike[str] | None) -> _VerlRun:
-    """This process's run of ``job`` (else ``$PLUGTUNE_JOB``), opened on first use."""
+def run_for(job: str | os.PathLike[str] | None, run: str | None = None) -> _VerlRun:
+    """This process's run of ``job`` (else ``$PLUGTUNE_JOB``), opened on first use, in the job
+    of the verl run ``run_key(run)`` names."""
     path = _job_path(job)
+    key = run_key(run)
     with _runs_lock:
-        found = _runs.get(path)
+        found = _runs.get((path, key))
         if found is None:
             validated = validate_job(path, check_model=False)  # the model is verl's
             if validated.group_graders:
@@ -107,16 +131,37 @@ def run_for(job: str | os.PathLike[str] | None) -> _VerlRun:
                     "reward function never see together: move the scoring into a @grader"
                 )
                 raise InvalidValueError([Problem(str(path), message, ref.line, "plugins.group_graders")])
-            if validated.spec.failure_policy.group != GroupPolicy():
-                message = (
-                    "a group rule needs a whole group, which verl's agent loop and reward function never "
-                    "see together: leave failure_policy.group out (a failed trajectory is dropped alone)"
-                )
-                line = validated.line_of(("failure_policy", "group"))
-                raise InvalidValueError([Problem(str(path), message, line, "failure_policy.group")])
-            found = _VerlRun(EngineRun.open(validated, engine="verl"))
-            _runs[path] = found
+            found = _VerlRun(EngineRun.open(validated, engine="verl", run_key=key))
+            atexit.register(found.close)  # before the EngineRun's own: the last step's checks first
+            _runs[(path, key)] = found
         return found
+
+
+def run_key(given: str | None = None) -> str:
+    """The key of the verl run this process works for: ``given`` (``run=`` in the agent loop
+    config or ``reward_kwargs``), else ``$PLUGTUNE_RUN``, else the Ray session and job of this
+    worker (every worker of one verl run shares them), else '' (a job of this process's own)."""
+    key = given or os.environ.get(RUN_ENV, "")
+    if key:
+        return str(key)
+    ray = sys.modules.get("ray")  # verl's workers run in Ray; without it imported, no Ray here
+    if ray is not None and ray.is_initialized():
+        context = ray.get_runtime_context()
+        return f"ray:{context.get_session_name()}:{context.get_job_id()}"
+    return ""
+
+
+def _refuse_group_rule(job: ValidatedJob | None) -> None:
+    """verl's reward function scores one response at a time: it cannot judge a group."""
+    if job is None or job.spec.failure_policy.group == GroupPolicy():
+        return
+    message = (
+        "a group rule needs a whole group, which verl's reward function never sees (one response a "
+        "call): grade in plugtune's agent loop (it applies failure_policy.group), or leave "
+        "failure_policy.group out (a failed trajectory is dropped alone)"
+    )
+    line = job.line_of(("failure_policy", "group"))
+    raise InvalidValueError([Problem(str(job.job_file), message, line, "failure_policy.group")])
 
 
 def close_runs() -> None:
@@ -186,26 +231,37 @@ def _verl_generate(server_manager: Any) -> Any:
 class PlugtuneAgentLoop(AgentLoopBase):
     """verl agent loop that runs the job's ``@rollout`` plugin in plugtune's runtime."""
 
-    def __init__(self, *args: Any, job: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, job: str | None = None, run: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.job = job
+        self.job, self.run_name = job, run
         self.tokenizer: Any = self.tokenizer  # a transformers tokenizer (verl annotates the class)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        verl_run = run_for(self.job)
+        verl_run = run_for(self.job, self.run_name)
         max_context = self.prompt_length + self.response_length
         gateway = verl_run.gateway_for(self.server_manager, self.tokenizer, max_context)
         sample = sample_of(kwargs, sampling_params, self.response_length)
         step, validate = _verl_step()
+        verl_run.runner.max_new_tokens = self.response_length
         started = time.perf_counter()
-        record = await verl_run.runner.roll(gateway, sample, step=step, phase="eval" if validate else "train")
+        phase = "eval" if validate else "train"
+        group = self._group_of(kwargs, step, sample.index, validate)
+        record = await verl_run.runner.roll(gateway, sample, step=step, phase=phase, group=group)
         elapsed = time.perf_counter() - started
         if verl_run.run.stopped is not None:  # failure_policy fail_job: the run ends with this error
             verl_run.run.flush()
             raise verl_run.run.stopped
         return self._output(record, verl_run.runner.grades, elapsed)
+
+    def _group_of(self, row: dict[str, Any], step: int | None, index: int, validate: bool) -> tuple[str, int]:
+        """The trajectory's prompt group: verl's ``uid`` of the prompt (else its step and row) and
+        its size (``rollout.n``, ``val_kwargs.n`` when validating)."""
+        n = self.rollout_config.val_kwargs.n if validate else self.rollout_config.n
+        uid = plain(row.get("uid"))
+        key = str(uid) if uid is not None else f"{'eval' if validate else 'train'}-s{step}-p{index}"
+        return key, max(int(n or 1), 1)
 
     def _output(self, record: TrajectoryRecord, grades: bool, elapsed: float) -> AgentLoopOutput:
         prompt_ids = list(record.prompt_ids) or self._prompt_of(record)
@@ -233,6 +289,7 @@ class PlugtuneAgentLoop(AgentLoopBase):
                 "tool_rewards": [],
                 "plugtune_trajectory_id": record.trajectory_id,
                 "plugtune_status": record.status,
+                "plugtune_step": record.step,  # for verl's reward function, which is not told it
                 # the weights versions it was sampled with, as verl's own loops report them
                 "min_global_steps": record.policy_version if record.step else None,
                 "max_global_steps": record.step - 1 if record.step else None,
@@ -261,7 +318,8 @@ def compute_score(
     grader said ``None``, or its call failed and the policy dropped the sample) scores 0.0 with
     ``plugtune_scored`` 0.0, as verl needs a number. Under ``fail_job`` a failed call raises the
     classified ``PluginCallError``."""
-    verl_run = run_for(job)
+    verl_run = run_for(job, kwargs.get("run"))
+    _refuse_group_rule(verl_run.run.job)
     record = verl_run.runner.grade_text(data_source, solution_str, ground_truth, plain(extra_info or {}))
     if verl_run.run.stopped is not None:
         raise verl_run.run.stopped
@@ -280,7 +338,8 @@ def compute_score_batch(
     **kwargs: Any,
 ) -> list[dict[str, float]]:
     """The ``batch`` reward manager's form: every response graded concurrently in the runtime."""
-    verl_run = run_for(job)
+    verl_run = run_for(job, kwargs.get("run"))
+    _refuse_group_rule(verl_run.run.job)
     infos = list(extra_infos) if extra_infos is not None else [{} for _ in solution_strs]
     rows = zip(list(data_sources), solution_strs, ground_truths, infos, strict=True)
     records = verl_run.runner.grade_texts([(ds, text, gt, plain(info or {})) for ds, text, gt, info in rows])
@@ -333,4 +392,5 @@ __all__ = [
     "compute_score",
     "compute_score_batch",
     "run_for",
+    "run_key",
 ]

@@ -10,8 +10,12 @@ batch's ``meta_info["global_steps"]``). verl's servers also answer each generati
 version they sampled with (``TokenOutput.extra_fields["global_steps"]``: the step of the last weight
 sync, so step N samples with version N - 1); the gateway records it on the trajectory's policy
 segments and the oldest one is the record's ``policy_version``. Without a step from verl, a
-trajectory's step is its newest version + 1; with neither (a response verl's reward function hands
-over) it is the latest step this process has seen (0 before any).
+trajectory's step is its newest version + 1. A response verl's reward function hands over takes
+its step from ``extra_info`` (``step_in``: what verl's agent loop passed on); with none there, it
+is the latest step this process has seen (0 before any).
+
+Each training step's records also feed, once the step ends (a later step begins, or the run
+closes), the step's ``groups/dropped_by_rule`` and the reward-signal checks.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from uuid import uuid4
 from plugtune.errors import PluginCallError
 from plugtune.integrations.recording import EngineRun
 from plugtune.integrations.token_gateway import TokenGateway
+from plugtune.integrations.verl_groups import GroupGate, with_advantages
 from plugtune.jobs.plugins import JobFunction
 from plugtune.sdk import Context, PluginSpec, Sample, Sampling
-from plugtune.trainer.draft import EMPTY_TRACE, TrajectoryDraft
+from plugtune.trainer.draft import EMPTY_TRACE, GroupRule, TrajectoryDraft, groups_dropped_by_rule
 from plugtune.types import CallOutcome, TokenTrace, TrajectoryRecord
 
 #: Logs and metrics reach the store at most this often (and when the run closes).
@@ -102,12 +107,37 @@ class TrajectoryRunner:
         self._flush_lock = threading.Lock()
         self._flushed = 0.0
         self.step = 0  # the latest training step seen (0: none yet)
+        self.rule = run.job.spec.failure_policy.group.rule() if run.job is not None else GroupRule()
+        self.gate = GroupGate(self.rule)
+        self.max_new_tokens: int | None = None  # verl's response_length, once an agent loop said it
+        self._steps: dict[int, list[TrajectoryRecord]] = {}  # the training steps' records so far
 
     async def roll(
-        self, gateway: TokenGateway, sample: Sample, *, step: int | None = None, phase: str = "train"
+        self,
+        gateway: TokenGateway,
+        sample: Sample,
+        *,
+        step: int | None = None,
+        phase: str = "train",
+        group: tuple[str, int] | None = None,
     ) -> TrajectoryRecord:
         """The rollout plugin on ``sample`` (policy calls through ``gateway``), then the graders;
-        ``step``: verl's training step of the trajectory, when known."""
+        ``step``: verl's training step of the trajectory, when known; ``group``: its prompt group's
+        key and size, when ``failure_policy.group`` is to judge the group before it is recorded."""
+        gated = group is not None and self.rule != GroupRule()
+        if gated:
+            self.gate.enter()
+        try:
+            t = await self._roll(gateway, sample, step, phase)
+        except BaseException:
+            if gated:
+                self.gate.leave()
+            raise
+        if group is not None and gated:
+            await self.gate.settle(*group, t)
+        return self._record(t)
+
+    async def _roll(self, gateway: TokenGateway, sample: Sample, step: int | None, phase: str) -> _Trajectory:
         t = _Trajectory(f"verl-{uuid4().hex[:16]}", sample, step=step, phase=phase)
         rollout = self.run.rollout
         if rollout is None:
@@ -129,7 +159,7 @@ class TrajectoryRunner:
             t.rolled_out(outcome, rollout.spec.name)
         if t.ok:
             await self._grade(t)
-        return self._record(t)
+        return t
 
     def grade_text(
         self, data_source: Any, text: str, ground_truth: Any, extra: dict[str, Any]
@@ -153,7 +183,7 @@ class TrajectoryRunner:
         messages: list[dict[str, Any]] = list(given) if isinstance(given, list) else []
         index = extra.get("index", 0)
         sample = Sample(messages=messages, extra=extra, index=int(index) if isinstance(index, int) else 0)
-        t = _Trajectory(f"verl-{uuid4().hex[:16]}", sample)
+        t = _Trajectory(f"verl-{uuid4().hex[:16]}", sample, step=step_in(extra))
         t.messages = [*sample.messages, {"role": "assistant", "content": text}]
         await self._grade(t)
         return self._record(t)
@@ -198,13 +228,44 @@ class TrajectoryRunner:
         record = t.record(step=step, policy_version=version, weights=self._weights)
         with self._flush_lock:  # agent loops and reward calls record from different threads
             self.run.add_trajectories([record])
+            if t.phase == "train":
+                self._steps.setdefault(step, []).append(record)
             if step > self.step and t.phase == "train":  # a new step began: the last one's counts
+                self._end_steps(before=step)
                 self.run.flush(self.step or None)
                 self.step, self._flushed = step, time.monotonic()
             elif time.monotonic() - self._flushed >= FLUSH_EVERY_S:
                 self.run.flush()
                 self._flushed = time.monotonic()
         return record
+
+    def finish(self) -> None:
+        """The signal checks of the steps not ended yet (the run closes)."""
+        with self._flush_lock:
+            self._end_steps(before=None)
+
+    def _end_steps(self, before: int | None) -> None:
+        """Per ended training step (those before ``before``; all with None): the groups
+        ``failure_policy.group`` dropped and the reward-signal checks, from its records."""
+        for step in sorted(s for s in self._steps if before is None or s < before):
+            records = with_advantages(self._steps.pop(step))
+            self.run.add_metrics(step, {"groups/dropped_by_rule": float(groups_dropped_by_rule(records))})
+            self.run.add_signal(step, records, self._weights, self.max_new_tokens or 0)
+
+
+def step_in(extra: dict[str, Any]) -> int | None:
+    """The training step of a response verl's reward function is handed, from what its agent loop
+    passed on in ``extra_info``: plugtune's agent loop's ``plugtune_step``, else the weights version
+    verl's servers sampled it with (``max_global_steps``/``global_steps``: step N samples with the
+    weights of step N - 1) + 1; None when neither is there."""
+    given = extra.get("plugtune_step")
+    if isinstance(given, (int, float)) and given > 0:
+        return int(given)
+    for key in ("max_global_steps", "global_steps"):
+        version = extra.get(key)
+        if isinstance(version, (int, float)) and version >= 0:
+            return int(version) + 1
+    return None
 
 
 def _versions(trace: TokenTrace) -> tuple[int | None, int | None]:

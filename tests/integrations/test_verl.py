@@ -225,7 +225,9 @@ def test_a_crash_under_fail_job_ends_the_verl_run_with_the_classified_error(
     assert (job.error.type, job.error.owner, job.error.cause) == ("Call plugin error", "plugin", "500")
 
 
-def test_a_group_rule_is_refused_on_verl_naming_its_line(tmp_path: Path, home: Settings, runs: None) -> None:
+def test_a_group_rule_is_refused_by_verls_reward_function_naming_its_line(
+    tmp_path: Path, home: Settings, runs: None
+) -> None:
     job_file = tmp_path / "task" / "job.yaml"
     job_file.parent.mkdir()
     for part in ("plugins", "data"):
@@ -241,7 +243,7 @@ def test_a_group_rule_is_refused_on_verl_naming_its_line(tmp_path: Path, home: S
     [problem] = raised.value.problems
     line = next(i for i, row in enumerate(text.splitlines(), 1) if "group: {drop: group}" in row)
     assert (problem.file, problem.line, problem.field) == (str(job_file), line, "failure_policy.group")
-    assert "verl's agent loop and reward function never see together" in problem.message
+    assert "verl's reward function never sees (one response a call)" in problem.message
 
 
 def test_without_a_job_file_the_error_says_where_to_name_it(home: Settings, runs: None) -> None:

@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check plugtune tests benchmarks scripts docs
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy plugtune
+	$(VENV)/bin/mypy plugtune docs/hooks.py
 
 pytest: $(STAMP) browser
 	# faulthandler: a crash of the test process (during the run or at its exit) prints every thread's stack

@@ -185,7 +185,7 @@ def job_yaml_reference() -> str:
     for name, info in JobSpec.model_fields.items():
         section, _ = nested(info.annotation)
         out += [f"## `{name}`", ""]
-        if info.description:
+        if info.description and section is not None:  # a plain key says it in its row
             out += [" ".join(info.description.split()), ""]
         if section is not None and section.__doc__:
             out += [_first_paragraph(section.__doc__), ""]

@@ -28,6 +28,7 @@ from plugtune.web import (
     pages,
     regrades,
     service,
+    tokens,
 )
 from plugtune.web.auth import COOKIE, TokenAuth
 from plugtune.web.csrf import CsrfGuard
@@ -82,6 +83,7 @@ def create_app(
     app.include_router(functions.router)
     app.include_router(pages.router)
     app.include_router(regrades.router)
+    app.include_router(tokens.router)
     app.include_router(login.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _add_meta_routes(app, token_required=api_token is not None)

@@ -148,6 +148,7 @@
         section("Errors", renderErrors(t.errors)),
         section("Metrics", [renderMetrics(t.metrics || {})]),
         renderLogs(t, job),
+        PT.tokenView ? PT.tokenView(job, t) : null, // static/tokens.js
         section("Messages", renderMessages(t.messages)),
       ].filter(Boolean));
       panel.dataset.selected = t.id;

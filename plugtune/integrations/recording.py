@@ -48,7 +48,7 @@ from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.runtime.runtime import BaseRuntime, LocalRuntime
 from plugtune.sdk import Context, Kind
 from plugtune.spec.models import CircuitBreaker, FailurePolicy
-from plugtune.spec.validation import ValidatedJob, validate_job
+from plugtune.spec.validation import ValidatedJob, refuse_tasks, validate_job
 from plugtune.store import Store, StoreWriter
 from plugtune.types import CallOutcome, LogLine, MetricPoint, TrajectoryRecord
 
@@ -134,6 +134,8 @@ class EngineRun:
         ``run_key``: the engine's run, whose processes (verl's workers) each open an ``EngineRun``:
         the first creates the job, the others join it, and the last one to close ends it."""
         validated = validate_job(job) if isinstance(job, (str, Path)) else job
+        if validated is not None:
+            refuse_tasks(validated, engine)  # an engine scores every row with one plugin set
         if validated is None and not graders:
             raise ValueError("EngineRun.open needs a job.yaml or at least one grader entry")
         policy = failure_policy or (validated.spec.failure_policy if validated else FailurePolicy())

@@ -788,3 +788,16 @@ def _engine_problems(spec: JobSpec, lines: dict[Path_, int], name: str) -> list[
         "row with the top-level plugins. Remove trainer: (or set trainer: plugtune), or run one job per task"
     )
     return [Problem(name, message, _line_of(("tasks",), lines), "tasks")]
+
+
+def refuse_tasks(job: ValidatedJob, engine: str) -> None:
+    """``InvalidValueError`` for a multi-task job run by an engine (TRL, verl) that scores every row
+    with one plugin set: it would grade each row with every task's graders."""
+    if not job.tasks:
+        return
+    message = (
+        f"tasks: (multi-task jobs) runs on plugtune's trainer only: {engine} scores every row with one "
+        "plugin set, so each row would be graded by every task's graders. Run it with plugtune's "
+        "trainer (trainer: plugtune), or one job per task"
+    )
+    raise InvalidValueError([Problem(str(job.job_file), message, job.line_of(("tasks",)), "tasks")])

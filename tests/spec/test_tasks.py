@@ -161,3 +161,15 @@ def test_tasks_on_the_trl_trainer_are_refused(tmp_path: Path) -> None:
     found = problems(project(tmp_path, head="trainer: trl\n"))
     assert [p.field for p in found] == ["tasks"]
     assert "runs on plugtune's trainer only" in found[0].message and found[0].line == 8
+
+
+@pytest.mark.parametrize("engine", ["trl", "verl"])
+def test_an_engine_run_of_a_multi_task_job_is_refused(tmp_path: Path, engine: str) -> None:
+    from plugtune.integrations.recording import EngineRun
+
+    job = validate_job(project(tmp_path), check_model=False)
+    with pytest.raises(InvalidValueError) as caught:
+        EngineRun.open(job, engine=engine)  # as verl's launcher and a TRL script open their run
+    [found] = caught.value.problems
+    assert (found.field, found.line) == ("tasks", 7)
+    assert f"{engine} scores every row with one plugin set" in found.message

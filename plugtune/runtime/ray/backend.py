@@ -1,7 +1,9 @@
 """The Ray backend: each plugin instance is a Ray actor running plugtune's supervisor on its node.
 
 The snapshot folder is shipped as the actors' ``runtime_env`` ``working_dir`` (Ray stores it in
-the cluster by content hash, so every node runs exactly the code the console shows).
+the cluster by content hash, so every node runs exactly the code the console shows), and plugtune
+itself as one of its ``py_modules``; before the first deploy each node is checked for the rest of
+what it needs (``nodes``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from plugtune.runtime.backend import DeployFailed, DeployRequest
 from plugtune.runtime.local import spec_from
 from plugtune.runtime.quota import QuotaLedger
 from plugtune.runtime.ray.cluster import import_ray
-from plugtune.runtime.ray.code import ship
+from plugtune.runtime.ray.code import ship, ship_plugtune
 from plugtune.runtime.ray.deployment import RayDeployment, RayInstance
 from plugtune.runtime.ray.facts import cluster_lost, is_ray_error, start_failed
 from plugtune.runtime.ray.host import InstanceHost, read_spec_sync
+from plugtune.runtime.ray.loopback import is_loopback
+from plugtune.runtime.ray.nodes import NodeCheck
+from plugtune.runtime.ray.relay import PolicyRelay
 from plugtune.sdk import Runtime
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,7 @@ class RayBackend:
         idle_timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
         runtime_env: dict[str, Any] | None = None,
+        ship_plugtune: bool = True,
     ) -> None:
         ray = import_ray()
         self.ray = ray
@@ -59,12 +65,28 @@ class RayBackend:
         self.read_spec = ray.remote(max_calls=1)(read_spec_sync)
         self.deployments: list[RayDeployment] = []
         self.shipped: dict[Path, str] = {}  # snapshot folder -> its gcs:// package
+        self.ship_plugtune = ship_plugtune
+        self.plugtune_uri = ""  # plugtune's own gcs:// package, once shipped
+        self.nodes: NodeCheck | None = None
         self.lost: Exception | None = None
         self.gcs_address: str = ray.get_runtime_context().gcs_address
+        self.relay = self._policy_relay()
         self._last_health = time.monotonic()
         self._health: asyncio.Task[None] | None = None
 
+    def _policy_relay(self) -> PolicyRelay | None:
+        """A relay to loopback policies for the other nodes, unless the driver's node is loopback."""
+        here = self.ray.get_runtime_context().get_node_id()
+        [host] = [n["NodeManagerAddress"] for n in self.ray.nodes() if n["NodeID"] == here] or [""]
+        if not host or is_loopback(host):
+            return None
+        return PolicyRelay(host, self._node_addresses)
+
+    def _node_addresses(self) -> set[str]:
+        return {str(n["NodeManagerAddress"]) for n in self.ray.nodes() if n.get("Alive")}
+
     async def deploy(self, request: DeployRequest) -> RayDeployment:
+        await self._check_nodes()
         raw = await self._read_spec(request)
         spec = spec_from(raw)
         runtime = request.effective_runtime(spec.runtime)
@@ -97,6 +119,16 @@ class RayBackend:
             raise DeployFailed(message, tb, logs)
         return dict(answer["spec"])
 
+    async def _check_nodes(self) -> None:
+        """Every live node has what plugtune's instances need there (each node checked once)."""
+        if self.nodes is None:
+            env: dict[str, Any] = {k: v for k, v in self.runtime_env.items() if k == "env_vars"}
+            if self.ship_plugtune:
+                self.plugtune_uri = await asyncio.to_thread(ship_plugtune)
+                env["py_modules"] = [self.plugtune_uri]
+            self.nodes = NodeCheck(self.ray, env, self.ship_plugtune, self.start_timeout_s)
+        await self.nodes.check()
+
     def _check_feasible(self, runtime: Runtime) -> None:
         """Ray would keep an actor no node can hold pending forever: say so now instead."""
         nodes = [n for n in self.ray.nodes() if n.get("Alive")]
@@ -117,7 +149,10 @@ class RayBackend:
         uri = self.shipped.get(request.code_root)
         if uri is None:
             uri = self.shipped[request.code_root] = ship(request.code_root)
-        return {**self.runtime_env, "working_dir": uri}
+        env = {**self.runtime_env, "working_dir": uri}
+        if self.plugtune_uri:
+            env["py_modules"] = [*env.get("py_modules", []), self.plugtune_uri]
+        return env
 
     def new_actor(self, request: DeployRequest, runtime: Runtime) -> RayInstance:
         tag = f"r{next(self.tags)}"
@@ -185,6 +220,8 @@ class RayBackend:
                 await deployment.close()
         if self._health is not None:
             self._health.cancel()
+        if self.relay is not None:
+            await self.relay.close()
 
 
 def _dial(address: str) -> None:

@@ -82,15 +82,19 @@ def free_port() -> int:
 
 @dataclass
 class LocalCluster:
-    """A Ray cluster of ``ray start`` nodes on this machine, in its own temp dir (tests, benchmarks)."""
+    """A Ray cluster of ``ray start`` nodes on this machine, in its own temp dir (tests, benchmarks).
 
+    ``host``: the address the head (and nodes added here) use; another than 127.0.0.1 is an
+    address of this machine that other hosts reach it by (tests put nodes in network namespaces)."""
+
+    host: str = "127.0.0.1"
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ptray-", dir="/tmp")))
     port: int = field(default_factory=free_port)
     nodes: list[str] = field(default_factory=list)  # the resource tag of each node, head first
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start_head(self, num_cpus: float = 1, resource: str = "node_head") -> None:
         self._ray_start(
@@ -108,10 +112,10 @@ class LocalCluster:
         cmd = [
             sys.executable,
             "-m",
-            "plugtune.runtime.ray.loopback",  # the ray CLI, kept on 127.0.0.1
+            "plugtune.runtime.ray.loopback",  # the ray CLI, kept on 127.0.0.1 (when it is the host)
             "start",
             *args,
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address={self.host}",
             f"--num-cpus={num_cpus}",
             f'--resources={{"{resource}": 100}}',
             "--disable-usage-stats",

@@ -14,6 +14,7 @@ driver only translates Ray's own failures (an actor or node lost) into facts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from plugtune.runtime.fate import Fate
 from plugtune.runtime.pool import InstancePool
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
 from plugtune.runtime.ray.facts import call_failed, host_failed, is_ray_error, start_failed
+from plugtune.runtime.ray.relay import PolicyRelay
 from plugtune.sdk import PluginSpec, Runtime
 from plugtune.types import LogLine
 
@@ -65,6 +67,7 @@ class RayHost(Protocol):
     start_timeout_s: float
     idle_timeout_s: float
     lost: Exception | None
+    relay: PolicyRelay | None
 
     def new_actor(self, request: DeployRequest, runtime: Runtime) -> RayInstance: ...
 
@@ -218,6 +221,8 @@ class RayDeployment:
     async def invoke(self, request: CallRequest) -> Returned | Failed:
         self.backend.check_cluster()
         deadline = time.monotonic() + request.timeout_s
+        if self.backend.relay is not None:  # the policy as the instance's node reaches it
+            request = dataclasses.replace(request, args=await self.backend.relay.rewrite(request.args))
         instance = self.pool.pick()
         if instance is None:
             got = await self.pool.acquire(deadline)

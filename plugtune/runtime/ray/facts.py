@@ -24,7 +24,7 @@ def call_failed(exc: BaseException, instance_id: str, node: str, latency_ms: flo
         text = f"{where} was killed by Ray's memory monitor (the node ran out of memory)"
         return Failed(Happened.OOM_KILLED, text, instance_id=instance_id, latency_ms=latency_ms)
     if isinstance(exc, rex.RuntimeEnvSetupError):
-        text = f"Ray could not set up the plugin's runtime_env on node {node[:12]}: {_setup_reason(exc)}"
+        text = f"Ray could not set up the plugin's runtime_env on node {node[:12]}: {setup_reason(exc)}"
         return Failed(Happened.NOT_CREATED, text, instance_id=instance_id, latency_ms=latency_ms)
     if isinstance(exc, rex.ActorUnavailableError):
         text = f"{where} became unreachable during the call (its node may be lost): {_reason(exc)}"
@@ -47,7 +47,7 @@ def start_failed(exc: BaseException) -> DeployFailed | PlatformError:
             cause="ray host error",
         )
     if isinstance(exc, rex.RuntimeEnvSetupError):
-        return DeployFailed(f"Ray could not set up the plugin's runtime_env on a node: {_setup_reason(exc)}")
+        return DeployFailed(f"Ray could not set up the plugin's runtime_env on a node: {setup_reason(exc)}")
     if isinstance(exc, rex.RayActorError):
         return DeployFailed(f"the instance's Ray actor ended while starting: {_reason(exc)}")
     return DeployFailed(f"Ray could not start the instance: {type(exc).__name__}: {_reason(exc)}")
@@ -69,7 +69,7 @@ def is_ray_error(exc: BaseException) -> bool:
     return isinstance(exc, rex.RayError)
 
 
-def _setup_reason(exc: BaseException) -> str:
+def setup_reason(exc: BaseException) -> str:
     """A runtime_env failure's cause: the agent's last exception line (and pip's ERROR lines)."""
     lines = [line.strip() for line in str(exc).splitlines()]
     raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]

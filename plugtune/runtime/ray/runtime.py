@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,12 @@ class RayRuntime(BaseRuntime):
     this runtime (stopped on close). ``idle_timeout_s``, ``start_timeout_s``, ``metrics_period_s``:
     as for ``LocalRuntime``. ``runtime_env``: more of Ray's ``runtime_env`` for every actor
     (``env_vars``, ``pip``, ...; plugtune sets ``working_dir`` to the snapshot itself); one that a
-    node cannot set up is a ``Create faas fault`` with Ray's reason. Raises ``RayUnavailable`` when
-    Ray is missing or the head cannot be reached.
+    node cannot set up is a ``Create faas fault`` with Ray's reason. ``ship_plugtune``: send this
+    process's plugtune package to the nodes with every actor (Ray ``py_modules``), so a node needs
+    only the driver's Python and Ray; off, each node must have the driver's plugtune version
+    installed (default: on, unless ``PLUGTUNE_RAY_SHIP_PLUGTUNE=0``). Before the first deploy every
+    node is checked for what it needs; one that lacks a piece is a ``Create faas fault`` naming the
+    node and the piece. Raises ``RayUnavailable`` when Ray is missing or the head cannot be reached.
     """
 
     def __init__(
@@ -33,6 +38,7 @@ class RayRuntime(BaseRuntime):
         idle_timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
         runtime_env: dict[str, Any] | None = None,
+        ship_plugtune: bool | None = None,
     ) -> None:
         super().__init__(quota, state_dir, metrics_period_s)
         if runtime_env is not None and "working_dir" in runtime_env:
@@ -45,6 +51,9 @@ class RayRuntime(BaseRuntime):
         self.idle_timeout_s = idle_timeout_s
         self.start_timeout_s = start_timeout_s
         self.runtime_env = dict(runtime_env or {})
+        if ship_plugtune is None:
+            ship_plugtune = os.environ.get("PLUGTUNE_RAY_SHIP_PLUGTUNE", "1") != "0"
+        self.ship_plugtune = ship_plugtune
         self._started_ray = False
 
     async def start(self) -> None:
@@ -56,6 +65,7 @@ class RayRuntime(BaseRuntime):
                 idle_timeout_s=self.idle_timeout_s,
                 start_timeout_s=self.start_timeout_s,
                 runtime_env=self.runtime_env,
+                ship_plugtune=self.ship_plugtune,
             )
 
     async def close(self) -> None:

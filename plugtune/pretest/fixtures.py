@@ -94,8 +94,9 @@ def read_fixtures(path: Path, job: ValidatedJob, rows: list[dict[str, Any]]) -> 
         raw = path.read_bytes()
     except OSError as exc:
         raise DataError([Problem(name, f"cannot be read: {exc.strerror or exc}")]) from None
-    graders = {ref.name: ref for ref in job.graders}
-    group_graders = {ref.name for ref in job.group_graders}
+    refs = job.plugin_refs()  # a multi-task job's tasks' graders too
+    graders = {ref.name: ref for ref in refs if ref.kind is Kind.GRADER}
+    group_graders = {ref.name for ref in refs if ref.kind is Kind.GROUP_GRADER}
     fixtures: list[Fixture] = []
     problems: list[Problem] = []
     for number, line in enumerate(raw.splitlines(), start=1):

@@ -5,6 +5,7 @@ metrics, ``jobs show``, the job page's curves, compare, and ``plugtune test`` tr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,16 @@ def test_plugtune_test_tries_each_tasks_plugin_set(tmp_path: Path) -> None:
     )  # plugtune test --samples 2
     graded = {(c["name"], ROWS[c["sample_index"]]["task"]) for c in doc["calls"] if c["kind"] == "grader"}
     assert graded == {("always_one", "math"), ("always_zero", "code")}  # 2 rows: one of each task
+
+
+def test_grader_fixtures_reach_each_tasks_graders(tmp_path: Path) -> None:
+    job = multi_task_job(tmp_path / "fixtures")
+    fixtures = tmp_path / "fixtures.jsonl"
+    lines = [
+        {"row": 0, "completion": "2", "expect": 1.0, "grader": "always_one"},
+        {"row": 1, "completion": "x", "expect": 0.0, "grader": "always_zero"},
+    ]
+    fixtures.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    ran = CliRunner().invoke(app, ["test", str(job), "--expect", str(fixtures)])  # plugtune test --expect
+    assert ran.exit_code == 0, ran.output
+    assert "2 of 2 fixtures passed" in ran.output

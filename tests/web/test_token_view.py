@@ -88,6 +88,66 @@ def test_a_real_jobs_trajectories_as_tokens(tmp_path: Path, home: Settings) -> N
         store.close()
 
 
+# A second turn whose history edits the policy's answer (a history rewrite), sampled with top_p 0.5
+# (off-policy for the trainer, which scores the full distribution): both warnings fire.
+EDITING_ROLLOUT = """
+from plugtune import rollout
+
+@rollout
+def answer(ctx, policy, sample):
+    seed = 1000 * ctx.step + 10 * sample.index + 2 * ctx.rollout_index
+    first = policy.chat(sample.messages, seed=seed)
+    edited = {"role": "assistant", "content": "I think " + policy.content(first)}
+    policy.chat([*sample.messages, edited, {"role": "user", "content": "Sure?"}], seed=seed + 1)
+    return None
+"""
+
+
+def test_the_gap_and_rewrite_warnings_link_the_token_view(tmp_path: Path, home: Settings) -> None:
+    store = Store.open(home.database_url)
+    try:
+        job_file = make_job(
+            tmp_path / "warn", rollout=EDITING_ROLLOUT, hyper={"top_p": 0.5, "max_new_tokens": 3}
+        )
+        job_id, invalid = create_job(store, job_file)
+        assert invalid is None, invalid
+        assert run_job(store, home, job_id) == "succeeded"
+        client = TestClient(create_app(store), base_url=BASE_URL)
+        page = client.get(f"/jobs/{job_id}").text
+        records = {
+            r.trajectory_id: r
+            for r in store.trajectory_records(job_id, [t.trajectory_id for t in store.trajectories(job_id)])
+        }
+        # the gap warning's first example is the trajectory of its step the trainer scored furthest
+        [gap_line] = [line for line in page.splitlines() if "logprob_gap is" in line]
+        step = int(gap_line.split("step ", 1)[1].split(":", 1)[0])
+
+        def mean_gap(tid: str) -> float:
+            r = records[tid]
+            pairs = zip(r.response_mask, r.response_logprobs, r.trainer_logprobs, strict=True)
+            gaps = [abs(t - s) for m, s, t in pairs if m]
+            return sum(gaps) / len(gaps)
+
+        furthest = max(
+            (r for r in records.values() if r.step == step and r.trainer_logprobs),
+            key=lambda r: mean_gap(r.trajectory_id),
+        )
+        assert f'href="/jobs/{job_id}/trajectories?t={furthest.trajectory_id}&amp;view=tokens"' in page
+        # the rewrite warning's examples link the view too, and each shows where its history was cut
+        rewritten = [tid for tid in records if f"?t={tid}&amp;view=tokens" in page]
+        assert rewritten and furthest.trajectory_id in rewritten
+        for tid in rewritten:
+            view = client.get(f"/api/jobs/{job_id}/trajectories/{tid}/tokens").json()
+            record = records[tid]
+            assert view["dropped_spans"], tid
+            dropped = sum(d["policy_tokens"] for d in view["dropped_spans"])
+            assert dropped == record.metrics["history/dropped_policy_tokens"] >= 1
+            assert all(0 <= d["at"] <= view["count"] for d in view["dropped_spans"])
+            assert view["mean_gap"] == pytest.approx(mean_gap(tid))
+    finally:
+        store.close()
+
+
 def test_rewrites_truncation_and_hostile_text_in_both_stores(store: Store, tmp_path: Path) -> None:
     job_id, invalid = create_job(store, make_job(tmp_path / "built"))
     assert invalid is None, invalid

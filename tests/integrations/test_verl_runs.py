@@ -193,3 +193,50 @@ def test_verls_steps_get_the_signal_checks_from_their_recorded_trajectories(
     [unscorable] = [w for w in warnings if "grader unsure found" in w]
     examples = warning_examples(unscorable)
     assert examples and all(store.get_trajectory(found.id, t) is not None for t in examples)
+
+
+RAY_DRIVER = """
+import sys
+import ray
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
+@ray.remote
+class RewardWorker:  # as verl's reward loop workers: separate processes of one Ray job
+    def score(self, job, version):
+        from plugtune.integrations import verl
+        info = {"index": 0, "max_global_steps": version}
+        return verl.compute_score("arith", "59", "59", info, job=job)["score"], verl.run_key()
+
+    def close(self):
+        from plugtune.integrations import verl
+        verl.close_runs()
+
+
+workers = [RewardWorker.remote() for _ in range(2)]
+print(ray.get([w.score.remote(sys.argv[1], v) for w, v in zip(workers, (2, 3))]))
+ray.get([w.close.remote() for w in workers])
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_verls_ray_workers_share_one_job_by_their_ray_session_and_job(home: Settings, tmp_path: Path) -> None:
+    ray_home = tmp_path / "ray-home"  # Ray writes its auth token under HOME
+    ray_home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PLUGTUNE_RUN"}
+    driver = subprocess.run(
+        [sys.executable, "-c", RAY_DRIVER, str(TASK / "job.yaml")],
+        env={**env, "HOME": str(ray_home)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    store = Store.open(home.database_url)
+    [job] = store.list_jobs()  # two worker processes, one job
+    key = str(job.spec["run_key"])
+    assert key.startswith("ray:session_") and key in driver.stdout
+    assert job.status == "succeeded" and store.engine_run(key) == (job.id, 0, 2)
+    assert sorted(r.step for r in store.trajectories(job.id)) == [3, 4]

@@ -21,7 +21,7 @@ from plugtune.sdk import Sample, Sampling
 from plugtune.trainer.groups import GroupRunner, Plugins, gather_or_cancel
 from plugtune.trainer.protocols import Caller, PolicyServer, call_once
 from plugtune.trainer.rewards import summary
-from plugtune.trainer.tasks import task_of
+from plugtune.trainer.tasks import task_metric, task_of
 from plugtune.types import TrajectoryRecord
 
 #: Group id prefixes of evaluation trajectories (``eval-greedy-s10-p3-r0``: step 10, row 3).
@@ -92,6 +92,27 @@ def eval_metrics(
     return out
 
 
+#: The eval metrics a multi-task job also records per task, as ``task/<name>/eval/...``.
+TASK_EVAL_METRICS = ("eval/pass@1", "eval/pass@k", "eval/reward/mean", "eval/rows")
+
+
+def task_eval_metrics(
+    task_by_row: Sequence[str],
+    greedy: Sequence[TrajectoryRecord],
+    sampled: Sequence[Sequence[TrajectoryRecord]],
+    settings: EvalSettings,
+) -> dict[str, float]:
+    """``task/<name>/eval/pass@1`` (and pass@k, reward/mean, rows) of each task's held-out rows;
+    ``task_by_row[i]`` is row i's task (a record's ``sample_index``)."""
+    out: dict[str, float] = {}
+    for task in sorted(set(task_by_row)):
+        own = [r for r in greedy if task_by_row[r.sample_index] == task]
+        rows = [row for row in sampled if row and task_by_row[row[0].sample_index] == task]
+        found = eval_metrics(own, rows, settings)
+        out.update({task_metric(task, k): found[k] for k in TASK_EVAL_METRICS if k in found})
+    return out
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
@@ -143,7 +164,12 @@ class Evaluator:
             self._finished += finished
             raise
         records = [*greedy, *(r for row in sampled for r in row)]
-        return EvalResult(step=step, metrics=eval_metrics(greedy, sampled, self.settings), records=records)
+        metrics = eval_metrics(greedy, sampled, self.settings)
+        if any("task" in row for row in self.rows):  # a multi-task job: each task's pass rates too
+            metrics.update(
+                task_eval_metrics([task_of(row) for row in self.rows], greedy, sampled, self.settings)
+            )
+        return EvalResult(step=step, metrics=metrics, records=records)
 
     async def _rows(
         self,

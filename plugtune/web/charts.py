@@ -157,6 +157,11 @@ def _task_label(shown: str = "") -> Callable[[str], str]:
     return label
 
 
+def _task_eval_label(name: str) -> str:
+    task, metric = split_task_metric(name) or ("", name)
+    return f"{task}: {metric.removeprefix('eval/')}"
+
+
 # A multi-task job's tasks (job.yaml's tasks:), one series per task: drawn only for a job that has them.
 TASK_CHARTS: list[PluginChart] = [
     PluginChart(
@@ -179,6 +184,13 @@ TASK_CHARTS: list[PluginChart] = [
         "share",
         _of_task(is_signal_health),
         _task_label(),
+    ),
+    PluginChart(
+        "task_eval",
+        "Eval per task: pass@1 (greedy), pass@k (sampled), reward, rows",
+        "",
+        _of_task(lambda m: m.startswith("eval/")),
+        _task_eval_label,
     ),
     PluginChart(
         "task_response_length",

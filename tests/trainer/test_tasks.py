@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from plugtune import grader
+from plugtune.gateway import JobSampling, PolicyGateway
+from plugtune.gateway.sampling import SamplingView
 from plugtune.sdk import Context, Sample, Trajectory
 from plugtune.trainer.config import TrainerConfig
+from plugtune.trainer.evaluation import EvalSettings, Evaluator
 from plugtune.trainer.groups import Plugins
 from plugtune.trainer.grpo import GRPOTrainer
 from plugtune.trainer.model import load_model
@@ -126,3 +129,19 @@ def test_task_names_and_metric_names() -> None:
     assert split_task_metric("reward/mean") is None
     assert warning_key("no_gradient@task=math") == "no_gradient"
     assert warning_key("no_gradient") == "no_gradient"
+
+
+async def test_an_evaluation_of_a_multi_task_job_measures_each_task(tiny_model_path: Path) -> None:
+    lm = load_model(tiny_model_path)
+    plugins = trainer_of(tiny_model_path, [row(0, "math")]).runner.plugins  # the same three sets
+    rows = [row(0, "math"), row(1, "code"), row(2, "code")]
+    settings = EvalSettings(k=1, samples=2, max_new_tokens=4)
+    with PolicyGateway(lm.model, lm.tokenizer, sampling=JobSampling(1.0, 1.0, 4)) as gateway:
+        greedy = SamplingView(gateway, JobSampling(0.0, 1.0, 4, purpose="greedy evaluation"))
+        sampled = SamplingView(gateway, JobSampling(1.0, 1.0, 4, purpose="sampled evaluation"))
+        result = await Evaluator(greedy, sampled, plugins, rows, settings).run(0, 0)
+    m = result.metrics
+    assert m["eval/pass@1"] == pytest.approx(1 / 3)  # the mix
+    assert m[task_metric("math", "eval/pass@1")] == 1.0 and m[task_metric("code", "eval/pass@1")] == 0.0
+    assert m[task_metric("math", "eval/pass@k")] == 1.0 and m[task_metric("code", "eval/pass@k")] == 0.0
+    assert (m[task_metric("math", "eval/rows")], m[task_metric("code", "eval/rows")]) == (1.0, 2.0)

@@ -9,7 +9,8 @@
 (function () {
   const PT = window.PT;
   const BLOCK = 400;
-  const cache = new Map(); // "job/id" -> the API's token view, while the page lives
+  const cache = new Map(); // "job/id" -> the API's token view: the last CACHED trajectories shown
+  const CACHED = 20;
   const state = { open: new URLSearchParams(window.location.search).get("view") === "tokens" };
 
   const num = (v) => (v === null || v === undefined ? "–" : PT.fmtNumber(v));
@@ -158,6 +159,7 @@
     try {
       if (!cache.has(key)) {
         cache.set(key, await PT.api(`/api/jobs/${encodeURIComponent(job)}/trajectories/${encodeURIComponent(id)}/tokens`));
+        if (cache.size > CACHED) cache.delete(cache.keys().next().value);
       }
       render(content, cache.get(key));
       details.dataset.ready = "true";

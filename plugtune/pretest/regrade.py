@@ -47,6 +47,7 @@ from plugtune.store import Plugin, Store
 from plugtune.store.regrades import RegradeRow
 from plugtune.trainer.draft import TrajectoryDraft
 from plugtune.trainer.rewards import final_reward
+from plugtune.trainer.tasks import DEFAULT_TASK, task_of
 from plugtune.types import ErrorRecord, TrajectoryRecord
 
 #: What a trajectory is, for the flips: ``scored`` (it has a reward), ``unscorable`` (it succeeded and
@@ -301,6 +302,26 @@ class _Grading:
             d.graded(fn.spec.name, outcome, values[i] if i < len(values) else None)
 
 
+def task_graders(spec: dict[str, Any]) -> dict[str, set[str]]:
+    """A multi-task job's graders and group graders by task, as its stored spec names them
+    (``default``: the top-level plugins'); {} for a job without tasks."""
+    tasks = spec.get("tasks")
+    if not isinstance(tasks, dict) or not tasks:
+        return {}
+    sets = {DEFAULT_TASK: spec.get("plugins") or {}, **tasks}
+    out: dict[str, set[str]] = {}
+    for task, plugins in sets.items():
+        items = [*(plugins.get("graders") or []), *(plugins.get("group_graders") or [])]
+        out[str(task)] = {_entry_name(item) for item in items if isinstance(item, (dict, str))}
+    return out
+
+
+def _entry_name(item: dict[str, Any] | str) -> str:
+    if isinstance(item, str):
+        return item
+    return str(item.get("use") or item.get("name") or str(item.get("entry", "")).rpartition(":")[2])
+
+
 class _Rows:
     """Each trajectory's dataset row as ``replay``'s ``sample_of`` gives it (which checks the dataset
     is the one the job was submitted with), the file read once instead of once a row."""
@@ -309,6 +330,13 @@ class _Rows:
         self.spec = spec
         self.first: Sample | None = None
         self.rows: list[dict[str, Any]] = []
+
+    def task(self, record: TrajectoryRecord) -> str:
+        """The task of the trajectory's row (a multi-task job's plugin set)."""
+        if self.first is None:
+            self.sample(record)
+        inside = 0 <= record.sample_index < len(self.rows)
+        return task_of(self.rows[record.sample_index]) if inside else DEFAULT_TASK
 
     def sample(self, record: TrajectoryRecord) -> Sample:
         if self.first is None:
@@ -402,8 +430,11 @@ def regrade(
     samples: dict[int, Sample] = {}
     groups: dict[str, list[tuple[TrajectoryRecord, Sample, list[str]]]] = {}
     skipped = 0
+    by_task = task_graders(job.spec)
     for record in records:
         names = failed_graders(record, grader_names) if failed_only else list(grader_names)
+        if by_task and names and regradable(record, rollout):  # a multi-task job: its row's task's graders
+            names = [n for n in names if n in by_task.get(rows.task(record), ())]
         if not names or not regradable(record, rollout):
             skipped += 1
             continue

@@ -219,8 +219,17 @@ def as_recorded(replayed: TrajectoryRecord, record: TrajectoryRecord) -> Traject
 
 
 def grader_weights(spec: dict[str, Any]) -> dict[str, float]:
-    """job.yaml's grader weights by plugin name (the decorator's weight applies to the rest)."""
-    plugins = spec.get("plugins") or {}
+    """job.yaml's grader weights by plugin name (the decorator's weight applies to the rest); a
+    multi-task job's tasks' own grader entries too."""
+    tasks = spec.get("tasks")
+    sets = [t for t in tasks.values() if isinstance(t, dict)] if isinstance(tasks, dict) else []
+    out: dict[str, float] = {}
+    for plugins in [spec.get("plugins") or {}, *sets]:
+        out.update(_weights(plugins))
+    return out
+
+
+def _weights(plugins: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for entry in [*(plugins.get("graders") or []), *(plugins.get("group_graders") or [])]:
         if isinstance(entry, dict) and entry.get("weight") is not None:

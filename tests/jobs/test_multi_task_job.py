@@ -18,6 +18,7 @@ from plugtune.cli import app
 from plugtune.jobs.control import create_job
 from plugtune.jobs.scheduler import run_job
 from plugtune.pretest import command as pretest
+from plugtune.pretest.regrade import regrade
 from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.web import create_app
@@ -136,6 +137,13 @@ def test_a_two_task_job_scores_each_row_by_its_task_and_keeps_each_tasks_numbers
     assert {"code: failed", "code: failed: 500", "math: failed"} <= failures
     assert {s["name"] for s in curves["task_signal"]["series"]} >= {"math: groups/zero_variance_share"}
     assert not [k for k in curves if k.startswith("metric:task")]  # no task metric left to an extra chart
+
+    # plugtune regrade: each trajectory re-graded by its own task's graders only (nothing flips)
+    report = regrade(store, job_id, save=True, label="again")
+    assert report["regraded"] == 16 and report["counts"]["unchanged"] == 16, report
+    for stored in store.regrades(job_id, "again"):
+        task = ROWS[int(stored.trajectory_id.split("-p")[1].split("-")[0])]["task"]
+        assert stored.graders == ["always_one" if task == "math" else "always_zero"], stored
 
     # compare: per-task curves, one series per job and task
     other = run_job(store, home, create_job(store, multi_task_job(tmp_path / "again"))[0])

@@ -112,7 +112,16 @@ def trajectories(
 
 def replay(
     job_id: int = typer.Argument(..., help="Job id."),
-    trajectory_id: str = typer.Argument(..., help="Trajectory id (`plugtune trajectories JOB` lists them)."),
+    trajectory_id: str = typer.Argument(
+        ..., help="Trajectory id (`plugtune trajectories JOB` lists them); with --group, a group id too."
+    ),
+    group: bool = typer.Option(
+        False,
+        "--group",
+        help="Replay the whole prompt group of a step that the trajectory belongs to (or the group id "
+        "names): every rollout at once with its own recorded answers, its graders, then the group "
+        "graders; one verdict per trajectory.",
+    ),
     in_process: bool = typer.Option(
         False,
         "--in-process",
@@ -135,8 +144,10 @@ def replay(
     The verdict: "reproduced" (the same failure: type, cause, plugin and, for a raise, the exception
     class; or the same status and reward), "failed differently" (both failed, not alike; both
     messages shown), "did not reproduce" (the job's trajectory failed, the replay did not) or
-    "ended differently" (it succeeded in the job). Exits 0 when reproduced, 1 otherwise, 2 when the
-    job, trajectory, code or data is missing, or an in-process replay as root is refused."""
+    "ended differently" (it succeeded in the job). With --group, every trajectory of the group gets
+    its verdict (the group graders see the whole group, as in the step). Exits 0 when reproduced
+    (every trajectory, with --group), 1 otherwise, 2 when the job, trajectory, group, code or data is
+    missing, or an in-process replay as root is refused."""
     from plugtune.errors import DataError
     from plugtune.pretest.replay import ReplayError
     from plugtune.pretest.replay import replay as replay_trajectory
@@ -149,9 +160,12 @@ def replay(
             fg="yellow",
             err=True,
         )
+    from plugtune.pretest.group_replay import render_group_replay, replay_group
+
+    run = replay_group if group else replay_trajectory
     with opened_store() as (_, store):
         try:
-            doc = replay_trajectory(
+            doc = run(
                 store, job_id, trajectory_id, in_process=in_process, unsandboxed_as_root=unsandboxed_as_root
             )
         except (ReplayError, DataError) as exc:
@@ -162,7 +176,8 @@ def replay(
     else:
         from rich.console import Console
 
-        render_replay(Console(highlight=False, soft_wrap=True), doc)
+        render = render_group_replay if group else render_replay
+        render(Console(highlight=False, soft_wrap=True), doc)
     raise typer.Exit(0 if doc["reproduced"] else 1)
 
 

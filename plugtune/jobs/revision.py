@@ -26,7 +26,7 @@ from plugtune.jobs.scheduler import require
 from plugtune.jobs.submitted import KEY as SUBMITTED
 from plugtune.jobs.submitted import REVISED_KEY, check_data, has_snapshot, plugins_to_run
 from plugtune.runtime.snapshot import SnapshotError, collect, content_hash
-from plugtune.spec.models import parse_entry
+from plugtune.spec.reach import Reach
 from plugtune.spec.validation import ValidatedJob, validate_job
 from plugtune.store import Store
 
@@ -124,8 +124,16 @@ def read(store: Store, job_id: int, code_dir: Path) -> Revision:
         )
     job_file = Path(str(job.spec["job_file"]))
     files, problems = {}, []
+    reach = Reach.of(job_file, None)
     for file in plugins_to_run(job.spec):
         path = root / file
+        if path.is_file() and reach.holds_home(path.parent):
+            message = (
+                f"the folder of {file} ({path.parent}) holds PLUGTUNE_HOME ({reach.home}), and a plugin's "
+                "whole folder is kept with the job: give --code a project folder outside it"
+            )
+            problems.append(Problem(str(path), message, None, "plugins"))
+            continue
         if path.is_file():
             files[file] = path
             continue
@@ -144,24 +152,21 @@ def read(store: Store, job_id: int, code_dir: Path) -> Revision:
 
 
 def keep(store: Store, revision: Revision) -> dict[str, dict[str, Any]]:
-    """Store each plugin folder of the revision by content hash; plugin file -> its record."""
+    """Store each plugin folder of the revision by content hash (as submission keeps them: the
+    plugin file's whole folder); plugin file -> its record."""
     plugins: dict[str, dict[str, Any]] = {}
     contents: dict[str, dict[str, bytes]] = {}
     problems = []
-    job = revision.job
-    for ref in (job.rollout, *job.graders, *job.group_graders):
-        file = parse_entry(ref.entry).file
-        if ref.path is None or file is None or file in plugins:
-            continue
+    for file, path in revision.files.items():
         try:
-            files = collect(ref.path.parent)
+            files = collect(path.parent)
         except (SnapshotError, OSError) as exc:
             message = f"the plugin's folder cannot be kept with the job: {exc}"
-            problems.append(Problem(str(ref.path), message, ref.line, f"{ref.field}.entry"))
+            problems.append(Problem(str(path), message, None, "plugins"))
             continue
         code_hash = content_hash(files)
         contents[code_hash] = files
-        plugins[file] = {"code_hash": code_hash, "file": ref.path.name, "path": str(ref.path)}
+        plugins[file] = {"code_hash": code_hash, "file": path.name, "path": str(path)}
     if problems:
         raise InvalidValueError(problems)
     for code_hash, files in contents.items():

@@ -18,6 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.text import Text
+
 from plugtune.jobs.plugins import JobFunction
 from plugtune.pretest.deployment import deploy_job
 from plugtune.pretest.local import ExitsAsEof, exits_raise
@@ -200,3 +203,30 @@ class _Run:
             return await run_trial(
                 functions, relay, [(self.records[0].step, self.sample)], concurrency=size, group_size=size
             )
+
+
+def render_group_replay(console: Console, doc: dict[str, Any]) -> None:
+    """One line per trajectory: recorded -> replayed outcome and the verdict; then the summary."""
+    head = f"plugtune replay: job {doc['job_id']} group {doc['group_id']} (step {doc['step']}), "
+    head += f"{doc['summary']['trajectories']} trajectories"
+    console.print(Text(head, style="bold"))
+    sandbox = str(doc.get("sandbox") or "")
+    if sandbox:
+        console.print(Text(f"sandbox: {sandbox}", style="yellow" if sandbox.startswith("none") else "dim"))
+    for row in doc["trajectories"]:
+        line = Text(f"  {row['trajectory_id']}: {_outcome(row['recorded'])} -> {_outcome(row['replayed'])}  ")
+        line.append(row["verdict"], style="green" if row["reproduced"] else "yellow")
+        console.print(line)
+        for divergence in row["divergences"]:
+            console.print(Text(f"    divergence: {divergence}", style="yellow"))
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in doc["summary"]["verdicts"].items())
+    style = "bold green" if doc["reproduced"] else "bold yellow"
+    console.print(Text(f"{counts} of {doc['summary']['trajectories']}", style=style))
+
+
+def _outcome(outcome: dict[str, Any]) -> str:
+    error = outcome["error"]
+    if error is not None:
+        raised = f" {error['raised']}" if error.get("raised") else ""
+        return f"{outcome['status']} ({error['type']}: {error['cause']}{raised} [{error['plugin']}])"
+    return f"{outcome['status']}, reward {outcome['reward']}"

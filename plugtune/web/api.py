@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from plugtune.jobs.report import job_warnings, quarantined_rows
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
-from plugtune.web import charts, queries, service
+from plugtune.web import charts, code_api, queries, service
 from plugtune.web.codeview import zip_code
+from plugtune.web.guard import MULTIPART
 from plugtune.web.models import (
     ChartsOut,
     CodeFileOut,
@@ -22,6 +25,7 @@ from plugtune.web.models import (
     NeighborsOut,
     PluginMetricsOut,
     PluginOut,
+    ProblemsOut,
     QuarantinedRowOut,
     QuarantineOut,
     RetryOut,
@@ -121,12 +125,27 @@ def get_job(request: Request, job_id: JobId) -> JobDetail:
     )
 
 
-@router.post("/jobs/{job_id}/retry", response_model=RetryOut)
-def retry_job(request: Request, job_id: JobId) -> RetryOut:
+@router.post(
+    "/jobs/{job_id}/retry",
+    response_model=RetryOut,
+    responses={
+        422: {"model": ProblemsOut, "description": "the new code was refused; nothing was changed"},
+    },
+)
+async def retry_job(request: Request, job_id: JobId) -> Response:
     """Retry a failed (or cancelled) job by hand: it is queued again and resumes from its last
-    checkpoint (restarts at step 0 when it has none; a job that failed validation is validated again)."""
-    job = service.retry(_store(request), job_id, request.app.state.on_retry)
-    return RetryOut(job_id=job.id, status=job.status, message=f"job {job.id} is {job.status} again")
+    checkpoint (restarts at step 0 when it has none; a job that failed validation is validated again)
+    with the code it ran. With new plugin code: send the project as `multipart/form-data` (a
+    `project` archive, .zip / .tar.gz of its folder, or `project_files` parts named by their path in
+    it), as `plugtune jobs retry ID --code DIR` does: each plugin file at the path job.yaml names,
+    validated against the stored job.yaml and data, linted and tested on the job's own newest failed
+    groups in the sandbox; 422 lists every problem and changes nothing."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind == MULTIPART:
+        return await code_api.retry_upload(request, job_id)
+    job = await run_in_threadpool(service.retry, _store(request), job_id, request.app.state.on_retry)
+    out = RetryOut(job_id=job.id, status=job.status, message=f"job {job.id} is {job.status} again")
+    return JSONResponse(out.model_dump())
 
 
 @router.get("/jobs/{job_id}/curves", response_model=ChartsOut)

@@ -20,6 +20,7 @@ from plugtune.store import Store
 from plugtune.web import (
     api,
     app_openapi,
+    code_api,
     compare,
     control_api,
     exposition,
@@ -83,6 +84,7 @@ def create_app(
     app.include_router(functions.router)
     app.include_router(pages.router)
     app.include_router(regrades.router)
+    app.include_router(code_api.router)
     app.include_router(tokens.router)
     app.include_router(login.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -142,7 +142,8 @@ class EdgeGuard:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         request = Request(scope)
-        limit, extra_types = upload_limits(scope["method"], scope["path"].rstrip("/"))
+        kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        limit, extra_types = upload_limits(scope["method"], scope["path"].rstrip("/"), kind)
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise _too_large(int(declared), limit, scope)
@@ -181,10 +182,11 @@ def check_pairs(pairs: list[bytes], what: str) -> None:
             raise Refused(400, f"{what} {name.replace(chr(0), '')!r} contains a NUL byte (%00)")
 
 
-def upload_limits(method: str, path: str) -> tuple[int, tuple[str, ...]]:
-    """The body limit and extra Content-Types of a route (an upload route's, else the default)."""
+def upload_limits(method: str, path: str, kind: str = "") -> tuple[int, tuple[str, ...]]:
+    """The body limit and extra Content-Types of a route (an upload route's, else the default); a
+    retry's upload limit is only for its multipart body (the project), its other bodies stay small."""
     if method == "POST" and RETRY_UPLOAD.fullmatch(path):
-        return MAX_UPLOAD_BYTES, (MULTIPART,)
+        return (MAX_UPLOAD_BYTES if kind == MULTIPART else MAX_BODY_BYTES), (MULTIPART,)
     return UPLOADS.get((method, path), (MAX_BODY_BYTES, ()))
 
 

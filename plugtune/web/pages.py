@@ -14,6 +14,7 @@ from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.store.records import JobStatus
 from plugtune.web import charts, compare, queries, service
+from plugtune.web.code_api import code_spans
 from plugtune.web.codeview import render_files
 from plugtune.web.models import AttemptOut
 from plugtune.web.params import (
@@ -153,6 +154,7 @@ def _job_page(request: Request, job_id: int, *, message: str = "", status_code: 
         retry_note=service.retry_note(store, job),
         config=config_rows(job.spec),
         spec_yaml=job.spec_yaml,
+        code_spans=code_spans(store, job_id),
     )
 
 

@@ -16,6 +16,7 @@ from plugtune.cli import app
 from plugtune.jobs import revision
 from plugtune.jobs.control import create_job
 from plugtune.jobs.scheduler import run_job
+from plugtune.pretest.replay import replay
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.jobs.jobkit import make_job
@@ -125,6 +126,13 @@ def test_a_failed_job_resumes_from_its_checkpoint_with_the_fixed_grader(
     assert grader.entry == f"{fixed / 'plugins' / 'grader.py'}:exact"  # the console names where it came from
     # A plain retry afterwards would run this code, not what is on disk: the job's code is the stored one.
     assert revision.set_hash(revision.plugins_to_run(job.spec)) == ran[1].code_hash
+    # A replay runs the code its trajectory ran (the job's plugins now name the fix): step 1's the
+    # submitted grader, step 3's the fixed one, neither read from disk.
+    (project / "plugins" / "grader.py").write_text("raise SystemExit('not the code the job ran')\n")
+    earlier = replay(store, job_id, old.trajectory_id)
+    assert (earlier["verdict"], earlier["replayed"]["reward"]) == ("reproduced", 0.25), earlier
+    later = replay(store, job_id, new_record.trajectory_id)
+    assert (later["verdict"], later["replayed"]["reward"]) == ("reproduced", 0.75), later
 
 
 @pytest.mark.slow

@@ -115,15 +115,20 @@ class _VerlRun:
             self.run.close()
 
 
-def run_for(job: str | os.PathLike[str] | None, run: str | None = None) -> _VerlRun:
+def run_for(job: str | os.PathLike[str] | None, run: str | None = None, *, scoring: bool = False) -> _VerlRun:
     """This process's run of ``job`` (else ``$PLUGTUNE_JOB``), opened on first use, in the job
-    of the verl run ``run_key(run)`` names."""
+    of the verl run ``run_key(run)`` names; ``scoring``: for verl's reward function, which refuses
+    a group rule (before any job is recorded)."""
     path = _job_path(job)
     key = run_key(run)
     with _runs_lock:
         found = _runs.get((path, key))
+        if found is not None and scoring:
+            _refuse_group_rule(found.run.job)
         if found is None:
             validated = validate_job(path, check_model=False)  # the model is verl's
+            if scoring:
+                _refuse_group_rule(validated)
             if validated.group_graders:
                 ref = validated.group_graders[0]
                 message = (
@@ -318,8 +323,7 @@ def compute_score(
     grader said ``None``, or its call failed and the policy dropped the sample) scores 0.0 with
     ``plugtune_scored`` 0.0, as verl needs a number. Under ``fail_job`` a failed call raises the
     classified ``PluginCallError``."""
-    verl_run = run_for(job, kwargs.get("run"))
-    _refuse_group_rule(verl_run.run.job)
+    verl_run = run_for(job, kwargs.get("run"), scoring=True)
     record = verl_run.runner.grade_text(data_source, solution_str, ground_truth, plain(extra_info or {}))
     if verl_run.run.stopped is not None:
         raise verl_run.run.stopped
@@ -338,8 +342,7 @@ def compute_score_batch(
     **kwargs: Any,
 ) -> list[dict[str, float]]:
     """The ``batch`` reward manager's form: every response graded concurrently in the runtime."""
-    verl_run = run_for(job, kwargs.get("run"))
-    _refuse_group_rule(verl_run.run.job)
+    verl_run = run_for(job, kwargs.get("run"), scoring=True)
     infos = list(extra_infos) if extra_infos is not None else [{} for _ in solution_strs]
     rows = zip(list(data_sources), solution_strs, ground_truths, infos, strict=True)
     records = verl_run.runner.grade_texts([(ds, text, gt, plain(info or {})) for ds, text, gt, info in rows])

@@ -244,6 +244,7 @@ def test_a_group_rule_is_refused_by_verls_reward_function_naming_its_line(
     line = next(i for i, row in enumerate(text.splitlines(), 1) if "group: {drop: group}" in row)
     assert (problem.file, problem.line, problem.field) == (str(job_file), line, "failure_policy.group")
     assert "verl's reward function never sees (one response a call)" in problem.message
+    assert Store.open(home.database_url).list_jobs() == []  # refused before any job is recorded
 
 
 def test_without_a_job_file_the_error_says_where_to_name_it(home: Settings, runs: None) -> None:

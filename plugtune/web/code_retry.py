@@ -83,7 +83,7 @@ def lint_revision(found: revision.Revision) -> list[Finding]:
     job = found.job
     kinds: dict[Path, dict[str, object]] = {}
     shapes: dict[Path, dict[str, str]] = {}
-    for ref in (job.rollout, *job.graders, *job.group_graders):
+    for ref in job.plugin_refs():  # a multi-task job's tasks' plugins too
         if ref.path is None:
             continue
         kinds.setdefault(ref.path, {})[ref.function] = ref.kind

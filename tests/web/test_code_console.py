@@ -8,6 +8,7 @@ import shutil
 import textwrap
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,6 +21,7 @@ from plugtune.store import Store
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job
 from tests.jobs.test_retry_with_code import BROKEN, FIXED, LINT_BROKEN
+from tests.web.browsing import checked_page, needs_chromium, serving
 from tests.web.conftest import BASE_URL
 
 OLD = b"def exact(ctx, sample, trajectory):\n    return 0.25\n"
@@ -148,4 +150,44 @@ def test_a_retry_with_new_code_through_the_api(tmp_path: Path, monkeypatch: pyte
     assert "+        return 0.75" in diff and "broken at step" in diff
     plain = console.post(f"/api/jobs/{job_id}/retry")  # succeeded: a plain retry is still refused
     assert plain.status_code == 409
+    store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@needs_chromium
+def test_the_job_page_retries_with_an_uploaded_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, browser: Any
+) -> None:
+    monkeypatch.setenv("PLUGTUNE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", f"sqlite:///{tmp_path / 'state' / 'plugtune.db'}")
+    home = Settings.from_env()
+    store = Store.open(home.database_url)
+    project = tmp_path / "task"
+    job_id, invalid = create_job(store, make_job(project, grader=BROKEN, hyper={"steps": 3}))
+    assert invalid is None and run_job(store, home, job_id) == "failed"
+    archives = {}
+    for name, grader in (("lint", LINT_BROKEN), ("fixed", FIXED)):
+        shutil.copytree(project, tmp_path / name)
+        (tmp_path / name / "plugins" / "grader.py").write_text(textwrap.dedent(grader))
+        archives[name] = {
+            "name": f"{name}.zip",
+            "mimeType": "application/zip",
+            "buffer": _zipped(tmp_path / name),
+        }
+    with serving(create_app(store, home=home.home)) as base, checked_page(browser) as page:
+        page.goto(f"{base}/jobs/{job_id}")
+        page.locator("#retry-code-archive").set_input_files(archives["lint"])
+        page.click("#retry-code-button")
+        problem = page.locator("#retry-code-problems li").first
+        problem.wait_for()
+        assert "PT203" in problem.inner_text() and "plugins/grader.py" in problem.inner_text()
+        assert "plugtune lint" in page.locator("#retry-code-result .notice").inner_text()
+        assert store.get_job(job_id).status == "failed"  # type: ignore[union-attr]
+        page.problems.clear()  # the browser logs the expected 422
+        page.locator("#retry-code-archive").set_input_files(archives["fixed"])
+        page.click("#retry-code-button")
+        page.wait_for_url(f"**/jobs/{job_id}?retried=1", timeout=60_000)
+        assert store.get_job(job_id).status == "queued"  # type: ignore[union-attr]
+        assert page.locator("#flash").inner_text().startswith("Retry requested")
     store.close()

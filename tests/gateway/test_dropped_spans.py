@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from plugtune.gateway import PolicyGateway
+from plugtune.gateway.engine import Generation
+from plugtune.gateway.trace import CallPlan, TraceBuilder
 from plugtune.types import DroppedSpan
 
 
@@ -38,3 +40,24 @@ def test_a_call_that_extends_the_record_cuts_nothing(gateway: PolicyGateway) -> 
     )
     trace = gateway.take("kept")
     assert trace.rewrites == 0 and trace.dropped_spans == []
+
+
+def _reply(builder: TraceBuilder, ids: list[int]) -> None:
+    generation = Generation(ids, [-0.5] * len(ids), [], "stop", True, None, 0, 1)
+    builder.record_reply(generation, {"role": "assistant", "content": "x"})
+
+
+def test_a_later_rewrite_that_cuts_earlier_moves_the_older_span_to_its_cut() -> None:
+    builder = TraceBuilder("t")
+    builder.apply(CallPlan(0, [1, 2], [], is_rewrite=False), [], None, 0)
+    _reply(builder, [10, 11, 12, 13])  # response: 10 11 12 13
+    builder.apply(CallPlan(2 + 3, None, [20, 21], is_rewrite=True), [], None, 0)  # keeps 10 11 12
+    _reply(builder, [30, 31])  # response: 10 11 12 20 21 30 31
+    assert builder.snapshot().dropped_spans == [DroppedSpan(at=3, tokens=1, policy_tokens=1, rewrite=1)]
+    builder.apply(CallPlan(2 + 1, None, [40], is_rewrite=True), [], None, 0)  # keeps 10
+    trace = builder.snapshot()
+    assert trace.response_ids == [10, 40] and trace.dropped_policy_tokens == 1 + 4
+    assert trace.dropped_spans == [
+        DroppedSpan(at=1, tokens=1, policy_tokens=1, rewrite=1),  # it stood after 12: now gone too
+        DroppedSpan(at=1, tokens=6, policy_tokens=4, rewrite=2),
+    ]

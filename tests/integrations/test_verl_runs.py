@@ -8,7 +8,9 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -240,3 +242,50 @@ def test_verls_ray_workers_share_one_job_by_their_ray_session_and_job(home: Sett
     assert key.startswith("ray:session_") and key in driver.stdout
     assert job.status == "succeeded" and store.engine_run(key) == (job.id, 0, 2)
     assert sorted(r.step for r in store.trajectories(job.id)) == [3, 4]
+
+
+class _RewardActor:
+    """A verl reward loop worker as Ray runs it, an actor with an event loop of its own:
+    ``handle.compute_score.remote(data)`` is awaitable (the one call verl's agent loop makes)."""
+
+    def __init__(self, config: Any) -> None:
+        from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+        async def make() -> Any:
+            return RewardLoopWorker(config)
+
+        self.worker = asyncio.run_coroutine_threadsafe(make(), self.loop).result(timeout=120)
+        self.compute_score = SimpleNamespace(remote=self._remote)
+
+    def _remote(self, data: Any) -> Any:
+        return asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(self.worker.compute_score(data), self.loop)
+        )
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_verls_own_agent_loop_and_reward_loop_record_the_trainers_step_not_0(
+    tmp_path: Path, home: Settings, runs: None, server: Any
+) -> None:
+    config = _config(tmp_path, TASK / "job.yaml")
+    config.actor_rollout_ref.rollout.agent.default_agent_loop = "single_turn_agent"  # verl's, not plugtune's
+    actor = _RewardActor(config)
+    try:
+        worker = AgentLoopWorker(config, llm_client=server, reward_loop_worker_handles=[actor])
+        WEIGHTS["version"] = 4  # verl's step 5 samples with the weights synced at step 4
+        batch = base._batch([ROWS[0]], {"global_steps": 5})
+        del batch.non_tensor_batch["agent_name"]  # the default agent loop: verl's single turn
+        output = asyncio.run(worker.generate_sequences(batch))
+    finally:
+        actor.stop()
+    assert output.non_tensor_batch["plugtune_scored"].tolist() == [1.0]  # plugtune's compute_score ran
+    plugtune_verl.close_runs()
+    store = Store.open(home.database_url)
+    [job] = store.list_jobs()
+    [record] = store.trajectories(job.id)
+    assert record.step == 5 and record.status == "success"  # from verl's extra fields, not 0

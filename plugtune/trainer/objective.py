@@ -132,8 +132,8 @@ def with_trainer_logprobs(
 def _per_trajectory(batch: TrainBatch, logps_N: torch.Tensor) -> dict[str, list[float]]:
     """``logps_N`` (one per policy token, row-major) as one list per trajectory over its response."""
     b_N, t_N = batch.policy_positions
+    full_BR = torch.zeros(batch.mask_BR.shape, dtype=torch.float32, device=logps_N.device)
+    full_BR[b_N, t_N] = logps_N.float()
     lengths = batch.response_attention_BR.sum(1).tolist()
-    out = {tid: [0.0] * int(n) for tid, n in zip(batch.trajectory_ids, lengths, strict=True)}
-    for b, t, value in zip(b_N.tolist(), t_N.tolist(), logps_N.float().cpu().tolist(), strict=True):
-        out[batch.trajectory_ids[b]][t] = value
-    return out
+    rows = full_BR.cpu().tolist()
+    return {tid: row[: int(n)] for tid, row, n in zip(batch.trajectory_ids, rows, lengths, strict=True)}

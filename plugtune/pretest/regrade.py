@@ -38,7 +38,7 @@ from urllib.parse import quote
 from plugtune.errors import PluginCallError, PlugtuneError
 from plugtune.jobs.plugins import JobFunction
 from plugtune.pretest.local import ExitsAsEof
-from plugtune.pretest.replay import deploy_recorded, grader_weights, recorded_env, sample_of
+from plugtune.pretest.replay import deploy_recorded, entry_name, grader_weights, recorded_env, sample_of
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.sdk import Context, Kind, Sample
@@ -312,14 +312,8 @@ def task_graders(spec: dict[str, Any]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for task, plugins in sets.items():
         items = [*(plugins.get("graders") or []), *(plugins.get("group_graders") or [])]
-        out[str(task)] = {_entry_name(item) for item in items if isinstance(item, (dict, str))}
+        out[str(task)] = {entry_name(item) for item in items}
     return out
-
-
-def _entry_name(item: dict[str, Any] | str) -> str:
-    if isinstance(item, str):
-        return item
-    return str(item.get("use") or item.get("name") or str(item.get("entry", "")).rpartition(":")[2])
 
 
 class _Rows:

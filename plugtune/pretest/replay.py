@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from plugtune.errors import InvalidDataError, Problem
+from plugtune.errors import DataError, InvalidDataError, Problem
 from plugtune.jobs.plugins import JobFunction
 from plugtune.jobs.submitted import KEY, check_data, has_snapshot
 from plugtune.pretest.local import ExitsAsEof, exits_raise
@@ -37,8 +37,10 @@ from plugtune.pretest.trial import TrialResult, run_trial
 from plugtune.runtime import InProcessRuntime, LocalRuntime
 from plugtune.runtime.runtime import BaseRuntime
 from plugtune.sdk import Context, Runtime, Sample, Sampling
+from plugtune.spec.models import BUILTIN_ROLLOUT
 from plugtune.spec.validation import read_dataset
 from plugtune.store import Plugin, Store
+from plugtune.trainer.tasks import DEFAULT_TASK, task_of
 from plugtune.types import CallOutcome, ErrorRecord, TrajectoryRecord
 
 RAISED = re.compile(r"[A-Za-z_][\w.]*(?=:)")  # "ValueError: ..." -> ValueError
@@ -238,10 +240,46 @@ def _weights(plugins: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def task_plugins(spec: dict[str, Any], record: TrajectoryRecord) -> set[str] | None:
+    """The names of the plugins of the task of ``record``'s row (its rollout, graders and group
+    graders, as the stored spec lists them); None for a job without tasks."""
+    tasks = spec.get("tasks")
+    if not isinstance(tasks, dict) or not tasks:
+        return None
+    job_file = Path(str(spec.get("job_file", "")))
+    base_dir = Path(str(spec["base_dir"])) if spec.get("base_dir") else job_file.parent
+    data = (spec.get("data") or {}).get("validation" if record.phase == "eval" else "train")
+    try:
+        rows = read_dataset((base_dir / str(data)).resolve()) if data else []
+    except DataError:
+        rows = []  # sample_of says what is wrong with the data
+    inside = 0 <= record.sample_index < len(rows)
+    task = task_of(rows[record.sample_index]) if inside else DEFAULT_TASK
+    plugins = spec.get("plugins") or {}
+    rollout = entry_name(plugins.get("rollout")) or BUILTIN_ROLLOUT.rpartition(":")[2]
+    own = tasks.get(task)
+    chosen: dict[str, Any] = own if task != DEFAULT_TASK and isinstance(own, dict) else plugins
+    items = [*(chosen.get("graders") or []), *(chosen.get("group_graders") or [])]
+    return {entry_name(chosen.get("rollout")) or rollout, *(entry_name(i) for i in items)} - {""}
+
+
+def entry_name(item: Any) -> str:
+    """The plugin name a stored spec's entry resolves to ('' for none)."""
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, dict):
+        return ""
+    return str(item.get("use") or item.get("name") or str(item.get("entry") or "").rpartition(":")[2])
+
+
 def recorded_plugins(store: Store, job_id: int, record: TrajectoryRecord) -> list[Plugin]:
     """The job's plugins, rollout first, each with the code ``record`` ran (its code hash by plugin:
     an attempt retried with ``jobs retry --code`` ran other code than the job's newest)."""
     plugins = sorted(store.list_plugins(job_id), key=lambda p: ROLE_ORDER.get(p.role, 9))
+    job = store.get_job(job_id)
+    names = task_plugins(job.spec, record) if job is not None else None
+    if names is not None:  # a multi-task job: the plugin set of the trajectory's row's task
+        plugins = [p for p in plugins if p.name in names]
     if not plugins or plugins[0].role != "rollout":
         raise ReplayError(f"job {job_id} has no recorded rollout plugin to replay")
     ran = record.code_hash or {}

@@ -19,6 +19,7 @@ from plugtune.jobs.control import create_job
 from plugtune.jobs.scheduler import run_job
 from plugtune.pretest import command as pretest
 from plugtune.pretest.regrade import regrade
+from plugtune.pretest.replay import replay
 from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.web import create_app
@@ -144,6 +145,12 @@ def test_a_two_task_job_scores_each_row_by_its_task_and_keeps_each_tasks_numbers
     for stored in store.regrades(job_id, "again"):
         task = ROWS[int(stored.trajectory_id.split("-p")[1].split("-")[0])]["task"]
         assert stored.graders == ["always_one" if task == "math" else "always_zero"], stored
+
+    # plugtune replay: a trajectory replayed with its own task's plugins only
+    math_one = next(r for r in records if ROWS[r.sample_index]["task"] == "math")
+    replayed = replay(store, job_id, math_one.trajectory_id)
+    assert replayed["reproduced"], replayed["verdict"]
+    assert {c["name"] for c in replayed["calls"]} == {"answer", "always_one"}
 
     # compare: per-task curves, one series per job and task
     other = run_job(store, home, create_job(store, multi_task_job(tmp_path / "again"))[0])

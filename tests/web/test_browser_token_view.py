@@ -8,6 +8,7 @@ point, and shows a tool's hostile HTML as text."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,17 @@ def test_a_4000_token_reply_in_the_token_view(tmp_path: Path, page: Any) -> None
         tokenizer = AutoTokenizer.from_pretrained(str(MODEL_DIR), local_files_only=True)
         hostile = tokenizer.encode(HOSTILE, add_special_tokens=False)
         words = tokenizer.encode("Let me add the numbers one at a time.\n", add_special_tokens=False)
+        short = dataclasses.replace(
+            _long_record(hostile, words),
+            trajectory_id="short-r0",
+            response_ids=words[:3],
+            response_mask=[1, 1, 0],
+            response_logprobs=[-0.1, -0.2, 0.0],
+            trainer_logprobs=[],
+            dropped_spans=[],
+            stop_reason="stop",
+        )
+        store.upsert_trajectories(job_id, [short])  # older: below the long one in the list
         store.upsert_trajectories(job_id, [_long_record(hostile, words)])
         warning = (
             "step 1: logprob_gap is 0.02, above the 0.001 that numerical noise explains: training is "
@@ -150,5 +162,15 @@ def test_a_4000_token_reply_in_the_token_view(tmp_path: Path, page: Any) -> None
             page.wait_for_selector(f"#tok-{LENGTH - 1}")
             assert cut.evaluate("e => e.previousElementSibling.lastElementChild.id") == f"tok-{LENGTH - 1}"
             shot(page, "token-view.png")
+
+            # moving to the next trajectory keeps the view open and shows that one's tokens
+            page.locator("#traj-next").click()
+            page.wait_for_selector("#detail-id:text-is('short-r0')")  # the CSP forbids wait_for_function
+            page.wait_for_selector("#token-view[data-ready]")
+            summary = page.locator("#token-summary").inner_text()
+            assert summary.startswith("3 tokens · 2 policy-sampled · 1 tool / environment")
+            assert "the trainer's log-probs were not recorded" in summary
+            assert page.locator("#token-truncation").count() == 0
+            assert {"pol", "gap-none"} <= set(page.locator("#tok-0").get_attribute("class").split())
     finally:
         store.close()

@@ -11,7 +11,8 @@
   const BLOCK = 400;
   const cache = new Map(); // "job/id" -> the API's token view: the last CACHED trajectories shown
   const CACHED = 20;
-  const state = { open: new URLSearchParams(window.location.search).get("view") === "tokens" };
+  const linked = new URLSearchParams(window.location.search).get("view") === "tokens";
+  const state = { open: linked, scroll: linked }; // a link to the view opens it and shows it once
 
   const num = (v) => (v === null || v === undefined ? "–" : PT.fmtNumber(v));
 
@@ -181,11 +182,10 @@
       state.open = details.open;
       if (details.open && !loaded) { loaded = true; load(details, job, t.id); }
     });
-    if (state.open) {
-      details.open = true; // fires "toggle", which loads
-      if (new URLSearchParams(window.location.search).get("view") === "tokens") {
-        window.requestAnimationFrame(() => details.scrollIntoView({ block: "start" }));
-      }
+    if (state.open) details.open = true; // fires "toggle", which loads
+    if (state.scroll) {
+      state.scroll = false;
+      window.requestAnimationFrame(() => details.scrollIntoView({ block: "start" }));
     }
     return details;
   };

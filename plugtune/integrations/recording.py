@@ -269,6 +269,15 @@ class EngineRun:
             self.monitor.steps = total
             self.store.update_job(self.job_id, steps_total=total)
 
+    def set_steps(self, total: int) -> None:
+        """The engine's own step count where it knows the run's length better than job.yaml
+        (verl's total_training_steps): the job shows steps done out of it, and the signal checks'
+        window knows the run's end."""
+        if total > 0 and total != self._steps_total:
+            self._steps_total = total
+            self.monitor.steps = total
+            self.store.update_job(self.job_id, steps_total=total)
+
     def add_signal(
         self,
         step: int,

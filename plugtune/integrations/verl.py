@@ -250,6 +250,7 @@ class PlugtuneAgentLoop(AgentLoopBase):
         sample = sample_of(kwargs, sampling_params, self.response_length)
         step, validate = _verl_step()
         verl_run.runner.max_new_tokens = self.response_length
+        verl_run.run.set_steps(self._total_steps())
         started = time.perf_counter()
         phase = "eval" if validate else "train"
         group = self._group_of(kwargs, step, sample.index, validate)
@@ -259,6 +260,17 @@ class PlugtuneAgentLoop(AgentLoopBase):
             verl_run.run.flush()
             raise verl_run.run.stopped
         return self._output(record, verl_run.runner.grades, elapsed)
+
+    def _total_steps(self) -> int:
+        """verl's training steps (its trainer writes the total it computed into the actor's optim
+        config, which its workers get; else ``trainer.total_training_steps``); 0 when unknown."""
+        for total in (
+            self.config.actor_rollout_ref.actor.get("optim", {}).get("total_training_steps"),
+            self.config.trainer.get("total_training_steps"),
+        ):
+            if isinstance(total, int) and total > 0:
+                return total
+        return 0
 
     def _group_of(self, row: dict[str, Any], step: int | None, index: int, validate: bool) -> tuple[str, int]:
         """The trajectory's prompt group: verl's ``uid`` of the prompt (else its step and row) and

@@ -240,9 +240,15 @@ class TrajectoryRunner:
         return record
 
     def finish(self) -> None:
-        """The signal checks of the steps not ended yet (the run closes)."""
+        """The steps not ended yet end (the run closes): their signal checks, the last one's
+        call counts and the job's steps done."""
         with self._flush_lock:
             self._end_steps(before=None)
+            if self.step:
+                try:
+                    self.run.flush(self.step)
+                except PluginCallError:  # the circuit breaker recorded the run's failure: close ends it so
+                    pass
 
     def _end_steps(self, before: int | None) -> None:
         """Per ended training step (those before ``before``; all with None): the groups

@@ -170,7 +170,10 @@ def test_verls_steps_get_the_signal_checks_from_their_recorded_trajectories(
     tmp_path: Path, home: Settings, runs: None, server: Any
 ) -> None:
     job = _task(tmp_path, "failure_policy: {max_attempts: 1, on_exhausted: drop_sample}", UNSURE)
-    worker = _worker(tmp_path, job, server, 2)
+    config = _config(tmp_path, job)
+    config.actor_rollout_ref.rollout.n = 2
+    config.actor_rollout_ref.actor.optim.total_training_steps = 2  # as verl's trainer writes it
+    worker = AgentLoopWorker(config, llm_client=server)
     ok = ROWS[0]
 
     async def two_steps() -> None:
@@ -182,6 +185,7 @@ def test_verls_steps_get_the_signal_checks_from_their_recorded_trajectories(
     plugtune_verl.close_runs()
     store = Store.open(home.database_url)
     [found] = store.list_jobs()
+    assert (found.steps_done, found.steps_total) == (2, 2)  # verl's total, not job.yaml's 1
     series = store.metrics(found.id, "")
 
     def by_step(name: str) -> dict[int, float]:

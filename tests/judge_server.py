@@ -101,10 +101,11 @@ class _Judge(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def judge(port: int = 0, seed: int = 0) -> Iterator[ThreadingHTTPServer]:
+def judge(port: int = 0, seed: int = 0, host: str = "127.0.0.1") -> Iterator[ThreadingHTTPServer]:
     """The judge, listening on 127.0.0.1 (``server.server_address[1]``; ``port``: that one) until the
-    block ends; ``server.chaos`` counts the answers of ``/chaos`` by kind (``ok``, ``429``, ...)."""
-    server = ThreadingHTTPServer(("127.0.0.1", port), _Judge)
+    block ends; ``server.chaos`` counts the answers of ``/chaos`` by kind (``ok``, ``429``, ...).
+    ``host``: another address of this machine (one a test's network namespace reaches)."""
+    server = ThreadingHTTPServer((host, port), _Judge)
     server.daemon_threads = True
     server.requests = 0  # type: ignore[attr-defined]
     server.active = server.peak = 0  # type: ignore[attr-defined]

@@ -165,7 +165,12 @@ class RayBackend:
             "max_concurrency": ACTOR_METHODS,
         }
         handle = self.host_class.options(**options).remote(
-            tag, _config(request), runtime, self.start_timeout_s, self.idle_timeout_s
+            tag,
+            # job.yaml's dependencies: the node's bridge lets the instance reach them (policy-only)
+            {**_config(request), "dependencies": list(request.dependencies)},
+            runtime,
+            self.start_timeout_s,
+            self.idle_timeout_s,
         )
         return RayInstance(tag, handle)
 
@@ -196,6 +201,21 @@ class RayBackend:
                 self._health = asyncio.get_running_loop().create_task(self._check_head())
             await asyncio.shield(self._health)
         self.check_cluster()
+
+    async def reach_node(self, node_id: str) -> str:
+        """Why the driver cannot reach the node's raylet ('' when it can, or the node is unknown)."""
+        nodes = await asyncio.to_thread(self.ray.nodes)
+        found = [n for n in nodes if n["NodeID"] == node_id]
+        if not found:
+            return ""
+        address = f"{found[0]['NodeManagerAddress']}:{found[0]['NodeManagerPort']}"
+        if not found[0].get("Alive"):
+            return f"Ray lists its node ({address}) as dead"
+        try:
+            await asyncio.wait_for(asyncio.to_thread(_dial, address), DIAL_TIMEOUT_S + 1)
+        except (OSError, asyncio.TimeoutError) as exc:
+            return f"its node {address} is unreachable from the driver ({type(exc).__name__}: {exc})"
+        return ""
 
     async def _check_head(self) -> None:
         try:  # a refused connection says "gone" at once; ray.nodes() alone retries for a minute

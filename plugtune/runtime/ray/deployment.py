@@ -79,6 +79,8 @@ class RayHost(Protocol):
 
     async def confirm_head(self) -> None: ...
 
+    async def reach_node(self, node_id: str) -> str: ...
+
 
 class RayDeployment:
     def __init__(self, backend: RayHost, request: DeployRequest, spec: PluginSpec, runtime: Runtime) -> None:
@@ -238,10 +240,16 @@ class RayDeployment:
         try:
             return await asyncio.wait_for(future, request.timeout_s + GUARD_S)
         except asyncio.TimeoutError:
+            # The actor answers a call by its deadline itself (a Timeout when the plugin hangs): no
+            # answer GUARD_S later means the actor, its node or the link to it is gone, not the plugin.
             await self.backend.confirm_head()
-            self._lost(instance, f"it did not answer within timeout_s + {GUARD_S:g} s")
-            text = f"the call ran past timeout_s={request.timeout_s:g} on instance {instance.id}"
-            return Failed(Happened.DEADLINE, text, instance_id=instance.id, latency_ms=_ms(started))
+            why = await self.backend.reach_node(instance.node_id)
+            text = (
+                f"instance {instance.id} on Ray node {instance.node_id[:12]} did not answer within "
+                f"timeout_s + {GUARD_S:g} s: {why or 'its actor or node is lost'}"
+            )
+            self._lost(instance, text)
+            return Failed(Happened.DIED, text, instance_id=instance.id, latency_ms=_ms(started))
         except Exception as exc:
             if not is_ray_error(exc):
                 raise

@@ -86,6 +86,7 @@ class InstanceHost:
             runtime=self.runtime,
             env=dict(self.config["env"]),
             adapt=str(self.config.get("adapt") or ""),
+            dependencies=tuple(self.config.get("dependencies") or ()),
         )
         try:
             self.deployment = await self.backend.deploy(request)

@@ -4,10 +4,11 @@ pair to a bridge that carries the head's address, with its own /tmp and a Python
 /work (the project's checkout, the other engineers' notes) nor plugtune.
 
 A node's view is made by ``unshare --mount`` inside its namespace: a tmpfs over /tmp (its Ray temp
-dir, runtime_env unpacks and plugin temp space live there, apart from the head's), the project's
-venv mounted as an overlay at /tmp/.node/venv with plugtune's editable install whited out (and any
-``hide``-named modules: the node then lacks them as a machine without them would), then a tmpfs
-over /work. It starts with a scrubbed environment (no PYTHONPATH, no VIRTUAL_ENV).
+dir, runtime_env unpacks and plugin temp space live there, apart from the head's), its own
+/etc/hosts that names the head (``head_name``), the project's venv mounted as an overlay at
+/tmp/.node/venv with plugtune's editable install whited out (and any ``hide``-named modules: the
+node then lacks them as a machine without them would), then a tmpfs over /work. It starts with a
+scrubbed environment (no PYTHONPATH, no VIRTUAL_ENV).
 
 Root only. Everything is named with this process's id (``ptb<tag>``, ``ptn<tag>-<i>``,
 ``ptv<tag><i>h``) and ``stop()`` removes it all, also after a failure; nothing is touched that
@@ -91,6 +92,11 @@ class ApartCluster:
         return f"{self.subnet}.1"
 
     @property
+    def head_name(self) -> str:
+        """The head's host name in the nodes' /etc/hosts (this host's file is left as it is)."""
+        return f"head-{self.tag}.apart"
+
+    @property
     def address(self) -> str:
         assert self.head is not None
         return self.head.address
@@ -143,6 +149,10 @@ class ApartCluster:
                 "set -euo pipefail",
                 "mount -t tmpfs -o size=4g,mode=1777 ptnode /tmp",
                 f"mkdir -p {site} {NODE_ROOT}/work {NODE_ROOT}/venv {NODE_ROOT}/home",
+                # its own /etc/hosts: the head by name, as a host's resolver would give it
+                f"cp /etc/hosts {NODE_ROOT}/hosts",
+                f"echo '{self.head_ip} {self.head_name}' >> {NODE_ROOT}/hosts",
+                f"mount --bind {NODE_ROOT}/hosts /etc/hosts",
                 *(f"mknod {w} c 0 0" for w in whiteouts.split()),
                 f"mount -t overlay ptnode -o lowerdir={VENV},upperdir={NODE_ROOT}/up,"
                 f"workdir={NODE_ROOT}/work {NODE_ROOT}/venv",

@@ -7,6 +7,7 @@ the node."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import shutil
 import subprocess
@@ -215,3 +216,42 @@ def test_a_job_rolls_out_and_grades_on_the_node_with_the_policy_relayed_over_the
         assert placed and all(f"on Ray node {node_id(node)[:12]}" in line.message for line in placed)
     finally:
         store.close()
+
+
+async def test_a_declared_dependency_is_reached_from_the_node_under_policy_only(apart: ApartCluster) -> None:
+    """job.yaml's ``dependencies:`` reach the node's bridge: a judge on the head's host (by its name,
+    as policy-only wants: a declared IP cannot be listened at inside the instance's network) answers
+    the grader on the node; an undeclared one stays refused there."""
+    from tests.judge_server import judge
+
+    with judge(host=apart.head_ip) as server:
+        url = f"http://{apart.head_name}:{server.server_address[1]}/ok"
+        async with RayRuntime(apart.address, metrics_period_s=0.5, start_timeout_s=60) as rt:
+            declared = await rt.deploy(entry("judge.py", "asks_judge_urllib"), dependencies={"judge": url})
+            outcome = await declared.invoke(ctx(), sample(url=url), trajectory())
+            assert outcome.value == 0.75
+            undeclared = await rt.deploy(entry("judge.py", "asks_judge_urllib"))
+            with pytest.raises(PluginCallError) as refused:
+                await undeclared.invoke(ctx(), sample(url=url), trajectory())
+        assert server.requests == 1  # type: ignore[attr-defined]
+    assert "network policy-only" in refused.value.message or any(
+        "refused a connection" in line.message for line in undeclared.logs()
+    ), refused.value
+
+
+async def test_a_call_whose_link_is_cut_is_the_lost_node_s_eof_not_the_plugin_s_timeout(
+    apart: ApartCluster,
+) -> None:
+    """Last in the module: the node stays cut off (the fixture removes it)."""
+    [node] = apart.nodes
+    async with RayRuntime(apart.address, metrics_period_s=0.5, start_timeout_s=60) as rt:
+        fn = await rt.deploy(entry("ray_faults.py", "misbehaves"))  # timeout_s=4
+        call = asyncio.create_task(fn.invoke(ctx(), sample(do="sleep", seconds=3.0), trajectory()))
+        await asyncio.sleep(1.0)  # in flight on the node
+        subprocess.run(["ip", "link", "set", node.veth, "down"], check=True, timeout=30)
+        with pytest.raises(PluginCallError) as info:
+            await asyncio.wait_for(call, 60)
+    error = info.value
+    assert error.cause == Cause.EOF.value, error  # the plugin would have answered in 3 s
+    assert "is unreachable from the driver" in error.message and node.ip in error.message, error.message
+    assert "Traceback" not in error.message, error.message

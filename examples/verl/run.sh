@@ -5,6 +5,9 @@
 #   bash examples/verl/run.sh            # from this folder's parent's parent (the plugtune checkout)
 # The parquet rows need agent_name "plugtune" or the default_agent_loop override below; plugtune's
 # Sample is raw_prompt (messages) and extra_info + reward_model.ground_truth + data_source.
+# Try the job's verl path on one machine first (CPU, verl's own agent loop worker and reward loader):
+#   python -m plugtune.integrations.verl_dry_run examples/verl/job.yaml --steps 2
+# The whole run is one plugtune job: every Ray worker joins it (PLUGTUNE_RUN=<key> names it yourself).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export PLUGTUNE_JOB="$HERE/job.yaml"     # the job the agent loop and the reward function run

@@ -47,9 +47,11 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
     out, attempts, plugins, and each plugin's ctx.metric values of the newest step (mean, min,
     max, count)."""
     from plugtune.jobs.report import task_lines
+    from plugtune.jobs.revision import timeline
 
     with opened_store() as (_, store):
         job = job_or_exit(store, job_id)
+        code = {span.attempt: span for span in timeline(store, job_id)}
     if as_json:
         echo_json(job.model_dump(mode="json"))
         return
@@ -67,7 +69,9 @@ def jobs_show(job_id: int = typer.Argument(..., help="Job id."), as_json: bool =
         typer.echo(f"{retry} (or now: plugtune jobs retry {job_id})")
     for a in job.attempts:
         cause = f" — {error_title(a.error)}" if a.error else ""
-        typer.echo(f"  attempt {a.number}: {a.status} (from step {a.resumed_from_step}){cause}")
+        span = code.get(a.number)
+        ran = f", code {span.code_hash[:12]} ({span.source})" if span is not None and span.code_hash else ""
+        typer.echo(f"  attempt {a.number}: {a.status} (from step {a.resumed_from_step}{ran}){cause}")
     for warning in job.warnings:
         typer.secho(f"  warning: {warning}", fg="yellow")
     for p in job.plugins:
@@ -103,6 +107,13 @@ def jobs_retry(
         "trajectories; job.yaml, data and hyperparameters stay as submitted.",
         file_okay=False,
     ),
+    server: str = typer.Option(
+        "",
+        "--server",
+        metavar="URL",
+        help="Retry on the `plugtune serve` at URL over its API (POST /api/jobs/ID/retry, the console's "
+        "too; --code's folder is uploaded; token: $PLUGTUNE_API_TOKEN) instead of in the local store.",
+    ),
 ) -> None:
     """Retry a failed or cancelled job now; it resumes from its last checkpoint.
 
@@ -116,6 +127,9 @@ def jobs_retry(
     from plugtune.jobs.scheduler import JobNotFoundError
     from plugtune.store import IllegalTransitionError
 
+    if server:
+        _retry_remote(server, job_id, code)
+        return
     if code is not None:
         _retry_with_code(job_id, code)
         return
@@ -126,6 +140,29 @@ def jobs_retry(
             typer.echo(f"plugtune: {exc}", err=True)
             raise typer.Exit(2) from None
         typer.echo(f"job {job_id} queued for retry; it resumes from its last checkpoint")
+
+
+def _retry_remote(server: str, job_id: int, code: Path | None) -> None:
+    import os
+
+    from plugtune.jobs.remote import Rejected, RemoteError, retry_remote
+
+    try:
+        answer = retry_remote(server, job_id, code, os.environ.get("PLUGTUNE_API_TOKEN") or None)
+    except RemoteError as exc:
+        typer.echo(f"plugtune: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if isinstance(answer, Rejected):
+        typer.echo(f"plugtune: {answer.detail}:", err=True)
+        for p in answer.problems:
+            where = (f"{p.file}:{p.line}" if p.line else p.file) + (f" [{p.field}]" if p.field else "")
+            typer.echo(f"  - {where + ': ' if where else ''}{p.message}", err=True)
+        raise typer.Exit(1)
+    for line in answer.get("tested") or []:
+        typer.echo(f"  tested: {line}")
+    for line in answer.get("notes") or []:
+        typer.secho(f"  note: {line}", fg="yellow")
+    typer.echo(str(answer.get("message") or f"job {job_id} queued for retry"))
 
 
 def _retry_with_code(job_id: int, code: Path) -> None:

@@ -3,6 +3,7 @@ submitted to a remote one over its API (``plugtune submit --server URL``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -154,3 +155,56 @@ def _problem(raw: dict[str, Any]) -> Problem:
 def _reason(exc: Exception) -> str:
     text = str(exc)
     return "connection refused" if "refused" in text.lower() else text or type(exc).__name__
+
+
+def retry_remote(
+    server: str, job_id: int, code_dir: Path | None, token: str | None
+) -> dict[str, Any] | Rejected:
+    """``POST /api/jobs/{id}/retry`` on ``server``: with ``code_dir`` its folder packed (as
+    :func:`submit_remote` packs a job's) as the new plugin code; the server's answer (``status``,
+    ``message`` and, with code, ``code_hash``, ``previous_code_hash``, ``tested``, ``notes``), or its
+    422 refusal. RemoteError for anything else (409: the job cannot be retried now; 404; unreachable)."""
+    import httpx
+
+    base = server.rstrip("/")
+    files = None
+    if code_dir is not None:
+        if not code_dir.is_dir():
+            raise RemoteError(
+                f"--code {code_dir}: no such folder (give the project folder holding the plugins)"
+            )
+        try:
+            files = {"project": ("project.tar.gz", pack(code_dir.resolve()), "application/gzip")}
+        except SubmissionError as exc:
+            raise RemoteError(str(exc)) from None
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        answer = httpx.post(
+            f"{base}/api/jobs/{job_id}/retry", files=files, headers=headers, timeout=TIMEOUT_S
+        )
+    except httpx.ConnectError as exc:
+        raise RemoteError(
+            f"cannot reach {base} ({_reason(exc)}); is `plugtune serve` running there? Check --server"
+        ) from None
+    except httpx.TimeoutException:
+        raise RemoteError(f"{base} did not answer within {TIMEOUT_S:g} s; try again later") from None
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        raise RemoteError(f"--server {server!r} is not a usable URL ({exc}); e.g. http://host:8321") from None
+    except httpx.HTTPError as exc:
+        raise RemoteError(f"the request to {base} failed: {exc}") from None
+    body = _json(answer)
+    if answer.status_code == 200:
+        return body
+    if answer.status_code == 422 and isinstance(body.get("problems"), list):
+        problems = [_problem(p) for p in body["problems"] if isinstance(p, dict)]
+        problems = [  # a check's problem names no file (its message does)
+            dataclasses.replace(p, file="") if not raw.get("file") else p
+            for p, raw in zip(problems, [r for r in body["problems"] if isinstance(r, dict)], strict=True)
+        ]
+        return Rejected(str(body.get("detail") or "refused"), problems, [], job_id)
+    detail = str(body.get("detail") or answer.text[:300] or answer.reason_phrase)
+    if answer.status_code == 401:
+        raise RemoteError(
+            f"{base} requires an API token (401): export PLUGTUNE_API_TOKEN=<the server's token>"
+        )
+    raise RemoteError(f"{base} answered {answer.status_code}: {detail}")

@@ -124,6 +124,9 @@ def test_a_failed_job_resumes_from_its_checkpoint_with_the_fixed_grader(
     assert "rollout.py" not in diff  # unchanged files are not in it
     (grader,) = [p for p in store.list_plugins(job_id) if p.role == "grader"]
     assert grader.entry == f"{fixed / 'plugins' / 'grader.py'}:exact"  # the console names where it came from
+    shown = runner.invoke(app, ["jobs", "show", str(job_id)])
+    assert f"attempt 2: succeeded (from step 1, code {ran[1].code_hash[:12]} ({fixed}))" in shown.output
+    assert f"attempt 1: failed (from step 0, code {ran[0].code_hash[:12]} (submitted))" in shown.output
     # A plain retry afterwards would run this code, not what is on disk: the job's code is the stored one.
     assert revision.set_hash(revision.plugins_to_run(job.spec)) == ran[1].code_hash
     # A replay runs the code its trajectory ran (the job's plugins now name the fix): step 1's the

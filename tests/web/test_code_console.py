@@ -1,5 +1,6 @@
 """The console's steps by code (attempt -> code hash -> step range), the diff between two attempts'
-plugin code (escaped like every plugin text), and a retry with new code through the API."""
+plugin code (escaped like every plugin text), and a retry with new code through the API (which
+`plugtune jobs retry --code DIR --server URL` posts to) and the job page's form."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from plugtune.cli import app
 from plugtune.jobs.control import create_job
 from plugtune.jobs.revision import set_hash
 from plugtune.jobs.scheduler import run_job
@@ -20,9 +23,11 @@ from plugtune.settings import Settings
 from plugtune.store import Store
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job
-from tests.jobs.test_retry_with_code import BROKEN, FIXED, LINT_BROKEN
+from tests.jobs.test_retry_with_code import BROKEN, FIXED, LINT_BROKEN, RAISES_ELSEWHERE
 from tests.web.browsing import checked_page, needs_chromium, serving
 from tests.web.conftest import BASE_URL
+
+runner = CliRunner()
 
 OLD = b"def exact(ctx, sample, trajectory):\n    return 0.25\n"
 #: What a plugin may write: markup, and a right-to-left override that would reverse what follows.
@@ -131,14 +136,23 @@ def test_a_retry_with_new_code_through_the_api(tmp_path: Path, monkeypatch: pyte
     assert after is not None and before is not None
     assert (after.status, after.spec) == ("failed", before.spec) and retried == []
 
+    # The command line posts to the same endpoint (jobs retry --code DIR --server URL).
+    raising = tmp_path / "raising"
+    shutil.copytree(project, raising)
+    (raising / "plugins" / "grader.py").write_text(textwrap.dedent(RAISES_ELSEWHERE))
     fixed = tmp_path / "fixed"
     shutil.copytree(project, fixed)
     (fixed / "plugins" / "grader.py").write_text(textwrap.dedent(FIXED))
-    queued = console.post(f"/api/jobs/{job_id}/retry", files={"project": ("fixed.zip", _zipped(fixed))})
-    assert queued.status_code == 200, queued.text
-    answer = queued.json()
-    assert answer["status"] == "queued" and retried == [str(job_id)]
-    assert answer["code_hash"] != answer["previous_code_hash"] and answer["tested"]
+    with serving(create_app(store, home=home.home, on_retry=retried.append)) as base:
+        command = ["jobs", "retry", str(job_id), "--server", base, "--code"]
+        refused_cli = runner.invoke(app, [*command, str(raising)])
+        assert refused_cli.exit_code == 1, refused_cli.output
+        assert "quick test" in refused_cli.output and "KeyError" in refused_cli.output
+        assert store.get_job(job_id).status == "failed" and retried == []  # type: ignore[union-attr]
+        queued = runner.invoke(app, [*command, str(fixed)])
+        assert queued.exit_code == 0, queued.output
+    assert f"job {job_id} is queued again, with code" in queued.output and "tested: s2" in queued.output
+    assert retried == [str(job_id)]
     assert run_job(store, home, job_id) == "succeeded"
 
     spans = console.get(f"/api/jobs/{job_id}/code").json()["attempts"]

@@ -221,10 +221,15 @@ def timeline(store: Store, job_id: int) -> list[CodeSpan]:
 def diff(store: Store, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> str:
     """A unified diff of two plugin code sets, file by file (``a/<plugin folder>/<file>``); "" when equal."""
     out: list[str] = []
+    done: set[tuple[str, str, str]] = set()  # plugin files of one folder share its code: diffed once
     for plugin in sorted({*before, *after}):
+        folder = str(Path(plugin).parent)
+        pair = (folder, _hash(before.get(plugin)), _hash(after.get(plugin)))
+        if pair in done:
+            continue
+        done.add(pair)
         old = _files(store, before.get(plugin))
         new = _files(store, after.get(plugin))
-        folder = str(Path(plugin).parent)
         for rel in sorted({*old, *new}):
             if old.get(rel) == new.get(rel):
                 continue
@@ -239,6 +244,10 @@ def diff(store: Store, before: dict[str, dict[str, Any]], after: dict[str, dict[
     if len(out) > MAX_DIFF_LINES:
         out = [*out[:MAX_DIFF_LINES], f"... {len(out) - MAX_DIFF_LINES} more diff lines not shown\n"]
     return "".join(line if line.endswith("\n") else line + "\n" for line in out)
+
+
+def _hash(record: dict[str, Any] | None) -> str:
+    return str((record or {}).get("code_hash") or "")
 
 
 def _files(store: Store, record: dict[str, Any] | None) -> dict[str, bytes]:

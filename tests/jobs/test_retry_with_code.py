@@ -122,6 +122,7 @@ def test_a_failed_job_resumes_from_its_checkpoint_with_the_fixed_grader(
     assert "--- a/plugins/grader.py" in diff and "+++ b/plugins/grader.py" in diff
     assert f"-        {RAISE}" in diff and "+        return 0.75" in diff
     assert "rollout.py" not in diff  # unchanged files are not in it
+    assert diff.count("+++ b/plugins/grader.py") == 1  # both plugins' folder, diffed once
     (grader,) = [p for p in store.list_plugins(job_id) if p.role == "grader"]
     assert grader.entry == f"{fixed / 'plugins' / 'grader.py'}:exact"  # the console names where it came from
     shown = runner.invoke(app, ["jobs", "show", str(job_id)])

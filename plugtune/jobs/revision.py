@@ -177,10 +177,13 @@ def keep(store: Store, revision: Revision) -> dict[str, dict[str, Any]]:
 def commit(store: Store, revision: Revision, *, source: str | None = None) -> str:
     """Store the revision's code, make it the code of the job's next attempts and queue the retry;
     returns the code set's hash. ``source``: where the code came from (default: its folder)."""
-    plugins = keep(store, revision)
     job = store.get_job(revision.job_id)
-    if job is None:
-        raise RevisionError(f"job {revision.job_id} was deleted")
+    if job is None or job.status not in RETRYABLE:  # retried or deleted while its code was tested
+        state = job.status if job is not None else "deleted"
+        raise RevisionError(
+            f"job {revision.job_id} is {state} now; only a failed or cancelled job can be retried"
+        )
+    plugins = keep(store, revision)
     code_hash = set_hash(plugins)
     source = source or str(revision.code_dir)
     revised = {"plugins": plugins, "code_hash": code_hash, "source": source, "at": time.time()}

@@ -384,12 +384,6 @@ class PluginsSpec(BaseModel):
             raise ValueError("runtime_backend: ray needs Ray installed: pip install -e '.[ray]'")
         return value
 
-    @model_validator(mode="after")
-    def _some_grader(self) -> PluginsSpec:
-        if not self.graders and not self.group_graders:
-            raise ValueError("at least one grader or group grader is needed to compute a reward")
-        return self
-
 
 #: The task of dataset rows without ``task:``: the top-level ``plugins``; no ``tasks:`` entry may take it.
 DEFAULT_TASK = _DEFAULT_TASK
@@ -908,6 +902,19 @@ class JobSpec(BaseModel):
         if value == "trl" and importlib.util.find_spec("trl") is None:
             raise ValueError("trainer: trl needs TRL installed: pip install -e '.[trl]'")
         return value
+
+    @model_validator(mode="after")
+    def _some_grader(self) -> JobSpec:
+        if not self.plugins.graders and not self.plugins.group_graders and not self.tasks:
+            raise ValueError(
+                "plugins: at least one grader or group grader is needed to compute a reward (a multi-task "
+                "job may leave them out when every dataset row names one of its tasks:)"
+            )
+        return self
+
+    def has_default_graders(self) -> bool:
+        """Whether rows without ``task:`` can be scored: ``plugins`` has a grader or group grader."""
+        return bool(self.plugins.graders or self.plugins.group_graders)
 
     @field_validator("model")
     @classmethod

@@ -176,16 +176,30 @@ def task_problems(text: str, name: str, known: Collection[str], where: str = "")
             row = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
             continue  # parse_rows reports it
-        task = row.get("task") if isinstance(row, dict) else None
+        if not isinstance(row, dict):
+            continue
+        task = row.get("task", "default")
         if not isinstance(task, str) or not TASK_PATTERN.fullmatch(task) or task in known:
             continue
         bad += 1
         if len(problems) < MAX_PROBLEMS_PER_FILE:
             sets = ", ".join(sorted(set(known) - {"default"})) or "none"
-            message = (
-                f"task {task!r} has no plugin set: job.yaml's tasks are {sets} (and default: the top-level "
-                f"plugins, for rows without task); add tasks.{task} to job.yaml, or fix the row's task{where}"
-            )
+            if "task" not in row:
+                message = (
+                    f"the row names no task, and job.yaml's plugins have no grader to score it (a multi-task "
+                    f"job without a default plugin set): give it a task: (one of {sets}), or add graders "
+                    f"to plugins{where}"
+                )
+            else:
+                default = (
+                    " (and default: the top-level plugins, for rows without task)"
+                    if "default" in known
+                    else ""
+                )
+                message = (
+                    f"task {task!r} has no plugin set: job.yaml's tasks are {sets}{default}; "
+                    f"add tasks.{task} to job.yaml, or fix the row's task{where}"
+                )
             problems.append(Problem(name, message, line=number, field="task"))
     if bad > len(problems):
         problems.append(

@@ -502,9 +502,13 @@ def _check_data(
 
 
 def _task_names(raw: dict[str, Any] | None) -> set[str]:
-    """The plugin sets a row's ``task`` may name: ``default`` and job.yaml's ``tasks``."""
+    """The plugin sets a row's ``task`` may name: job.yaml's ``tasks``, and ``default`` (rows without
+    one) unless a multi-task job's ``plugins`` has no grader."""
     tasks = (raw or {}).get("tasks")
-    return {DEFAULT_TASK, *(str(k) for k in (tasks if isinstance(tasks, dict) else {}))}
+    named = {str(k) for k in (tasks if isinstance(tasks, dict) else {})}
+    plugins = (raw or {}).get("plugins")
+    graded = isinstance(plugins, dict) and any(plugins.get(k) for k in ("graders", "group_graders"))
+    return {*named, DEFAULT_TASK} if graded or not named else named
 
 
 def _secret_problems(

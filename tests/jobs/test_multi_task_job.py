@@ -72,11 +72,13 @@ TASKS = {
 HYPER = {"steps": 2, "batch_size": 4, "group_size": 2, "max_new_tokens": 4}
 
 
-def multi_task_job(root: Path) -> Path:
+def multi_task_job(root: Path, *, top_level_graders: bool = True) -> Path:
     job = make_job(root, rows=ROWS, hyper=HYPER, extra={"tasks": TASKS})
     (root / "plugins" / "tasks.py").write_text(TASK_GRADERS)
     spec = yaml.safe_load(job.read_text())  # a failed grader call drops its trajectory (counted as failed)
     spec["failure_policy"] = {"max_attempts": 1, "on_exhausted": "drop_sample"}
+    if not top_level_graders:  # every row names a task: no default plugin set is needed
+        del spec["plugins"]["graders"]
     job.write_text(yaml.safe_dump(spec, sort_keys=False))
     return job
 
@@ -153,8 +155,13 @@ def test_a_two_task_job_scores_each_row_by_its_task_and_keeps_each_tasks_numbers
     assert {c["name"] for c in replayed["calls"]} == {"answer", "always_one"}
 
     # compare: per-task curves, one series per job and task
-    other = run_job(store, home, create_job(store, multi_task_job(tmp_path / "again"))[0])
+    # (the second job has no top-level graders: every row names a task)
+    other = run_job(
+        store, home, create_job(store, multi_task_job(tmp_path / "again", top_level_graders=False))[0]
+    )
     assert other == "succeeded"
+    assert newest(store, job_id + 1)["task/math/reward/mean"] == 1.0
+    assert "exact" not in {p.name for p in store.list_plugins(job_id + 1)}
     compared = client.get(f"/api/compare?ids={job_id},{job_id + 1}").json()
     by_key = {c["key"]: c for c in compared["charts"]}
     names = {s["name"] for s in by_key["task_reward"]["series"]}
@@ -171,7 +178,7 @@ def test_a_job_without_tasks_draws_no_task_chart(tmp_path: Path, store: Store, h
 
 
 def test_plugtune_test_tries_each_tasks_plugin_set(tmp_path: Path) -> None:
-    job = multi_task_job(tmp_path / "pretest")
+    job = multi_task_job(tmp_path / "pretest", top_level_graders=False)
     doc: dict[str, Any] = pretest.local_test(
         pretest.TestOptions(job_file=str(job), samples=2)
     )  # plugtune test --samples 2

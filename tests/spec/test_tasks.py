@@ -173,3 +173,24 @@ def test_an_engine_run_of_a_multi_task_job_is_refused(tmp_path: Path, engine: st
     [found] = caught.value.problems
     assert (found.field, found.line) == ("tasks", 7)
     assert f"{engine} scores every row with one plugin set" in found.message
+
+
+def test_a_multi_task_job_may_leave_the_top_level_graders_out(tmp_path: Path) -> None:
+    job = project(tmp_path, rows=[row("math"), row("code")])
+    text = job.read_text().replace("  graders: [{entry: plugins/main.py:exact}]\n", "")
+    job.write_text(text.replace("graders: [exact]", "graders: [{entry: plugins/main.py:exact}]"))
+    validated = validate_job(job, check_model=False)
+    assert validated.graders == () and [g.name for g in validated.tasks["math"].graders] == ["exact"]
+    # ... but then every row must name a task
+    (tmp_path / "data/train.jsonl").write_text("\n".join([row("math"), row(), row("code")]) + "\n")
+    [found] = problems(job)
+    assert (found.line, found.field) == (2, "task")
+    assert "the row names no task, and job.yaml's plugins have no grader" in found.message
+    assert "one of code, math" in found.message
+
+
+def test_a_job_without_graders_or_tasks_is_refused(tmp_path: Path) -> None:
+    job = project(tmp_path, tasks="", rows=[row()])
+    job.write_text(job.read_text().replace("  graders: [{entry: plugins/main.py:exact}]\n", ""))
+    found = problems(job)
+    assert any("at least one grader or group grader is needed" in p.message for p in found), found

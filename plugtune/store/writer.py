@@ -56,7 +56,10 @@ class StoreWriter:
         max_batch: int = 2000,
         interval_s: float = 1.0,
         max_pending: int = 500_000,
+        steps_forward_only: bool = False,
     ) -> None:
+        """``steps_forward_only``: other processes write this job's progress too (an engine run's
+        workers): ``steps_done`` is only ever raised, never set lower than what one of them wrote."""
         if max_batch < 1 or interval_s <= 0 or max_pending < max_batch:
             raise ValueError("StoreWriter needs max_batch >= 1, interval_s > 0 and max_pending >= max_batch")
         self._store = store
@@ -64,6 +67,7 @@ class StoreWriter:
         self._max_batch = max_batch
         self._interval_s = interval_s
         self._max_pending = max_pending
+        self._steps_forward_only = steps_forward_only
         self._pending = _Pending()
         self._lock = threading.Lock()  # guards _pending
         self._flush_lock = threading.Lock()  # one write at a time, in order
@@ -115,7 +119,9 @@ class StoreWriter:
                 )
                 # Written: should the progress fail below, only the progress stays pending.
                 batch.logs, batch.metrics, batch.trajectories = [], [], []
-                if batch.steps_done is not None:
+                if batch.steps_done is not None and self._steps_forward_only:
+                    self._store.advance_steps_done(self._job_id, batch.steps_done)
+                elif batch.steps_done is not None:
                     self._store.update_job(self._job_id, steps_done=batch.steps_done)
             except PlatformError as e:
                 with self._lock:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from plugtune.errors import PluginCallError
 from plugtune.jobs.caller import JobStop, PolicyCaller, StepCounts
 from plugtune.jobs.classify import classify
+from plugtune.jobs.engine_members import stopped_members, this_process
 from plugtune.jobs.plugins import Drain, JobFunction, deploy_all, record_deployed
 from plugtune.jobs.report import JOB_WARNINGS
 from plugtune.runtime.runtime import BaseRuntime, LocalRuntime
@@ -50,6 +51,7 @@ from plugtune.sdk import Context, Kind
 from plugtune.spec.models import CircuitBreaker, FailurePolicy
 from plugtune.spec.validation import ValidatedJob, refuse_tasks, validate_job
 from plugtune.store import Store, StoreWriter
+from plugtune.store.engine_runs import EngineMember
 from plugtune.types import CallOutcome, LogLine, MetricPoint, TrajectoryRecord
 
 if TYPE_CHECKING:
@@ -78,6 +80,7 @@ class EngineRun:
         owns_job: bool,
         attempt: int,
         run_key: str = "",
+        member: EngineMember | None = None,
     ) -> None:
         self.store, self.job_id, self.job, self.functions = store, job_id, job, functions
         self.caller = PolicyCaller(failure_policy)
@@ -87,8 +90,10 @@ class EngineRun:
         self._failure: tuple[BaseException, str] | None = None
         self._loop, self._runtime = loop, runtime
         self._owns_job, self._attempt, self.run_key = owns_job, attempt, run_key
+        self._member = member  # this process in the engine run's members (run_key)
         self._drain = Drain(functions)
-        self._writer = StoreWriter(store, job_id)
+        # an engine run's processes each report their progress: steps_done only moves forward
+        self._writer = StoreWriter(store, job_id, steps_forward_only=bool(run_key))
         self._closed = False
         self._cancelled, self._cancel_checked = False, 0.0
         self._steps_total = job.spec.hyperparameters.steps if job is not None else 0
@@ -141,8 +146,9 @@ class EngineRun:
         policy = failure_policy or (validated.spec.failure_policy if validated else FailurePolicy())
         store = store or Store.open()
         owns_job, created = job_id is None, job_id is None
-        if job_id is None and run_key:
-            job_id, created = _join_job(store, validated, graders, engine, name, run_key)
+        member = this_process() if job_id is None and run_key else None
+        if member is not None:
+            job_id, created = _join_job(store, validated, graders, engine, name, run_key, member)
         elif job_id is None:
             job_id = _create_job(store, validated, graders, engine, name)
         loop = _loop_thread()
@@ -153,8 +159,8 @@ class EngineRun:
             _run(loop, runtime.close())
             loop.call_soon_threadsafe(loop.stop)
             if owns_job:
-                if run_key:
-                    store.leave_engine_run(run_key)
+                if member is not None:
+                    store.leave_engine_run(run_key, member)
                 _end_job(store, job_id, _attempt_of(store, job_id, created), exc)
             raise
         if created or not run_key:
@@ -171,6 +177,7 @@ class EngineRun:
             owns_job=owns_job,
             attempt=attempt,
             run_key=run_key,
+            member=member,
         )
 
     # --- calling plugins -------------------------------------------------------------------
@@ -369,7 +376,7 @@ class EngineRun:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._owns_job:
             exc, reason = failure if failure is not None else (None, "")
-            others = self.store.leave_engine_run(self.run_key) if self.run_key else 0
+            others = self._leave() if self.run_key else 0
             if exc is None and others:  # the run's other processes go on: the last one ends it
                 return
             done = self.store.get_job(self.job_id)
@@ -377,6 +384,26 @@ class EngineRun:
                 self.store.update_job(self.job_id, steps_total=done.steps_done)  # all it was to run
             attempt = self._attempt or _attempt_of(self.store, self.job_id)
             _end_job(self.store, self.job_id, attempt, exc, reason)
+
+    def _leave(self) -> int:
+        """Count this process out of its engine run: how many members are left to end it. Members
+        of this host whose processes stopped without leaving (SIGKILL: no exit hooks) are counted
+        out too, so that the last live one still ends the job; 0: this process ends it."""
+        left = self.store.leave_engine_run(self.run_key, self._member)
+        if not left or self._member is None:
+            return left
+        gone = stopped_members(self.store.engine_run_members(self.run_key))
+        if not gone:
+            return left
+        after = self.store.drop_engine_run_members(self.run_key, gone)
+        pids = ", ".join(str(m.pid) for m in gone)
+        log.warning(
+            "job %d: engine run %r lost process(es) %s without them leaving it (killed?)",
+            self.job_id,
+            self.run_key,
+            pids,
+        )
+        return left if after is None else after  # None: another leaving process counted them out
 
 
 def _finite(value: Any) -> bool:
@@ -401,17 +428,25 @@ def _create_job(
 
 
 def _join_job(
-    store: Store, job: ValidatedJob | None, graders: Sequence[str], engine: str, name: str, run_key: str
+    store: Store,
+    job: ValidatedJob | None,
+    graders: Sequence[str],
+    engine: str,
+    name: str,
+    run_key: str,
+    member: EngineMember,
 ) -> tuple[int, bool]:
     """The job of the engine run ``run_key`` (created by its first process); (job id, created)."""
     owner = {"engine": engine, "engine_host": socket.gethostname(), "run_key": run_key}
     if job is not None:
         text = job.job_file.read_text(errors="replace")
         spec = {"job_file": str(job.job_file), **job.spec.model_dump(mode="json"), **owner}
-        job_id, created = store.join_engine_run(run_key, name or job.spec.name, spec, spec_yaml=text)
+        job_id, created = store.join_engine_run(
+            run_key, name or job.spec.name, spec, spec_yaml=text, member=member
+        )
     else:
         spec = {**owner, "graders": list(graders)}
-        job_id, created = store.join_engine_run(run_key, name or f"{engine}-run", spec)
+        job_id, created = store.join_engine_run(run_key, name or f"{engine}-run", spec, member=member)
     if created:
         if job is not None:
             store.update_job(job_id, steps_total=job.spec.hyperparameters.steps)
@@ -419,7 +454,7 @@ def _join_job(
         return job_id, True
     found = store.get_job(job_id)
     if found is not None and found.status not in ("queued", "running"):
-        store.leave_engine_run(run_key)
+        store.leave_engine_run(run_key, member)
         raise ValueError(
             f"the {engine} run key {run_key!r} names job {job_id}, which has already ended "
             f"({found.status}): a new run needs a new key (PLUGTUNE_RUN, or the run= setting)"

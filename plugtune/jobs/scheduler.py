@@ -29,11 +29,12 @@ import psutil
 
 from plugtune.errors import ErrorType
 from plugtune.jobs.classify import attempt_died, job_error
+from plugtune.jobs.engine_members import member_lives
 from plugtune.jobs.retry_policy import RetryJobAfter, Stop, decide, job_kind
 from plugtune.jobs.support_bundle import write_bundle
 from plugtune.settings import Settings
 from plugtune.spec.models import RetryPolicy
-from plugtune.store import IllegalTransitionError, Job, Store
+from plugtune.store import Attempt, IllegalTransitionError, Job, Store
 from plugtune.types import ErrorRecord
 
 #: ``-P``: the attempt never imports a module from the server's working folder (``-m`` would first).
@@ -195,7 +196,9 @@ def recover_interrupted(store: Store, settings: Settings) -> list[int]:
     A job an engine runs (TRL, verl: ``EngineRun``) has no supervisor here: it is left alone while
     its engine process lives, or when that process is on another host (a shared PostgreSQL store);
     one whose process on this host is gone failed with it, and is not retried (the engine's own
-    launcher started it)."""
+    launcher started it). A job that several processes record (verl's workers: its run key's
+    members) is left alone while any of them lives or runs on another host, and fails once every
+    one of them is gone without ending the run."""
     settled = []
     for job in store.list_jobs("running", limit=1000):
         if "engine" in job.spec:
@@ -221,6 +224,12 @@ def _settle_engine_run(store: Store, job: Job) -> bool:
     """Fail an engine's running job whose process on this host is gone; False: left alone."""
     attempts = store.list_attempts(job.id)
     last = attempts[-1] if attempts else None
+    run_key = str(job.spec.get("run_key") or "")
+    members = store.engine_run_members(run_key) if run_key else []
+    if members:  # the run's processes (the one that created the job may have ended before the others)
+        if any(member_lives(m) is not False for m in members):
+            return False  # one lives, or is on another machine, where nothing here can tell
+        return _fail_engine_run(store, job, last, run_key, [m.pid for m in members])
     if job.spec.get("engine_host", socket.gethostname()) != socket.gethostname():
         return False  # its process is on another machine: nothing here can tell whether it lives
     if last is not None and last.status == "running" and _process_since(last.pid, last.started_at):
@@ -243,6 +252,33 @@ def _settle_engine_run(store: Store, job: Job) -> bool:
     store.set_job_error(job.id, error, attempt=number)
     store.transition(job.id, "failed", f"{error.type}: {error.cause}")
     log.warning("job %d (%s run) lost its process %s: now failed", job.id, engine, pid)
+    return True
+
+
+def _fail_engine_run(store: Store, job: Job, last: Attempt | None, run_key: str, pids: list[int]) -> bool:
+    """Fail the job of engine run ``run_key`` whose every member process (``pids``) is gone."""
+    engine, listed = str(job.spec["engine"]), ", ".join(str(p) for p in pids)
+    error = job_error(
+        ErrorType.UNKNOWN,
+        "engine run stopped",
+        f"every {engine} process of run {run_key!r} that recorded this job (pids {listed}) stopped "
+        "without ending the run (killed, crashed, or the machine restarted); the training ended "
+        "with them",
+        {"run_key": run_key, "pids": pids, "engine": engine},
+        hint=(
+            f"Look at the {engine} launcher's own output for why its workers stopped (out of memory, "
+            "a signal); plugtune did not see the run end. Start the run again with a new run key."
+        ),
+    )
+    number = last.number if last is not None else 0
+    try:  # the status first: should its last process end the run in the same moment, keep that
+        store.transition(job.id, "failed", f"{error.type}: {error.cause}")
+    except IllegalTransitionError:
+        return False
+    if last is not None and last.status == "running":
+        store.end_attempt(job.id, number, "failed", error)
+    store.set_job_error(job.id, error, attempt=number)
+    log.warning("job %d (%s run %r) lost every process (%s): now failed", job.id, engine, run_key, listed)
     return True
 
 

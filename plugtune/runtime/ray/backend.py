@@ -3,7 +3,8 @@
 The snapshot folder is shipped as the actors' ``runtime_env`` ``working_dir`` (Ray stores it in
 the cluster by content hash, so every node runs exactly the code the console shows), and plugtune
 itself as one of its ``py_modules``; before the first deploy each node is checked for the rest of
-what it needs (``nodes``).
+what it needs (``nodes``). One keeper actor holds the declared dependencies' budgets for every
+actor (``keeper``); a relay lets the other nodes reach a loopback policy (``relay``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from plugtune.runtime.ray.code import ship, ship_plugtune
 from plugtune.runtime.ray.deployment import RayDeployment, RayInstance
 from plugtune.runtime.ray.facts import cluster_lost, is_ray_error, start_failed
 from plugtune.runtime.ray.host import InstanceHost, read_spec_sync
+from plugtune.runtime.ray.keeper import KEEPER_CALLS, BudgetKeeper
 from plugtune.runtime.ray.loopback import is_loopback
 from plugtune.runtime.ray.nodes import NodeCheck
 from plugtune.runtime.ray.relay import PolicyRelay
@@ -68,6 +70,7 @@ class RayBackend:
         self.ship_plugtune = ship_plugtune
         self.plugtune_uri = ""  # plugtune's own gcs:// package, once shipped
         self.nodes: NodeCheck | None = None
+        self.keeper: Any = None  # BudgetKeeper's actor, made with the first instance
         self.lost: Exception | None = None
         self.gcs_address: str = ray.get_runtime_context().gcs_address
         self.relay = self._policy_relay()
@@ -164,15 +167,25 @@ class RayBackend:
             "max_restarts": 0,
             "max_concurrency": ACTOR_METHODS,
         }
+        keeper = self._keeper() if request.dependencies or runtime.dependencies else None
         handle = self.host_class.options(**options).remote(
             tag,
-            # job.yaml's dependencies: the node's bridge lets the instance reach them (policy-only)
-            {**_config(request), "dependencies": list(request.dependencies)},
+            # job.yaml's dependencies (the node's bridge lets the instance reach them) and their budgets
+            {**_config(request), "dependencies": list(request.dependencies), "keeper": keeper},
             runtime,
             self.start_timeout_s,
             self.idle_timeout_s,
         )
         return RayInstance(tag, handle)
+
+    def _keeper(self) -> Any:
+        """The actor that holds the job's dependency budgets for every actor (see ``keeper``)."""
+        if self.keeper is None:
+            options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": KEEPER_CALLS, "max_restarts": 0}
+            if self.plugtune_uri:
+                options["runtime_env"] = {"py_modules": [self.plugtune_uri]}
+            self.keeper = self.ray.remote(BudgetKeeper).options(**options).remote()
+        return self.keeper
 
     def kill_actor(self, handle: Any) -> None:
         try:
@@ -242,6 +255,9 @@ class RayBackend:
             self._health.cancel()
         if self.relay is not None:
             await self.relay.close()
+        if self.keeper is not None:
+            self.kill_actor(self.keeper)
+            self.keeper = None
 
 
 def _dial(address: str) -> None:

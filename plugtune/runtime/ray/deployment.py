@@ -25,6 +25,7 @@ from plugtune.runtime.fate import Fate
 from plugtune.runtime.pool import InstancePool
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
 from plugtune.runtime.ray.facts import call_failed, host_failed, is_ray_error, start_failed
+from plugtune.runtime.ray.keeper import DependencyTally
 from plugtune.runtime.ray.relay import PolicyRelay
 from plugtune.sdk import PluginSpec, Runtime
 from plugtune.types import LogLine
@@ -101,6 +102,7 @@ class RayDeployment:
         self.runtime_log = self.pool.runtime_log
         self.retired_bytes = 0.0
         self.cold_starts_ms: list[float] = []
+        self.dependencies = DependencyTally()  # the actors' dependency meters, summed
 
     @property
     def instances(self) -> list[RayInstance]:
@@ -194,6 +196,7 @@ class RayDeployment:
         """Close the actor's worker (its last log lines come back), then end the actor."""
         was_live = instance.fate.end()
         self.pool.forget(instance)
+        self.dependencies.forget(instance.id)
         if self.backend.lost is None:  # with the head gone, nothing would answer
             try:
                 lines = await asyncio.wait_for(instance.handle.close.remote(), 5.0)
@@ -332,12 +335,14 @@ class RayDeployment:
                     why = f"it stopped answering ({type(reply).__name__}) on Ray node {instance.node_id[:12]}"
                     self._lost(instance, why)
                 continue
-            stats, lines = reply
+            stats, lines, dependencies = reply
             instance.stats = stats
             self.pool.log_lines.extend(lines)
+            self.dependencies.add(instance.id, dependencies)
 
     def sample(self) -> dict[str, float]:
-        """Resource gauges over all actors: sums (instances, traffic), mean CPU %, max memory %."""
+        """Resource gauges over all actors: sums (instances, traffic), mean CPU %, max memory %; the
+        declared dependencies' series over the period (see ``keeper.DependencyTally``)."""
         live = [i for i in self.pool.instances if not i.fate.ended and i.ready]
         n = len(live)
         cpu = [i.stats.get("cpu_percent", 0.0) for i in live]
@@ -347,6 +352,7 @@ class RayDeployment:
             "memory_percent": max((i.stats.get("memory_percent", 0.0) for i in live), default=0.0),
             "outbound_bytes": self.retired_bytes + sum(i.stats.get("outbound_bytes", 0.0) for i in live),
             "concurrency_per_instance": sum(i.in_flight for i in live) / n if n else 0.0,
+            **self.dependencies.sample(),
         }
 
     def logs(self) -> list[LogLine]:

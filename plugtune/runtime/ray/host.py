@@ -21,6 +21,7 @@ from plugtune.runtime.deployment import LocalDeployment
 from plugtune.runtime.limits import Limits, detect, rlimits
 from plugtune.runtime.local import LocalBackend
 from plugtune.runtime.quota import Quota, QuotaLedger
+from plugtune.runtime.ray.keeper import SharedBudgets, drain
 from plugtune.runtime.sandbox import Sandbox
 from plugtune.runtime.zygote_client import Zygote
 from plugtune.sdk import Runtime
@@ -78,6 +79,8 @@ class InstanceHost:
         import ray
 
         self.backend = NodeBackend(self.tag, self.start_timeout_s, self.idle_timeout_s)
+        if self.config.get("keeper") is not None:  # the job's dependency budgets, shared by every actor
+            self.backend.budgets = SharedBudgets(self.config["keeper"])
         request = DeployRequest(
             entry=self.config["entry"],
             code_root=Path(os.getcwd()),  # Ray unpacked the snapshot here (runtime_env working_dir)
@@ -130,11 +133,13 @@ class InstanceHost:
         except Exception as exc:  # noqa: BLE001 - plugtune's own bug: the driver makes it an internal error
             return request.call_id, None, f"{type(exc).__name__}: {exc}"[:500]
 
-    async def report(self) -> tuple[dict[str, float], list[LogLine]]:
-        """The gauges now and the log lines written since the last reply (or report)."""
+    async def report(self) -> tuple[dict[str, float], list[LogLine], dict[str, dict[str, Any]]]:
+        """The gauges now, the log lines written since the last reply (or report), and what the
+        bridge's meters measured of the declared dependencies since the last report."""
         if self.deployment is None:
-            return {}, []
-        return self.deployment.sample(), self._new_lines()
+            return {}, [], {}
+        bridge = self.deployment.bridge
+        return self.deployment.sample(), self._new_lines(), drain(bridge.meters) if bridge else {}
 
     def _new_lines(self) -> list[LogLine]:
         assert self.deployment is not None

@@ -26,6 +26,7 @@ from plugtune.runtime.pool import InstancePool
 from plugtune.runtime.quota import QuotaExceeded, QuotaLedger
 from plugtune.runtime.ray.facts import call_failed, host_failed, is_ray_error, start_failed
 from plugtune.runtime.ray.keeper import DependencyTally
+from plugtune.runtime.ray.loopback import is_loopback
 from plugtune.runtime.ray.relay import PolicyRelay
 from plugtune.sdk import PluginSpec, Runtime
 from plugtune.types import LogLine
@@ -113,6 +114,15 @@ class RayDeployment:
 
     async def start(self) -> None:
         self.runtime_log("INFO", f"deployed on Ray ({self.backend.address}), limits enforced in each actor")
+        if self.backend.relay is not None:  # a cluster of hosts: loopback means each node's own
+            for dep in self.request.dependencies:
+                if is_loopback(dep.host):
+                    self.runtime_log(
+                        "WARNING",
+                        f"dependency {dep.name} is declared at {dep.host}:{dep.port}: on each Ray node "
+                        "that is the node's own loopback, not the driver's; declare it by an address "
+                        "the nodes reach",
+                    )
         await self.pool.start()
 
     async def close(self) -> None:

@@ -54,7 +54,7 @@ def can_make_hosts() -> str:
     """Why network and mount namespaces cannot be made here ('' when they can)."""
     if os.geteuid() != 0:
         return "needs root (ip netns, unshare --mount)"
-    for tool in ("ip", "unshare"):
+    for tool in ("ip", "unshare", "nsenter", "ss", "mknod"):
         if subprocess.run(["which", tool], capture_output=True).returncode != 0:
             return f"needs the {tool} command"
     return ""
@@ -79,9 +79,18 @@ class ApartCluster:
     head: LocalCluster | None = None
     bridge_up: bool = False
 
-    @property
-    def subnet(self) -> str:
-        return f"10.77.{int(self.tag) % 200 + 20}"
+    subnet: str = ""  # 10.77.<n>: the first /24 from this process's id that no interface here holds
+
+    def __post_init__(self) -> None:
+        if not self.subnet:
+            held = sh("ip", "-o", "-4", "addr", "show", check=False)
+            for k in range(200):
+                candidate = f"10.77.{(int(self.tag) + k) % 200 + 20}"
+                if f" {candidate}." not in held:
+                    self.subnet = candidate
+                    break
+            else:
+                raise NamespaceError("every 10.77.<n>.0/24 that tests use is held by an interface here")
 
     @property
     def bridge(self) -> str:

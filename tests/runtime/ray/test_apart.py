@@ -221,7 +221,8 @@ def test_a_job_rolls_out_and_grades_on_the_node_with_the_policy_relayed_over_the
 async def test_a_declared_dependency_is_reached_from_the_node_under_policy_only(apart: ApartCluster) -> None:
     """job.yaml's ``dependencies:`` reach the node's bridge: a judge on the head's host (by its name,
     as policy-only wants: a declared IP cannot be listened at inside the instance's network) answers
-    the grader on the node; an undeclared one stays refused there."""
+    the grader on the node; an undeclared one stays refused there; one declared on loopback is
+    said at deploy to be each node's own."""
     from tests.judge_server import judge
 
     with judge(host=apart.head_ip) as server:
@@ -230,10 +231,13 @@ async def test_a_declared_dependency_is_reached_from_the_node_under_policy_only(
             declared = await rt.deploy(entry("judge.py", "asks_judge_urllib"), dependencies={"judge": url})
             outcome = await declared.invoke(ctx(), sample(url=url), trajectory())
             assert outcome.value == 0.75
-            undeclared = await rt.deploy(entry("judge.py", "asks_judge_urllib"))
+            loopback = {"local": "http://127.0.0.1:9/ok"}  # the node's own 127.0.0.1: said at deploy
+            undeclared = await rt.deploy(entry("judge.py", "asks_judge_urllib"), dependencies=loopback)
             with pytest.raises(PluginCallError) as refused:
                 await undeclared.invoke(ctx(), sample(url=url), trajectory())
         assert server.requests == 1  # type: ignore[attr-defined]
+    warned = [line.message for line in undeclared.logs() if "declared at 127.0.0.1:9" in line.message]
+    assert warned and "not the driver's" in warned[0], [line.message for line in undeclared.logs()]
     assert "network policy-only" in refused.value.message or any(
         "refused a connection" in line.message for line in undeclared.logs()
     ), refused.value

@@ -2,8 +2,8 @@
 
 A plugin's dependencies are the job's ``dependencies:`` and those its decorator's ``Runtime`` adds
 (the job's win on a name), as the runtime deployed it. Their series (``dependency/<name>/...``,
-plugtune.runtime.meter) are measured in the policy-only relay; a plugin deployed with another
-network, or on the Ray backend, has none, and its panels say why.
+plugtune.runtime.meter) are measured in the policy-only relay (on Ray, each actor's, summed by the
+driver); a plugin deployed with another network has none, and its panels say why.
 """
 
 from __future__ import annotations
@@ -59,15 +59,12 @@ def panels(
     end: float,
 ) -> list[DependencyPanelOut]:
     network = (plugin.runtime or {}).get("network")
-    backend = (job_spec.get("plugins") or {}).get("runtime_backend")
     note = ""
     if network is not None and network != POLICY_ONLY:
         note = (
             f"Not measured: this plugin runs with network: {network}, so its connections do not go "
             "through the policy-only relay where each dependency is measured."
         )
-    elif backend == "ray":
-        note = "Not measured: on the Ray backend the connections do not go through the local relay."
     out = []
     for dep in declared(job_spec, plugin):
         own = f"{PREFIX}{dep.name}/"

@@ -134,8 +134,9 @@ def test_the_429_share_over_a_range_weighs_each_sample_by_its_requests(store: St
     }
 
 
-def test_a_plugin_on_ray_says_its_dependencies_are_not_measured(store: Store) -> None:
+def test_a_plugin_on_ray_has_its_dependencies_measured_as_on_the_local_backend(store: Store) -> None:
+    """Each Ray actor's meters reach the function's series (tests/runtime/ray/test_budgets.py)."""
     spec = {"dependencies": {"judge": JUDGE}, "plugins": {"runtime_backend": "ray"}}
     job_id = _job(store, spec, {"network": "policy-only"})
     (panel,) = _metrics(store, job_id)["dependencies"]  # type: ignore[misc]
-    assert panel["note"].startswith("Not measured: on the Ray backend")
+    assert panel["note"] == ""

@@ -220,8 +220,21 @@ def recover_interrupted(store: Store, settings: Settings) -> list[int]:
     return settled
 
 
-def _settle_engine_run(store: Store, job: Job) -> bool:
-    """Fail an engine's running job whose process on this host is gone; False: left alone."""
+def settle_stopped_engine_runs(store: Store) -> list[int]:
+    """Fail the running jobs of engine runs (a run key's worker processes: verl's) whose every
+    member process is gone without leaving the run, as a running ``plugtune serve`` checks every
+    ``Scheduler.ENGINE_RUNS_EVERY_S``; their ids. A job without member rows (one engine process:
+    TRL) is settled when serve starts only (``recover_interrupted``)."""
+    settled = []
+    for job in store.list_jobs("running", limit=1000):
+        if "engine" in job.spec and job.spec.get("run_key") and _settle_engine_run(store, job, True):
+            settled.append(job.id)
+    return settled
+
+
+def _settle_engine_run(store: Store, job: Job, members_only: bool = False) -> bool:
+    """Fail an engine's running job whose process on this host is gone; False: left alone.
+    ``members_only``: judge a run by its member rows only (none: left alone)."""
     attempts = store.list_attempts(job.id)
     last = attempts[-1] if attempts else None
     run_key = str(job.spec.get("run_key") or "")
@@ -230,6 +243,8 @@ def _settle_engine_run(store: Store, job: Job) -> bool:
         if any(member_lives(m) is not False for m in members):
             return False  # one lives, or is on another machine, where nothing here can tell
         return _fail_engine_run(store, job, last, run_key, [m.pid for m in members])
+    if members_only:
+        return False
     if job.spec.get("engine_host", socket.gethostname()) != socket.gethostname():
         return False  # its process is on another machine: nothing here can tell whether it lives
     if last is not None and last.status == "running" and _process_since(last.pid, last.started_at):
@@ -465,12 +480,14 @@ class Scheduler:
     its own process supervised by its own thread, and starts automatic retries when due."""
 
     PURGE_EVERY_S = 3600.0
+    ENGINE_RUNS_EVERY_S = 30.0  # how often an engine run whose every process is gone is failed
 
     def __init__(self, store: Store, settings: Settings, poll_s: float = 1.0, max_running: int = 1) -> None:
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.store, self.settings, self.poll_s, self.max_running = store, settings, poll_s, max_running
         self._purged_at = 0.0
+        self._engine_runs_at = time.time()  # start() settles them first
         self.runners: dict[int, AttemptRunner] = {}
         self._threads: dict[int, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -524,6 +541,9 @@ class Scheduler:
             self._purged_at = now
             if purged:
                 log.info("purged the monitoring data of %d ended plugins past their retention", purged)
+        if now - self._engine_runs_at >= self.ENGINE_RUNS_EVERY_S:
+            self._engine_runs_at = now
+            settle_stopped_engine_runs(self.store)
         for job in self.store.list_jobs("failed", limit=200):
             if job.next_retry_at is not None and job.next_retry_at <= now:
                 self.store.transition(job.id, "queued", f"automatic retry {job.auto_retries}")

@@ -10,12 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from plugtune.jobs.scheduler import recover_interrupted
+from plugtune.jobs.scheduler import Scheduler, recover_interrupted
 from plugtune.settings import Settings
 from plugtune.store import Store
 from tests.store.conftest import Target, postgres_session, postgres_skip_reason, target
@@ -164,6 +165,37 @@ def test_a_run_whose_every_member_was_killed_is_failed_by_serve_naming_the_run(
     assert job.error.evidence["run_key"] == "verl-run-b"
     assert [a.status for a in store.list_attempts(job_id)] == ["failed"]
     assert recover_interrupted(store, home) == []  # settled once
+
+
+def test_a_running_serve_fails_a_run_once_its_every_member_was_killed(
+    target: Target,
+    store: Store,
+    grader: str,
+    workers: list[Worker],
+    home: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Scheduler, "ENGINE_RUNS_EVERY_S", 0.5)  # (30 s in serve)
+    first = Worker(target, "verl-run-d", grader)
+    workers.append(first)
+    second = Worker(target, "verl-run-d", grader)
+    workers.append(second)
+    scheduler = Scheduler(store, home, poll_s=0.2)
+    scheduler.start()  # serve, started while the run goes on
+    try:
+        first.step(1)
+        first.exit()
+        time.sleep(1.5)  # three checks: the member left lives
+        assert store.get_job(first.job_id).status == "running"  # type: ignore[union-attr]
+        second.kill()
+        deadline = time.monotonic() + 30
+        while store.get_job(first.job_id).status == "running" and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.2)
+    finally:
+        scheduler.stop()
+    job = store.get_job(first.job_id)
+    assert job is not None and job.status == "failed" and job.error is not None
+    assert job.error.cause == "engine run stopped" and "'verl-run-d'" in job.error.message
 
 
 def test_the_last_live_member_ends_the_job_when_another_was_killed_without_leaving(

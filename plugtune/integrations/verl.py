@@ -26,9 +26,12 @@ reward manager's form), ``reward_kwargs.job=/abs/path/job.yaml``.
 One verl run is one plugtune job: verl's agent-loop and reward workers are separate Ray processes,
 and each one's ``EngineRun`` joins the job of the run's key (``run_key()``: ``run=`` in the agent
 loop config or ``reward_kwargs``, else ``$PLUGTUNE_RUN``, else the Ray session and job every worker
-of one verl run shares); the first to start creates it, the last to close ends it. Outside Ray and
-without a key, each process records a job of its own. ``close_runs()`` (or the process's exit)
-leaves the run.
+of one verl run shares); the first to start creates it, the last to close ends it. The job follows
+the run's live processes (each is a member of the run key, by pid): the one that created it may
+exit first, ``plugtune serve`` leaves it running while a member lives and fails it ("engine run
+stopped") once every member is gone without leaving (killed); the job's ``steps_done`` is the
+furthest any member reported. Outside Ray and without a key, each process records a job of its
+own. ``close_runs()`` (or the process's exit) leaves the run.
 
 Steps: an agent loop takes the trajectory's step from verl's worker (its batch's
 ``meta_info["global_steps"]``); the reward function from what verl's agent loop passes on in

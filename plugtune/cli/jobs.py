@@ -115,12 +115,12 @@ def jobs_retry(
         "too; --code's folder is uploaded; token: $PLUGTUNE_API_TOKEN) instead of in the local store.",
     ),
 ) -> None:
-    """Retry a failed or cancelled job now; it resumes from its last checkpoint. Without --code it runs the code it was submitted with (or its last --code), never the files on
-    disk. With --code DIR the new code is first validated against the stored job.yaml, linted and
-    run in the function runtime's sandbox on the job's newest failed groups (the policy's recorded
-    answers played back): any problem refuses it (exit 1, nothing changed); otherwise it is stored
-    by content hash and the job's next attempts run it. `plugtune serve` runs the retried job (it
-    reads the same store)."""
+    """Retry a failed or cancelled job now; it resumes from its last checkpoint. Without --code it
+    runs the code it was submitted with (or its last --code), never the files on disk. With --code
+    DIR the new code is first validated against the stored job.yaml, linted and run in the function
+    runtime's sandbox on the job's newest failed groups (the policy's recorded answers played back):
+    any problem refuses it (exit 1, nothing changed); otherwise it is stored by content hash and the
+    job's next attempts run it. `plugtune serve` runs the retried job (it reads the same store)."""
     from plugtune.jobs.control import NotRetryableError, retry_job
     from plugtune.jobs.scheduler import JobNotFoundError
     from plugtune.store import IllegalTransitionError

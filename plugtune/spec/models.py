@@ -706,7 +706,8 @@ class CircuitBreaker(BaseModel):
 
 class SignalSpec(BaseModel):
     """When the reward-signal health checks warn (each warning is also a per-step metric; see
-    the docs, plugins/policy.md: Reward signal health). A check looks at the last 10 steps (all of a shorter run's)."""
+    the docs, plugins/policy.md: Reward signal health). A check looks at the last 10 steps (all of
+    a shorter run's)."""
 
     model_config = _STRICT
 

@@ -49,6 +49,7 @@ from plugtune.runtime.dependencies import Dependency
 from plugtune.runtime.faults import FaultInjection
 from plugtune.runtime.meter import DependencyMeter
 from plugtune.runtime.protocol import TYPE_KEY
+from plugtune.runtime.reply_end import ReplyEnd
 from plugtune.runtime.worker.dependency import TIMEOUT_HEADER
 from plugtune.runtime.worker.network import HEADER_MAX, Splice
 from plugtune.runtime.zygote_client import worker_env
@@ -248,10 +249,25 @@ class _Outbound(Splice):
         self.target: tuple[str, int] | None = None
         self.timeout_s: float | None = None  # the declared dependency's, once let through
         self.deadline: asyncio.TimerHandle | None = None
+        self.turns = ReplyEnd()  # where each reply ends (a streamed reply's pause is not idleness)
 
     def idle_for(self, now: float) -> float:
-        """Seconds since the reply's last bytes, when no request bytes came after them (else 0)."""
-        return now - self.last_reply if self.last_reply > self.last_request else 0.0
+        """Seconds the connection has sat between requests: since its last reply ended, or since it
+        was let through when it has sent no request (0 while a reply is awaited or streams). Where
+        the reply's framing is unknown (TLS, read to close), since the reply's last bytes when no
+        request bytes came after them."""
+        if self.opened_at == 0.0:
+            return 0.0
+        if self.turns.unknown or self.target in self.bridge.tls:
+            if self.last_reply > self.last_request:
+                return now - self.last_reply
+            return now - self.opened_at if not self.asked else 0.0
+        return now - max(self.last_reply, self.opened_at) if self.turns.done else 0.0
+
+    @property
+    def asked(self) -> bool:
+        """Whether the plugin has sent the dependency any request bytes."""
+        return self.last_request > 0.0
 
     def close(self) -> None:
         if self.transport is not None:
@@ -262,6 +278,10 @@ class _Outbound(Splice):
             self._injected(data)
             return
         if self.connecting:
+            self.turns.request(data)
+            if self.peer is None:  # still waiting for the budget or the connection: not counted;
+                self.pending.append(data)  # _connect stamps and arms once these bytes go out
+                return
             self.last_request = time.monotonic()
             super().data_received(data)
             self._arm()
@@ -273,7 +293,6 @@ class _Outbound(Splice):
                 self.transport.close()
             return
         self.connecting = True
-        self.last_request = time.monotonic()
         target = self.bridge.target(line)
         if target is None:
             if self.transport is not None:
@@ -286,9 +305,11 @@ class _Outbound(Splice):
             self._measure(target)
             self._injected(rest)
             if self.injected == "dependency-hang":
+                self.last_request = time.monotonic()
                 self._arm()  # a hang meets the declared timeout_s as a real one would
             return
         if rest:
+            self.turns.request(rest)
             self.pending.append(rest)
         self.task = asyncio.get_running_loop().create_task(self._connect(target))
 
@@ -454,4 +475,5 @@ class _Upstream(Splice):
 
     def data_received(self, data: bytes) -> None:
         self.owner.last_reply = time.monotonic()
+        self.owner.turns.reply(data)
         super().data_received(data)

@@ -112,6 +112,8 @@ class DependencyBudget:
     def hold(self, holder: Holder) -> None:
         """``holder`` has the slot its ``acquire()`` granted (``release(holder)`` gives it back)."""
         self.holders.add(holder)
+        if self.waiters and self.reaper is None:  # granted after _pump looked for holders to reap
+            self.reaper = asyncio.get_running_loop().call_later(REAP_S, self._reap)
 
     def release(self, holder: Holder | None = None) -> None:
         self.holders.discard(holder)

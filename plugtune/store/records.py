@@ -73,6 +73,11 @@ class NotFoundError(LookupError):
     """Raised when a write names a job (or attempt, plugin) the store does not hold."""
 
 
+class DamagedRecordError(ValueError):
+    """Raised when a stored row cannot be read back as what was written (a column's bytes or JSON
+    damaged, or written by something else); the message names the row and the column."""
+
+
 class _Record:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)  # type: ignore[call-overload]

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Select, func, select
 
 from plugtune.store.base import StoreBase, count_rows, dumps, loads, page_size
 from plugtune.store.database import Database, contains_text, upsert
-from plugtune.store.records import NotFoundError, TrajectorySummary
+from plugtune.store.records import DamagedRecordError, NotFoundError, TrajectorySummary
 from plugtune.store.schema import trajectories as T  # noqa: N812 - the table, as SQL names it
 from plugtune.types import DroppedSpan, ErrorRecord, TrajectoryRecord
 
@@ -274,6 +274,15 @@ def _summary(r: Any) -> TrajectorySummary:
 
 
 def _record(r: Any) -> TrajectoryRecord:
+    def read(column: str, decode: Any) -> Any:
+        try:
+            return decode(getattr(r, column))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise DamagedRecordError(
+                f"trajectory {r.trajectory_id!r} cannot be read back: its stored {column} is damaged "
+                f"({type(exc).__name__}: {str(exc)[:200]}); the database row was changed outside plugtune"
+            ) from exc
+
     return TrajectoryRecord(
         trajectory_id=r.trajectory_id,
         group_id=r.group_id,
@@ -282,23 +291,23 @@ def _record(r: Any) -> TrajectoryRecord:
         rollout_index=r.rollout_index,
         attempt=r.attempt,
         policy_version=r.policy_version,
-        prompt_ids=_unpack("i", r.prompt_ids),
-        response_ids=_unpack("i", r.response_ids),
-        response_mask=list(bytes(r.response_mask)),
-        response_logprobs=_unpack("d", r.response_logprobs),
-        messages=loads(r.messages),
-        tools=loads(r.tools),
+        prompt_ids=read("prompt_ids", lambda v: _unpack("i", v)),
+        response_ids=read("response_ids", lambda v: _unpack("i", v)),
+        response_mask=read("response_mask", lambda v: list(bytes(v))),
+        response_logprobs=read("response_logprobs", lambda v: _unpack("d", v)),
+        messages=read("messages", loads),
+        tools=read("tools", loads),
         reward=r.reward,
-        reward_components=loads(r.reward_components),
+        reward_components=read("reward_components", loads),
         advantage=r.advantage,
         status=r.status,
         stop_reason=r.stop_reason,
-        errors=[ErrorRecord(**e) for e in loads(r.errors)],
-        metrics=loads(r.metrics),
-        timing=loads(r.timing),
-        code_hash=loads(r.code_hash),
+        errors=read("errors", lambda v: [ErrorRecord(**e) for e in loads(v)]),
+        metrics=read("metrics", loads),
+        timing=read("timing", loads),
+        code_hash=read("code_hash", loads),
         phase=r.phase,
         discard_reason=r.discard_reason,
-        trainer_logprobs=_unpack("d", r.trainer_logprobs) if r.trainer_logprobs is not None else [],
-        dropped_spans=[DroppedSpan(**d) for d in loads(r.dropped_spans)] if r.dropped_spans else [],
+        trainer_logprobs=read("trainer_logprobs", lambda v: _unpack("d", v) if v is not None else []),
+        dropped_spans=read("dropped_spans", lambda v: [DroppedSpan(**d) for d in loads(v)] if v else []),
     )

@@ -17,6 +17,7 @@ from plugtune import __version__
 from plugtune.errors import PlatformError
 from plugtune.spec.reach import SubmissionPolicy
 from plugtune.store import Store
+from plugtune.store.records import DamagedRecordError
 from plugtune.web import (
     api,
     app_openapi,
@@ -131,6 +132,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(service.Conflict)
     async def conflict(request: Request, exc: service.Conflict) -> Response:
         return problem(request, 409, "Conflict", str(exc))
+
+    @app.exception_handler(DamagedRecordError)
+    async def damaged(request: Request, exc: DamagedRecordError) -> Response:
+        log.warning("damaged record while serving %s: %s", request.url.path, exc)
+        return problem(request, 409, "Damaged record", str(exc))
 
     @app.exception_handler(BadParameter)
     async def bad_parameter(request: Request, exc: BadParameter) -> Response:

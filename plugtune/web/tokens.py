@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from plugtune.spec.models import resolve_model
 from plugtune.store import Store
-from plugtune.store.records import Job
+from plugtune.store.records import DamagedRecordError, Job
 from plugtune.types import TrajectoryRecord
 from plugtune.web import service
 from plugtune.web.params import JobId, RecordId
@@ -98,7 +98,36 @@ def tokens_api(request: Request, job_id: JobId, trajectory_id: RecordId) -> Toke
     return token_view(record, job)
 
 
+def inconsistency(record: TrajectoryRecord) -> str | None:
+    """What makes a stored record's per-token lists disagree (None when they agree): one mask value
+    per response token, and the sampler's and the trainer's log-probs one per token or none."""
+    count = len(record.response_ids)
+    found = []
+    if len(record.response_mask) != count:
+        found.append(f"{len(record.response_mask)} loss-mask values")
+    for what, values in (("sampler", record.response_logprobs), ("trainer", record.trainer_logprobs)):
+        if values and len(values) != count:
+            found.append(f"{len(values)} {what} log-probs")
+    for span in record.dropped_spans:
+        if not (0 <= span.at <= count and 0 <= span.policy_tokens <= span.tokens and span.rewrite >= 1):
+            found.append(
+                f"a cut span at {span.at} of {span.tokens} tokens ({span.policy_tokens} policy-sampled, "
+                f"rewrite {span.rewrite})"
+            )
+            break
+    if not found:
+        return None
+    return (
+        f"trajectory {record.trajectory_id!r} cannot be shown as tokens: its stored record has "
+        f"{count} response tokens but {', '.join(found)}; the record was damaged or written by "
+        "something other than plugtune"
+    )
+
+
 def token_view(record: TrajectoryRecord, job: Job) -> TokenViewOut:
+    problem = inconsistency(record)
+    if problem is not None:
+        raise DamagedRecordError(problem)
     ids, mask = list(record.response_ids), [1 if m else 0 for m in record.response_mask]
     texts, said = decode_each(job, ids)
     sampler = [_finite(v) if m else None for v, m in zip(record.response_logprobs, mask, strict=False)]

@@ -43,6 +43,7 @@ class BoundedLoader(yaml.SafeLoader):
         super().__init__(text)
         self._depth = 0
         self._sizes: dict[int, int] = {}  # id(collection node) -> values it expands to, once composed
+        self._aliased = False  # an alias (*name) was met: the count includes expansions
 
     def fetch_flow_collection_start(self, token_class: Any) -> None:
         # The scanner looks ahead over every open [ or { (a possible simple key each) on every token:
@@ -62,6 +63,7 @@ class BoundedLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(AliasEvent):
+            self._aliased = True
             mark = self.peek_event().start_mark
             node = super().compose_node(parent, index)
             if isinstance(node, yaml.CollectionNode) and id(node) not in self._sizes:  # still open
@@ -97,7 +99,10 @@ class BoundedLoader(yaml.SafeLoader):
         if size > MAX_VALUES:
             raise SpecTooLarge(
                 f"job.yaml holds more than {MAX_VALUES} values when its aliases (*name) are expanded; "
-                "use fewer aliases, or write the values out",
+                "use fewer aliases, or write the values out"
+                if self._aliased
+                else f"job.yaml holds more than {MAX_VALUES} values (keys, list items and scalars); a "
+                "job needs a few hundred: split a very large job (thousands of tasks:) into several",
                 mark,
             )
         self._sizes[id(node)] = size

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,9 +161,25 @@ def validate_row(row: Any, file: str, line: int | None) -> list[Problem]:
     task = row.get("task")
     if "task" in row and not (isinstance(task, str) and TASK_PATTERN.fullmatch(task)):
         out.append(
-            problem(f"must be a task name of job.yaml's tasks (letters, digits, _ . -), got {task!r}", "task")
+            problem(
+                f"must be a task name of job.yaml's tasks (letters, digits, _ . -; at most 64), got "
+                f"{_shown(task)}",
+                "task",
+            )
         )
     return out
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A row's value as an error message quotes it: ``repr``, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
+
+
+def _listed(names: Sequence[str], limit: int = 20) -> str:
+    """Names for an error message: the first ``limit``, then how many more."""
+    shown = ", ".join(names[:limit]) or "none"
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
 def task_problems(text: str, name: str, known: Collection[str], where: str = "") -> list[Problem]:
@@ -183,7 +199,7 @@ def task_problems(text: str, name: str, known: Collection[str], where: str = "")
             continue
         bad += 1
         if len(problems) < MAX_PROBLEMS_PER_FILE:
-            sets = ", ".join(sorted(set(known) - {"default"})) or "none"
+            sets = _listed(sorted(set(known) - {"default"}))
             if "task" not in row:
                 message = (
                     f"the row names no task, and job.yaml's plugins have no grader to score it (a multi-task "

@@ -680,6 +680,10 @@ def _task_items(task: str, spec: TaskSpec) -> list[Item]:
     return items
 
 
+#: The longest metric name the store keeps (its metric series' name column).
+METRIC_NAME_MAX = 200
+
+
 def _check_tasks(
     spec: JobSpec,
     refs: dict[str, list[PluginRef]],
@@ -773,6 +777,16 @@ def _task_set(
             continue
         if any(r.name == ref.name for r in picked[section]):
             message = f"`{ref.name}` is listed twice in tasks.{task}.{section}; list each plugin once"
+            found.value.append(replace(job, message=message, line=_line_of(loc, lines), field=field))
+            continue
+        longest = f"task/{task}/grader/{ref.name}/unscorable_share"  # its longest per-task metric
+        if section != "rollout" and len(longest) > METRIC_NAME_MAX:
+            message = (
+                f"the task's metrics of `{ref.name}` would have names of {len(longest)} characters "
+                f"(task/{task}/grader/<plugin>/unscorable_share); the store keeps names of at most "
+                f"{METRIC_NAME_MAX}: shorten the task's name ({len(task)} characters) or the plugin's "
+                f"({len(ref.name)}: give it a shorter `name:` where it is listed)"
+            )
             found.value.append(replace(job, message=message, line=_line_of(loc, lines), field=field))
             continue
         picked[section].append(ref)

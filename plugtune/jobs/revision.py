@@ -15,25 +15,29 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from plugtune.errors import InvalidValueError, Problem
-from plugtune.jobs.control import retry_job
 from plugtune.jobs.scheduler import require
 from plugtune.jobs.submitted import KEY as SUBMITTED
 from plugtune.jobs.submitted import REVISED_KEY, check_data, has_snapshot, plugins_to_run
 from plugtune.runtime.snapshot import SnapshotError, collect, content_hash
 from plugtune.spec.reach import Reach
 from plugtune.spec.validation import ValidatedJob, validate_job
-from plugtune.store import Store
+from plugtune.store import IllegalTransitionError, Store
 
 KEY = REVISED_KEY  # the job spec's key for the revised code later attempts run
 SUBMITTED_SOURCE = "submitted"
 RETRYABLE = ("failed", "cancelled")
 MAX_DIFF_LINES = 5_000
+MAX_DIFF_CHARS = 1 << 20  # the whole diff's text (a page and an API answer, not the code store)
+MAX_DIFF_LINE_CHARS = 2_000  # one line of it (a minified or one-line file)
+MAX_DIFF_FILE_BYTES = 1 << 20  # a file larger than this on either side is named, not diffed line by line
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class RevisionError(ValueError):
@@ -142,6 +146,7 @@ def read(store: Store, job_id: int, code_dir: Path) -> Revision:
             "at that path (--code is the project folder, laid out as the job's)"
         )
         problems.append(Problem(str(path), message, None, "plugins"))
+    problems.extend(_unkeepable(files))
     if problems:
         raise InvalidValueError(problems)
     validated = validate_job(
@@ -149,6 +154,24 @@ def read(store: Store, job_id: int, code_dir: Path) -> Revision:
     )
     check_data(job_file, job.spec[SUBMITTED].get("data") or {})
     return Revision(job_id, root, validated, files)
+
+
+def _unkeepable(files: dict[str, Path]) -> list[Problem]:
+    """A problem for each plugin file whose folder a snapshot cannot keep (a link out of it, too many
+    or too large files): found before the code is linted or run, as ``keep`` would find it after."""
+    problems: list[Problem] = []
+    found: dict[Path, str] = {}  # folder -> why it cannot be kept ("" when it can); each read once
+    for path in files.values():
+        if path.parent not in found:
+            try:
+                collect(path.parent)  # as keep() will
+                found[path.parent] = ""
+            except (SnapshotError, OSError) as exc:
+                found[path.parent] = str(exc)
+        if found[path.parent]:
+            message = f"the plugin's folder cannot be kept with the job: {found[path.parent]}"
+            problems.append(Problem(str(path), message, None, "plugins"))
+    return problems
 
 
 def keep(store: Store, revision: Revision) -> dict[str, dict[str, Any]]:
@@ -187,8 +210,15 @@ def commit(store: Store, revision: Revision, *, source: str | None = None) -> st
     code_hash = set_hash(plugins)
     source = source or str(revision.code_dir)
     revised = {"plugins": plugins, "code_hash": code_hash, "source": source, "at": time.time()}
-    store.update_job(revision.job_id, spec={**job.spec, KEY: revised})
-    retry_job(store, revision.job_id, reason=f"manual retry with code {code_hash[:12]} from {source}")
+    reason = f"manual retry with code {code_hash[:12]} from {source}"
+    store.update_job(revision.job_id, next_retry_at=None)
+    try:  # the code and the retry in one step: a retry that raced this one keeps its own code
+        store.transition(revision.job_id, "queued", reason, spec={**job.spec, KEY: revised})
+    except IllegalTransitionError as exc:
+        raise RevisionError(
+            f"job {revision.job_id} is {exc.current} now (another retry queued it while this code was "
+            "checked); only a failed or cancelled job can be retried: this code was not applied"
+        ) from None
     return code_hash
 
 
@@ -222,8 +252,14 @@ def timeline(store: Store, job_id: int) -> list[CodeSpan]:
 
 
 def diff(store: Store, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> str:
-    """A unified diff of two plugin code sets, file by file (``a/<plugin folder>/<file>``); "" when equal."""
+    """A unified diff of two plugin code sets, file by file (``a/<plugin folder>/<file>``); "" when equal.
+
+    Bounded: at most MAX_DIFF_LINES lines of at most MAX_DIFF_LINE_CHARS characters, MAX_DIFF_CHARS
+    in all; a binary file or one over MAX_DIFF_FILE_BYTES shows as its size and hash. Control
+    characters in file names are escaped (``\\n``), so a name cannot add lines of its own."""
     out: list[str] = []
+    chars = 0
+    more = 0  # lines left out
     done: set[tuple[str, str, str]] = set()  # plugin files of one folder share its code: diffed once
     for plugin in sorted({*before, *after}):
         folder = str(Path(plugin).parent)
@@ -236,17 +272,25 @@ def diff(store: Store, before: dict[str, dict[str, Any]], after: dict[str, dict[
         for rel in sorted({*old, *new}):
             if old.get(rel) == new.get(rel):
                 continue
-            out.extend(
-                difflib.unified_diff(
-                    _lines(old.get(rel)),
-                    _lines(new.get(rel)),
-                    f"a/{folder}/{rel}" if rel in old else "/dev/null",
-                    f"b/{folder}/{rel}" if rel in new else "/dev/null",
-                )
-            )
-    if len(out) > MAX_DIFF_LINES:
-        out = [*out[:MAX_DIFF_LINES], f"... {len(out) - MAX_DIFF_LINES} more diff lines not shown\n"]
-    return "".join(line if line.endswith("\n") else line + "\n" for line in out)
+            name = _CONTROL.sub(lambda m: repr(m.group())[1:-1], f"{folder}/{rel}")
+            for line in difflib.unified_diff(
+                _lines(old.get(rel)),
+                _lines(new.get(rel)),
+                f"a/{name}" if rel in old else "/dev/null",
+                f"b/{name}" if rel in new else "/dev/null",
+            ):
+                line = line if line.endswith("\n") else line + "\n"
+                if len(line) > MAX_DIFF_LINE_CHARS:
+                    cut = len(line) - MAX_DIFF_LINE_CHARS
+                    line = f"{line[:MAX_DIFF_LINE_CHARS]} ... ({cut} more characters not shown)\n"
+                if more or len(out) >= MAX_DIFF_LINES or chars + len(line) > MAX_DIFF_CHARS:
+                    more += 1
+                    continue
+                out.append(line)
+                chars += len(line)
+    if more:
+        out.append(f"... {more} more diff lines not shown\n")
+    return "".join(out)
 
 
 def _hash(record: dict[str, Any] | None) -> str:
@@ -262,6 +306,7 @@ def _files(store: Store, record: dict[str, Any] | None) -> dict[str, bytes]:
 def _lines(data: bytes | None) -> list[str]:
     if data is None:
         return []
-    if b"\0" in data[:8192]:
-        return [f"(binary file, {len(data)} bytes)\n"]
+    if b"\0" in data[:8192] or len(data) > MAX_DIFF_FILE_BYTES:  # named by its size and content
+        kind = "binary file" if b"\0" in data[:8192] else "file too large to diff line by line"
+        return [f"({kind}, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:12]})\n"]
     return data.decode("utf-8", "replace").splitlines(keepends=True)

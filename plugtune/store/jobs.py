@@ -97,15 +97,21 @@ class JobsTable(StoreBase):
             require_job(conn, job_id)
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
 
-    def transition(self, job_id: int, to_status: str, reason: str = "") -> Transition:
-        """Move a job to ``to_status`` and record it; raise IllegalTransitionError if not allowed."""
+    def transition(
+        self, job_id: int, to_status: str, reason: str = "", *, spec: dict[str, Any] | None = None
+    ) -> Transition:
+        """Move a job to ``to_status`` and record it; raise IllegalTransitionError if not allowed.
+        ``spec``: the job's new spec, set in the same transaction (only if the move is allowed)."""
         wanted = JobStatus(to_status)
         now = self._clock()
         with self._db.write("changing a job's status") as conn:
             current = JobStatus(require_job(conn, job_id, lock=True).status)
             if wanted not in TRANSITIONS[current]:
                 raise IllegalTransitionError(job_id, current.value, wanted.value)
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(status=wanted.value, updated_at=now))
+            values: dict[str, Any] = {"status": wanted.value, "updated_at": now}
+            if spec is not None:
+                values["spec"] = dumps(spec)
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
             if wanted is JobStatus.QUEUED:  # a retry: its plugins wait for the next attempt to deploy them
                 conn.execute(
                     update(plugins)

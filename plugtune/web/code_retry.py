@@ -109,7 +109,7 @@ def quick_test(store: Store, found: revision.Revision) -> tuple[list[str], list[
     for group_id in groups:
         try:
             doc = replay_group(store, found.job_id, group_id, code=found.job)
-        except (ReplayError, DataError) as exc:
+        except (ReplayError, DataError, PluginCallError) as exc:  # the sandbox could not take the code
             raise CodeRefusedError(found.job_id, "the quick test", [str(exc)]) from exc
         for row in doc["trajectories"]:
             replayed, tid = row["replayed"], row["trajectory_id"]

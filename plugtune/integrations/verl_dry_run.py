@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -27,11 +29,12 @@ from uuid import uuid4
 
 import numpy as np
 
+from plugtune.errors import DataError
 from plugtune.gateway.engine import GenerationEngine
 from plugtune.integrations import verl as plugtune_verl
 from plugtune.spec.models import resolve_model
 from plugtune.spec.rows import read_dataset
-from plugtune.spec.validation import validate_job
+from plugtune.spec.validation import refuse_tasks, validate_job
 from plugtune.store import Store
 from plugtune.trainer.model import load_model
 
@@ -48,19 +51,28 @@ def verl_config(
         return compose(
             config_name="ppo_trainer",
             overrides=[
-                f"actor_rollout_ref.model.path={model}",
+                f"actor_rollout_ref.model.path={quoted(str(model))}",
                 "actor_rollout_ref.rollout.name=vllm",  # its config only: LocalServerManager answers
                 f"actor_rollout_ref.rollout.n={n}",
                 f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
                 f"actor_rollout_ref.rollout.response_length={response_length}",
                 "actor_rollout_ref.rollout.calculate_log_probs=true",
-                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={quoted(str(loops))}",
                 "actor_rollout_ref.rollout.agent.default_agent_loop=plugtune",
                 "reward.custom_reward_function.path=pkg://plugtune.integrations.verl",
                 "reward.custom_reward_function.name=compute_score",
-                f"+reward.custom_reward_function.reward_kwargs.job={job}",
+                f"+reward.custom_reward_function.reward_kwargs.job={quoted(str(job))}",
             ],
         )
+
+
+def quoted(value: str) -> str:
+    """``value`` as a quoted Hydra override value: a path with spaces, commas, ``#``, ``=`` or
+    brackets was a parse error. Hydra escapes a quote, and backslashes only before a quote or at
+    the end; ``${`` would still be interpolated, so :func:`main` refuses such a path."""
+    out = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    out = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, out)
+    return f"'{out}'"
 
 
 def batch_of(rows: Sequence[dict[str, Any]], first: int, n: int, step: int) -> Any:
@@ -96,6 +108,7 @@ def dry_run(
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
     validated = validate_job(job, check_model=False)
+    refuse_tasks(validated, "verl")  # before the model loads: verl's agent loop refuses it too
     model_dir = model or resolve_model(validated.spec.model, validated.base_dir)
     dataset = read_dataset(validated.train_path)
     loaded = load_model(model_dir)
@@ -112,7 +125,8 @@ def dry_run(
     with tempfile.TemporaryDirectory() as tmp:
         loops = Path(tmp) / "agent_loops.yaml"
         loops.write_text(
-            f"- name: plugtune\n  _target_: plugtune.integrations.verl.PlugtuneAgentLoop\n  job: {job}\n"
+            "- name: plugtune\n  _target_: plugtune.integrations.verl.PlugtuneAgentLoop\n"
+            f"  job: {json.dumps(str(job))}\n"  # a YAML double-quoted scalar: any path reads back
         )
         config = verl_config(job, model_dir, loops, n=n, prompt_length=512, response_length=response_length)
         engine.start()
@@ -183,15 +197,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = args.job.expanduser().resolve()
     if not job.is_file():
         parser.error(f"the job file {job} does not exist")
-    job_id = dry_run(
-        job,
-        steps=args.steps,
-        rows=args.rows,
-        n=args.n,
-        model=args.model,
-        response_length=args.response_length,
-        out=sys.stdout,
-    )
+    model = args.model.expanduser().resolve() if args.model is not None else None
+    for what, path in (("the job file", job), ("--model", model)):
+        if path is not None and "${" in str(path):
+            parser.error(f"{what} {path}: verl's config reads ${{...}} in a path as an interpolation")
+    if model is not None and not (model / "config.json").is_file():
+        parser.error(f"--model {model} is not a Hugging Face model folder (it has no config.json)")
+    try:
+        job_id = dry_run(
+            job,
+            steps=args.steps,
+            rows=args.rows,
+            n=args.n,
+            model=model,
+            response_length=args.response_length,
+            out=sys.stdout,
+        )
+    except DataError as exc:  # the job.yaml, its data or its model: each problem names file:line [field]
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     store = Store.open()
     found = store.get_job(job_id)
     print(f"plugtune job {job_id}: {found.status if found else 'not found'} (plugtune jobs show {job_id})")

@@ -12,11 +12,14 @@ place the markdown that :data:`GENERATORS` makes from the code itself:
 
 Nothing generated is written to disk, so nothing can drift: a key, command or cause added to the
 code is on the site at the next build, and ``tests/docs`` checks the built site against the code.
-A page's marker naming no generator, or a generator whose marker is on no page, fails the build.
+A page's marker naming no generator, a line that looks like a marker but is not one (misspelt,
+spaced or cased otherwise), or a generator whose marker is on no page fails the build with one
+line naming the page and line (mkdocs' ``PluginError``: no traceback).
 """
 
 from __future__ import annotations
 
+import difflib
 import enum
 import html
 import re
@@ -24,7 +27,11 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, Union, get_args, get_origin
 
+from mkdocs.exceptions import PluginError
+
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+#: A comment line, whose first word may mean "generated" (a marker, exact or misspelt).
+LIKE_MARKER = re.compile(r"^[ \t]*<!--[ \t]*([A-Za-z]+).*-->[ \t]*$", re.MULTILINE)
 
 # ---------------------------------------------------------------------------------------------
 # job.yaml
@@ -367,11 +374,21 @@ def on_pre_build(config: Any) -> None:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    known = ", ".join(sorted(GENERATORS))
+    for like in LIKE_MARKER.finditer(markdown):
+        meant = difflib.SequenceMatcher(None, like.group(1).lower(), "generated").ratio() >= 0.8
+        if meant and not MARKER.fullmatch(like.group(0)):
+            line = markdown.count("\n", 0, like.start()) + 1
+            raise PluginError(
+                f"{page.file.src_uri}:{line}: {like.group(0).strip()!r} is not a marker; write "
+                f"'<!-- generated: NAME -->' alone on its line from its first column (NAME: {known})"
+            )
+
     def fill(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in GENERATORS:
-            known = sorted(GENERATORS)
-            raise ValueError(f"{page.file.src_uri}: no generator named {name!r} (known: {known})")
+            line = markdown.count("\n", 0, match.start()) + 1
+            raise PluginError(f"{page.file.src_uri}:{line}: no generator named {name!r} (known: {known})")
         _used.add(name)
         return GENERATORS[name]()
 
@@ -381,4 +398,4 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 def on_post_build(config: Any) -> None:
     missing = sorted(set(GENERATORS) - _used)
     if missing:
-        raise ValueError(f"generated references on no page (a page lost its marker?): {missing}")
+        raise PluginError(f"generated references on no page (a page lost its marker?): {missing}")

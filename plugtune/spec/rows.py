@@ -200,9 +200,12 @@ def task_problems(text: str, name: str, known: Collection[str], where: str = "")
         bad += 1
         if len(problems) < MAX_PROBLEMS_PER_FILE:
             sets = _listed(sorted(set(known) - {"default"}))
-            if "task" not in row:
+            if "task" not in row or task == "default":
+                what = "names no task"
+                if "task" in row:
+                    what = "names the task 'default' (the top-level plugins)"
                 message = (
-                    f"the row names no task, and job.yaml's plugins have no grader to score it (a multi-task "
+                    f"the row {what}, and job.yaml's plugins have no grader to score it (a multi-task "
                     f"job without a default plugin set): give it a task: (one of {sets}), or add graders "
                     f"to plugins{where}"
                 )

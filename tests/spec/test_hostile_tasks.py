@@ -136,3 +136,17 @@ def test_held_anchors_merge_keys_and_wrong_shapes(tmp_path: Path) -> None:
     ):
         problems = refused(project(tmp_path / f"c{n}", tasks=tasks, rows=[row()]))
         assert any(p.field == field and said in p.message and p.line for p in problems), problems
+
+
+def test_a_row_naming_default_without_top_level_graders_is_not_told_to_add_tasks_default(
+    tmp_path: Path,
+) -> None:
+    """The advice was 'add tasks.default to job.yaml', which validation refuses ('default' is the
+    top-level plugins'): it says to name one of the tasks, or give plugins graders."""
+    job = project(tmp_path, tasks="tasks:\n  math:\n    graders: [{entry: 'plugins/code.py:passes'}]\n")
+    job.write_text(job.read_text().replace("  graders: [{entry: plugins/main.py:exact}]\n", ""))
+    (tmp_path / "data/train.jsonl").write_text(row("math") + "\n" + row("default") + "\n")
+    [found] = refused(job)
+    assert (found.line, found.field) == (2, "task") and "add tasks.default" not in found.message
+    assert "names the task 'default' (the top-level plugins)" in found.message
+    assert "give it a task: (one of math), or add graders to plugins" in found.message

@@ -18,6 +18,9 @@ from plugtune.jobs.submission import SubmissionError, pack
 
 SERVE_FILE = "serve.json"  # in $PLUGTUNE_HOME while `plugtune serve` runs
 TIMEOUT_S = 120.0
+#: A retry with new code waits this long for its answer: the server lints the code and replays the
+#: job's failed groups in the sandbox first, each plugin call up to its own timeout_s.
+CODE_TIMEOUT_S = 1800.0
 
 
 class RemoteError(Exception):
@@ -178,13 +181,24 @@ def retry_remote(
         except SubmissionError as exc:
             raise RemoteError(str(exc)) from None
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    wait = CODE_TIMEOUT_S if code_dir is not None else TIMEOUT_S
     try:
         answer = httpx.post(
-            f"{base}/api/jobs/{job_id}/retry", files=files, headers=headers, timeout=TIMEOUT_S
+            f"{base}/api/jobs/{job_id}/retry",
+            files=files,
+            headers=headers,
+            timeout=httpx.Timeout(TIMEOUT_S, read=wait),
         )
     except httpx.ConnectError as exc:
         raise RemoteError(
             f"cannot reach {base} ({_reason(exc)}); is `plugtune serve` running there? Check --server"
+        ) from None
+    except httpx.ReadTimeout:
+        if code_dir is None:
+            raise RemoteError(f"{base} did not answer within {wait:g} s; try again later") from None
+        raise RemoteError(
+            f"{base} did not answer within {wait:g} s; it may still be checking the new code and then "
+            f"queue the retry: see {base}/jobs/{job_id} before retrying again"
         ) from None
     except httpx.TimeoutException:
         raise RemoteError(f"{base} did not answer within {TIMEOUT_S:g} s; try again later") from None

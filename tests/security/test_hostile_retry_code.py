@@ -13,6 +13,7 @@ import io
 import os
 import shutil
 import textwrap
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from plugtune.cli import app
-from plugtune.jobs import revision
+from plugtune.jobs import remote, revision
 from plugtune.jobs.control import create_job
 from plugtune.jobs.revision import MAX_DIFF_CHARS, MAX_DIFF_LINE_CHARS, RevisionError, set_hash
 from plugtune.jobs.scheduler import run_job
@@ -33,6 +34,7 @@ from plugtune.store import Store
 from plugtune.web import create_app
 from tests.jobs.jobkit import make_job
 from tests.jobs.test_retry_with_code import BROKEN, FIXED
+from tests.web.browsing import serving
 from tests.web.conftest import BASE_URL
 
 runner = CliRunner()
@@ -163,6 +165,40 @@ def test_two_retries_at_once_keep_the_code_of_the_one_that_queued_the_job(
     assert job.spec[revision.KEY]["code_hash"] == raced[0]  # the retry that queued it: its code
     assert job.spec[revision.KEY]["source"] == str(second_dir)
     assert [t.to_status for t in store.list_transitions(job_id)].count("queued") == 2  # submit, retry
+
+
+@pytest.mark.slow
+def test_a_remote_retry_waits_for_the_quick_test_and_says_what_a_timeout_means(
+    tmp_path: Path, home: Settings, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`jobs retry --code DIR --server URL` gave up after the plain request timeout (120 s), shorter
+    than the server's quick test (two groups, each call up to its timeout_s: 121 s measured for a
+    grader that hangs), said "try again later", and the server queued the retry anyway."""
+    project = tmp_path / "task"
+    job_id = _failed_job(project, store, home)
+    slow = _fixed_copy(project, tmp_path / "slow")
+    grader = slow / "plugins" / "grader.py"
+    grader.write_text(
+        "import time\n" + grader.read_text().replace("return 0.75", "time.sleep(2)\n        return 0.75")
+    )
+    monkeypatch.setattr(remote, "TIMEOUT_S", 1.0)  # a request timeout shorter than the check
+    retried: list[str] = []
+    with serving(create_app(store, home=home.home, on_retry=retried.append)) as base:
+        command = ["jobs", "retry", str(job_id), "--server", base, "--code", str(slow)]
+        queued = runner.invoke(app, command)
+        assert queued.exit_code == 0, (queued.output, queued.exception)
+        assert f"job {job_id} is queued again, with code" in queued.output and retried == [str(job_id)]
+        store.transition(job_id, "cancelled", "test: retry it again")
+        monkeypatch.setattr(remote, "CODE_TIMEOUT_S", 1.0)  # a server slower than the client waits
+        late = runner.invoke(app, command)
+        assert late.exit_code == 2, late.output
+        assert "did not answer within 1 s; it may still be checking the new code" in late.output
+        assert f"{base}/jobs/{job_id}" in late.output
+        for _ in range(300):  # it did: the server's answer came after the client left
+            if retried == [str(job_id)] * 2:
+                break
+            time.sleep(0.1)
+        assert retried == [str(job_id)] * 2
 
 
 def _coded_job(store: Store, old: dict[str, bytes], new: dict[str, bytes]) -> int:

@@ -262,7 +262,9 @@ class _Outbound(Splice):
             if self.last_reply > self.last_request:
                 return now - self.last_reply
             return now - self.opened_at if not self.asked else 0.0
-        return now - max(self.last_reply, self.opened_at) if self.turns.done else 0.0
+        if not self.turns.done or self.last_request > self.last_reply:  # (a pipelined request too)
+            return 0.0
+        return now - max(self.last_reply, self.opened_at)
 
     @property
     def asked(self) -> bool:

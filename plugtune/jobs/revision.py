@@ -37,6 +37,7 @@ MAX_DIFF_LINES = 5_000
 MAX_DIFF_CHARS = 1 << 20  # the whole diff's text (a page and an API answer, not the code store)
 MAX_DIFF_LINE_CHARS = 2_000  # one line of it (a minified or one-line file)
 MAX_DIFF_FILE_BYTES = 1 << 20  # a file larger than this on either side is named, not diffed line by line
+MAX_DIFF_INPUT_LINES = 100_000  # lines diffed in all (both sides); the files past them are named
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -254,12 +255,13 @@ def timeline(store: Store, job_id: int) -> list[CodeSpan]:
 def diff(store: Store, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> str:
     """A unified diff of two plugin code sets, file by file (``a/<plugin folder>/<file>``); "" when equal.
 
-    Bounded: at most MAX_DIFF_LINES lines of at most MAX_DIFF_LINE_CHARS characters, MAX_DIFF_CHARS
-    in all; a binary file or one over MAX_DIFF_FILE_BYTES shows as its size and hash. Control
-    characters in file names are escaped (``\\n``), so a name cannot add lines of its own."""
+    Bounded in size and time: at most MAX_DIFF_LINES lines of at most MAX_DIFF_LINE_CHARS characters,
+    MAX_DIFF_CHARS in all (then the rest is left out, not computed); a binary file, one over
+    MAX_DIFF_FILE_BYTES, or files past MAX_DIFF_INPUT_LINES lines diffed show as their size and hash.
+    Control characters in file names are escaped (``\\n``), so a name cannot add lines of its own."""
     out: list[str] = []
     chars = 0
-    more = 0  # lines left out
+    budget = MAX_DIFF_INPUT_LINES  # lines still to give difflib (its time grows faster than them)
     done: set[tuple[str, str, str]] = set()  # plugin files of one folder share its code: diffed once
     for plugin in sorted({*before, *after}):
         folder = str(Path(plugin).parent)
@@ -273,23 +275,25 @@ def diff(store: Store, before: dict[str, dict[str, Any]], after: dict[str, dict[
             if old.get(rel) == new.get(rel):
                 continue
             name = _CONTROL.sub(lambda m: repr(m.group())[1:-1], f"{folder}/{rel}")
+            a, b = _lines(old.get(rel)), _lines(new.get(rel))
+            if len(a) + len(b) > budget:
+                a, b = _summary(old.get(rel)), _summary(new.get(rel))
+            budget -= len(a) + len(b)
             for line in difflib.unified_diff(
-                _lines(old.get(rel)),
-                _lines(new.get(rel)),
-                f"a/{name}" if rel in old else "/dev/null",
-                f"b/{name}" if rel in new else "/dev/null",
+                a, b, f"a/{name}" if rel in old else "/dev/null", f"b/{name}" if rel in new else "/dev/null"
             ):
                 line = line if line.endswith("\n") else line + "\n"
                 if len(line) > MAX_DIFF_LINE_CHARS:
                     cut = len(line) - MAX_DIFF_LINE_CHARS
                     line = f"{line[:MAX_DIFF_LINE_CHARS]} ... ({cut} more characters not shown)\n"
-                if more or len(out) >= MAX_DIFF_LINES or chars + len(line) > MAX_DIFF_CHARS:
-                    more += 1
-                    continue
+                if len(out) >= MAX_DIFF_LINES or chars + len(line) > MAX_DIFF_CHARS:
+                    out.append(
+                        f"... the rest of the diff is not shown (over {MAX_DIFF_LINES} lines or "
+                        f"{MAX_DIFF_CHARS} characters)\n"
+                    )
+                    return "".join(out)
                 out.append(line)
                 chars += len(line)
-    if more:
-        out.append(f"... {more} more diff lines not shown\n")
     return "".join(out)
 
 
@@ -306,7 +310,19 @@ def _files(store: Store, record: dict[str, Any] | None) -> dict[str, bytes]:
 def _lines(data: bytes | None) -> list[str]:
     if data is None:
         return []
-    if b"\0" in data[:8192] or len(data) > MAX_DIFF_FILE_BYTES:  # named by its size and content
-        kind = "binary file" if b"\0" in data[:8192] else "file too large to diff line by line"
-        return [f"({kind}, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:12]})\n"]
+    if b"\0" in data[:8192] or len(data) > MAX_DIFF_FILE_BYTES:
+        return _summary(data)
     return data.decode("utf-8", "replace").splitlines(keepends=True)
+
+
+def _summary(data: bytes | None) -> list[str]:
+    """A file named by its size and content hash (one line), for one not diffed line by line."""
+    if data is None:
+        return []
+    if b"\0" in data[:8192]:
+        kind = "binary file"
+    elif len(data) > MAX_DIFF_FILE_BYTES:
+        kind = "file too large to diff line by line"
+    else:
+        kind = f"file not diffed line by line: the diff's bound of {MAX_DIFF_INPUT_LINES} lines is reached"
+    return [f"({kind}, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:12]})\n"]

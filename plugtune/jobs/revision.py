@@ -131,6 +131,14 @@ def read(store: Store, job_id: int, code_dir: Path) -> Revision:
     files, problems = {}, []
     reach = Reach.of(job_file, None)
     for file in plugins_to_run(job.spec):
+        if Path(file).is_absolute():  # root / file would be the file on disk, not DIR's
+            message = (
+                f"job.yaml names plugin file {file} by its absolute path, so --code {code_dir} cannot "
+                "hold it: retry without --code (the job runs its stored code), or submit the job again "
+                "with the plugin's entry relative to job.yaml"
+            )
+            problems.append(Problem(file, message, None, "plugins"))
+            continue
         path = root / file
         if path.is_file() and reach.holds_home(path.parent):
             message = (

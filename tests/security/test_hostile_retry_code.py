@@ -112,6 +112,28 @@ def test_a_code_folder_a_snapshot_cannot_keep_is_refused_by_name_before_its_code
 
 
 @pytest.mark.slow
+def test_a_plugin_named_by_an_absolute_path_is_refused_not_read_from_disk(
+    tmp_path: Path, home: Settings, store: Store
+) -> None:
+    """job.yaml's `entry: /abs/plugins/grader.py:exact` made `DIR / file` the file on disk: --code DIR
+    was ignored for it (the original file, edited in place or not, ran as "DIR's" code)."""
+    project = tmp_path / "task"
+    job_file = make_job(project, grader=BROKEN, hyper={"steps": 3})
+    absolute = str(project / "plugins" / "grader.py")
+    job_file.write_text(job_file.read_text().replace("plugins/grader.py", absolute))
+    job_id, invalid = create_job(store, job_file)
+    assert invalid is None and run_job(store, home, job_id) == "failed"
+    before = _unchanged(store, job_id)
+    (project / "plugins" / "grader.py").write_text(textwrap.dedent(FIXED))  # fixed in place, not in DIR
+    fixed = _fixed_copy(project, tmp_path / "fixed")
+    result = runner.invoke(app, ["jobs", "retry", str(job_id), "--code", str(fixed)])
+    assert result.exit_code == 1, result.output
+    assert f"job.yaml names plugin file {absolute} by its absolute path" in result.output, result.output
+    assert "retry without --code" in result.output and "nothing was changed" in result.output
+    assert _unchanged(store, job_id) == before
+
+
+@pytest.mark.slow
 def test_an_upload_that_unpacks_past_the_snapshot_bound_is_a_422_naming_the_plugin(
     tmp_path: Path, home: Settings, store: Store
 ) -> None:

@@ -87,13 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"job {job_id} is not in the store at {store.url}", file=sys.stderr)
         return 2
     checkpoint = store.latest_checkpoint(job_id)
-    number = store.start_attempt(job_id, os.getpid(), checkpoint.step if checkpoint else 0)
-    record_attempt(store, job_id, number, job.spec)  # the code it runs: the console's steps by code
     signal.signal(signal.SIGTERM, _on_sigterm)
     # A server or run started in the background (`cmd &` in a script, nohup) hands its children
     # SIGINT ignored: an interrupt from outside must still end the attempt, as an unknown error.
+    # Both before the attempt's pid is in the store, where others can see it and signal it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    number = store.start_attempt(job_id, os.getpid(), checkpoint.step if checkpoint else 0)
     try:
+        record_attempt(store, job_id, number, job.spec)  # the code it runs: the console's steps by code
         asyncio.run(run_attempt(store, settings, job_id, job.spec))
     except BaseException as exc:  # noqa: BLE001 - every failure is classified once, here
         if isinstance(exc, (Sigterm, asyncio.CancelledError)):

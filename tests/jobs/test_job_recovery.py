@@ -21,6 +21,17 @@ from tests.jobs.jobkit import make_job
 pytestmark = pytest.mark.slow
 
 
+SLOW_GRADER = """
+import time
+from plugtune import grader
+
+@grader
+def exact(ctx, sample, trajectory):
+    time.sleep(0.3)
+    return 1.0 if trajectory.completion.strip() == sample.extra["answer"] else 0.0
+"""
+
+
 def _kill_running_attempt(store: Store, sig: int, after_steps: int = 1) -> object:
     killed: set[int] = set()
 
@@ -60,7 +71,9 @@ def test_an_unexplained_interrupt_is_an_unknown_error_retried_automatically(
 ) -> None:
     """Also when the process that runs the job ignores SIGINT, as one started with `&` from a
     script does (its children inherit SIG_IGN): the attempt went on and succeeded."""
-    job_id, _ = create_job(store, make_job(tmp_path / "u", hyper={"steps": 30}))
+    # each step takes a while (a grader that sleeps 0.3 s): the interrupt lands mid-run however
+    # late the test's poll sees step 1 under load (30 quick steps could all end before it did)
+    job_id, _ = create_job(store, make_job(tmp_path / "u", grader=SLOW_GRADER, hyper={"steps": 30}))
     before = signal.signal(
         signal.SIGINT, signal.SIG_IGN if launched != "foreground" else signal.getsignal(signal.SIGINT)
     )

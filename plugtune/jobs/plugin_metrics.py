@@ -22,6 +22,9 @@ PREFIX = "metric/"
 STATS = ("mean", "min", "max", "count")
 MAX_NAMES = 64  # per plugin and step
 MAX_NAME_CHARS = 120
+#: The longest metric name the store keeps: a name is cut further so that the whole
+#: ``eval/metric/<plugin>/<name>/count`` fits.
+STORED_NAME_MAX = 200
 
 
 @dataclass
@@ -101,7 +104,10 @@ class PluginMetrics:
 
 
 def metric_name(plugin: str, name: str, stat: str) -> str:
-    return f"{PREFIX}{plugin}/{name}/{stat}"
+    """``metric/<plugin>/<name>/<stat>``, ``name`` cut so that it fits the store's
+    :data:`STORED_NAME_MAX` with any phase prefix (``eval/``) and stat."""
+    room = STORED_NAME_MAX - len(f"eval/{PREFIX}{plugin}//count")
+    return f"{PREFIX}{plugin}/{name[: max(room, 1)]}/{stat}"
 
 
 def parse(metric: str, plugins: Iterable[str] = ()) -> tuple[str, str, str, str] | None:

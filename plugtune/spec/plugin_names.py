@@ -65,6 +65,28 @@ def _entry_name(entry: Any, loc: Path_, lines: Mapping[Path_, int], own: str | N
     return NamedEntry(own or function, field, line, own is not None, f"{stem}_{function}")
 
 
+#: The longest plugin name: it is part of metric names (``eval/grader/<name>/unscorable_share``,
+#: ``metric/<name>/...``) that the store keeps up to 200 characters, as a job.yaml ``name:`` is.
+NAME_MAX = 100
+
+
+def long_names(entries: Sequence[NamedEntry], file: str) -> list[Problem]:
+    """One problem for every entry whose name (its function's, when no ``name:``) is over
+    :data:`NAME_MAX` characters."""
+    return [
+        Problem(
+            file,
+            f"plugin name `{entry.name[:40]}…` is {len(entry.name)} characters, over {NAME_MAX}: a "
+            "plugin's name is part of the names its metrics are stored under; give this entry a "
+            "shorter `name:`",
+            entry.line,
+            f"{entry.field}.entry",
+        )
+        for entry in entries
+        if not entry.own_name and len(entry.name) > NAME_MAX
+    ]
+
+
 def duplicate_names(entries: Sequence[NamedEntry], file: str) -> list[Problem]:
     """One problem for every entry whose name an earlier entry already has."""
     first: dict[str, NamedEntry] = {}

@@ -34,7 +34,7 @@ from plugtune.spec.models import (
     parse_entry,
     resolve_model,
 )
-from plugtune.spec.plugin_names import duplicate_names, named_entries
+from plugtune.spec.plugin_names import duplicate_names, long_names, named_entries
 from plugtune.spec.reach import Confinement, Reach
 from plugtune.spec.rows import (
     Found,
@@ -559,7 +559,8 @@ def _check_plugins(
                 refs[key].append(replace(ref, name=named, field=_field_text(loc), line=where.line))
     if not refs["rollout"]:
         refs["rollout"].append(_builtin_rollout())
-    found.value.extend(duplicate_names(named_entries(plugins, lines), name))
+    named_plugins = named_entries(plugins, lines)
+    found.value.extend(duplicate_names(named_plugins, name) + long_names(named_plugins, name))
     return refs
 
 

@@ -18,6 +18,7 @@ node, prints the addresses, and stops it on Enter (to look around by hand).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -35,6 +36,9 @@ from plugtune.runtime.ray import LocalCluster
 VENV = Path(sys.prefix)
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 NODE_ROOT = "/tmp/.node"  # in the node's own /tmp
+#: Where a node's mount namespace holds the venv before its /tmp is covered (a checkout, and its
+#: venv, may live under /tmp, as a CI clone does); an empty folder on the host, removed at stop.
+LOWER_ROOT = "/run/plugtune-apart"
 HIDDEN = ("/work",)  # covered in every node's view: the checkout and everything around it
 COMMAND_S = 30.0
 
@@ -134,6 +138,7 @@ class ApartCluster:
         sh(*inside, "ip", "addr", "add", f"{node.ip}/24", "dev", inner)
         sh(*inside, "ip", "link", "set", inner, "up")
         sh(*inside, "ip", "link", "set", "lo", "up")
+        Path(self._lower(node)).mkdir(parents=True, exist_ok=True)
         script = self._node_script(node, num_cpus)
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
         cmd = [*inside, "unshare", "--mount", "--propagation", "private", "--", "/bin/bash", "-c", script]
@@ -142,6 +147,9 @@ class ApartCluster:
             output = f"{done.stdout}\n{done.stderr}"
             raise NamespaceError(f"node {node.ip} did not start ({done.returncode}):\n{output}")
         return node
+
+    def _lower(self, node: Node) -> str:
+        return f"{LOWER_ROOT}/{self.tag}-{node.index}"
 
     def _node_script(self, node: Node, num_cpus: float) -> str:
         site = f"{NODE_ROOT}/up/{SITE}"
@@ -156,6 +164,7 @@ class ApartCluster:
         return "\n".join(
             [
                 "set -euo pipefail",
+                f"mount --bind {shlex.quote(str(VENV))} {self._lower(node)}",  # before /tmp is covered
                 "mount -t tmpfs -o size=4g,mode=1777 ptnode /tmp",
                 f"mkdir -p {site} {NODE_ROOT}/work {NODE_ROOT}/venv {NODE_ROOT}/home",
                 # its own /etc/hosts: the head by name, as a host's resolver would give it
@@ -163,7 +172,7 @@ class ApartCluster:
                 f"echo '{self.head_ip} {self.head_name}' >> {NODE_ROOT}/hosts",
                 f"mount --bind {NODE_ROOT}/hosts /etc/hosts",
                 *(f"mknod {w} c 0 0" for w in whiteouts.split()),
-                f"mount -t overlay ptnode -o lowerdir={VENV},upperdir={NODE_ROOT}/up,"
+                f"mount -t overlay ptnode -o lowerdir={self._lower(node)},upperdir={NODE_ROOT}/up,"
                 f"workdir={NODE_ROOT}/work {NODE_ROOT}/venv",
                 *(f"mount -t tmpfs -o size=1m,mode=0755 hidden {h}" for h in HIDDEN),
                 f"export HOME={NODE_ROOT}/home RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled",
@@ -200,6 +209,9 @@ class ApartCluster:
         psutil.wait_procs(procs, timeout=10)
         sh("ip", "netns", "del", node.netns, check=False)
         sh("ip", "link", "del", node.veth, check=False)
+        for folder in (self._lower(node), LOWER_ROOT):  # empty on the host: the bind was the node's
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
     def stop(self) -> None:
         """Remove everything this cluster made, whatever state it is in."""

@@ -87,7 +87,6 @@ def _read_serve(path: Path) -> dict[str, Any]:
 def submit_remote(server: str, job_file: Path, token: str | None) -> int | Rejected:
     """Pack the job's folder (without .plugtune/, .venv/, __pycache__/, .git/), post it with its
     job.yaml to ``server``'s ``POST /api/jobs``: the new job's id, or the server's 422."""
-    import httpx
 
     base = server.rstrip("/")
     if not job_file.is_file():
@@ -101,19 +100,31 @@ def submit_remote(server: str, job_file: Path, token: str | None) -> int | Rejec
         headers["Authorization"] = f"Bearer {token}"
     spec = {"spec": job_file.read_text(encoding="utf-8", errors="replace")}
     files = {"project": ("project.tar.gz", archive, "application/gzip")}
+    answer = _post(server, "/api/jobs", TIMEOUT_S, data=spec, files=files, headers=headers)
+    return _answer(base, answer, token)
+
+
+def _post(server: str, path: str, read_s: float, late: str = "", **request: Any) -> Any:
+    """POST ``request`` to ``server``'s ``path`` (reading its answer for up to ``read_s``); httpx's
+    failures as a ``RemoteError`` saying what to do (``late``: what a read timeout means, when more
+    than "try again later")."""
+    import httpx
+
+    base = server.rstrip("/")
     try:
-        answer = httpx.post(f"{base}/api/jobs", data=spec, files=files, headers=headers, timeout=TIMEOUT_S)
+        return httpx.post(f"{base}{path}", timeout=httpx.Timeout(TIMEOUT_S, read=read_s), **request)
     except httpx.ConnectError as exc:
         raise RemoteError(
             f"cannot reach {base} ({_reason(exc)}); is `plugtune serve` running there? Check --server"
         ) from None
+    except httpx.ReadTimeout:
+        raise RemoteError(f"{base} did not answer within {read_s:g} s; {late or 'try again later'}") from None
     except httpx.TimeoutException:
         raise RemoteError(f"{base} did not answer within {TIMEOUT_S:g} s; try again later") from None
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
         raise RemoteError(f"--server {server!r} is not a usable URL ({exc}); e.g. http://host:8321") from None
     except httpx.HTTPError as exc:
         raise RemoteError(f"the request to {base} failed: {exc}") from None
-    return _answer(base, answer, token)
 
 
 def _answer(base: str, answer: Any, token: str | None) -> int | Rejected:
@@ -167,7 +178,6 @@ def retry_remote(
     :func:`submit_remote` packs a job's) as the new plugin code; the server's answer (``status``,
     ``message`` and, with code, ``code_hash``, ``previous_code_hash``, ``tested``, ``notes``), or its
     422 refusal. RemoteError for anything else (409: the job cannot be retried now; 404; unreachable)."""
-    import httpx
 
     base = server.rstrip("/")
     files = None
@@ -182,30 +192,13 @@ def retry_remote(
             raise RemoteError(str(exc)) from None
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     wait = CODE_TIMEOUT_S if code_dir is not None else TIMEOUT_S
-    try:
-        answer = httpx.post(
-            f"{base}/api/jobs/{job_id}/retry",
-            files=files,
-            headers=headers,
-            timeout=httpx.Timeout(TIMEOUT_S, read=wait),
-        )
-    except httpx.ConnectError as exc:
-        raise RemoteError(
-            f"cannot reach {base} ({_reason(exc)}); is `plugtune serve` running there? Check --server"
-        ) from None
-    except httpx.ReadTimeout:
-        if code_dir is None:
-            raise RemoteError(f"{base} did not answer within {wait:g} s; try again later") from None
-        raise RemoteError(
-            f"{base} did not answer within {wait:g} s; it may still be checking the new code and then "
-            f"queue the retry: see {base}/jobs/{job_id} before retrying again"
-        ) from None
-    except httpx.TimeoutException:
-        raise RemoteError(f"{base} did not answer within {TIMEOUT_S:g} s; try again later") from None
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-        raise RemoteError(f"--server {server!r} is not a usable URL ({exc}); e.g. http://host:8321") from None
-    except httpx.HTTPError as exc:
-        raise RemoteError(f"the request to {base} failed: {exc}") from None
+    late = (
+        f"it may still be checking the new code and then queue the retry: see {base}/jobs/{job_id} "
+        "before retrying again"
+        if code_dir is not None
+        else ""
+    )
+    answer = _post(server, f"/api/jobs/{job_id}/retry", wait, late, files=files, headers=headers)
     body = _json(answer)
     if answer.status_code == 200:
         return body

@@ -330,10 +330,8 @@ class _Outbound(Splice):
         if not request_complete(self.request):
             return
         status, headers, what = reply
-        body = b'{"error": {"message": "%s (a fault injected by plugtune test --inject)"}}' % what
         self.transport.write(
-            b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n"
-            b"Connection: close\r\n\r\n%s" % (status, headers, len(body), body)
+            json_reply(status, headers, what + b" (a fault injected by plugtune test --inject)")
         )
         self.injected = "answered"  # the rest of the plugin's bytes are read and dropped
         self.transport.close()
@@ -372,15 +370,10 @@ class _Outbound(Splice):
             + (" (inside TLS: the connection was closed)" if target in self.bridge.tls else ""),
         )
         if target not in self.bridge.tls:
-            body = (
-                b'{"error": {"message": "the dependency %s did not answer within its declared '
-                b'timeout_s (%s s; plugtune)"}}' % (name.encode(), f"{self.timeout_s:g}".encode())
-            )
-            self.transport.write(
-                b"HTTP/1.1 504 Gateway Timeout\r\nContent-Type: application/json\r\n"
-                b"%s: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                % (TIMEOUT_HEADER.encode(), f"{self.timeout_s:g}".encode(), len(body), body)
-            )
+            bound = f"{self.timeout_s:g}".encode()
+            message = b"the dependency %s did not answer within its declared timeout_s (%s s; plugtune)"
+            header = b"%s: %s\r\n" % (TIMEOUT_HEADER.encode(), bound)
+            self.transport.write(json_reply(b"504 Gateway Timeout", header, message % (name.encode(), bound)))
         self.injected = "answered"  # whatever else arrives is read and dropped
         if self.peer is not None and self.peer.transport is not None:
             self.peer.transport.close()
@@ -447,6 +440,17 @@ class _Outbound(Splice):
         self.join(upstream)
         if sending:
             self._arm()
+
+
+def json_reply(status: bytes, headers: bytes, message: bytes) -> bytes:
+    """A whole HTTP/1.1 reply the relay answers in the dependency's place (an injected fault, the
+    declared timeout): ``status``, extra ``headers`` (each ending in CRLF), an OpenAI-style error
+    body with ``message``, and ``Connection: close``."""
+    body = b'{"error": {"message": "%s"}}' % message
+    return (
+        b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n%s" % (status, headers, len(body), body)
+    )
 
 
 def request_complete(data: bytes) -> bool:

@@ -30,12 +30,14 @@ def exact(ctx, sample, trajectory):
     return 1.0
 """
 
-BY_LENGTH = """
+# the rollout's index in its group: a group's rewards always differ (a reward by the completion's
+# length tied when every reply ran to max_new_tokens in one-character tokens)
+BY_INDEX = """
 from plugtune import grader
 
 @grader
 def exact(ctx, sample, trajectory):
-    return float(len(trajectory.completion))
+    return float(ctx.rollout_index)
 """
 
 HYPER = {"steps": 1, "batch_size": 2, "group_size": 4, "max_new_tokens": 12}
@@ -76,7 +78,7 @@ def test_a_constant_grader_job_warns_with_example_trajectories(
 
 
 def test_a_job_whose_groups_differ_has_no_warning(tmp_path: Path, store: Store, home: Settings) -> None:
-    job_id = _run(store, home, tmp_path / "healthy", BY_LENGTH)
+    job_id = _run(store, home, tmp_path / "healthy", BY_INDEX)
     doc = job_document(store, job_id)
     assert doc["warnings"] == []
     assert doc["metrics"]["groups/zero_variance_share"] < 0.5

@@ -107,7 +107,7 @@ class GRPOTrainer:
         self.reference = _frozen_copy(model) if config.kl_coef > 0 else None  # the base, without adapter
         self.adapted = lora.attach(model, config.lora) if config.lora is not None else None
         if config.gradient_checkpointing:  # recomputed in backward (objective.backward turns it on)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            objective.checkpoint_activations(model)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=config.learning_rate,

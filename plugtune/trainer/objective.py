@@ -48,6 +48,15 @@ class NonFiniteLoss(ArithmeticError):
         self.value = value
 
 
+def checkpoint_activations(model: PreTrainedModel) -> None:
+    """Turn activation (gradient) checkpointing on, non-reentrant: transformers v5 named it
+    ``activation_checkpointing_enable`` (the old name warns that v6 removes it)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 @contextlib.contextmanager
 def checkpointed(model: PreTrainedModel) -> Iterator[None]:
     """With gradient checkpointing on (``hyperparameters.gradient_checkpointing``), let the model's

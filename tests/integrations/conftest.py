@@ -1,26 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from plugtune.settings import Settings
-from plugtune.store import Store
-
 TASK = Path(__file__).parent / "task"
-
-
-@pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    state = tmp_path / "state"
-    monkeypatch.setenv("PLUGTUNE_HOME", str(state))
-    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", f"sqlite:///{state / 'plugtune.db'}")
-    return Settings.from_env()
-
-
-@pytest.fixture()
-def store(home: Settings) -> Iterator[Store]:
-    s = Store.open(home.database_url)
-    yield s
-    s.close()

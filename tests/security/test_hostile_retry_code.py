@@ -16,7 +16,6 @@ import shutil
 import textwrap
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +38,6 @@ from tests.web.browsing import serving
 from tests.web.conftest import BASE_URL
 
 runner = CliRunner()
-
-
-@pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    state = tmp_path / "state"
-    monkeypatch.setenv("PLUGTUNE_HOME", str(state))
-    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", f"sqlite:///{state / 'plugtune.db'}")
-    return Settings.from_env()
-
-
-@pytest.fixture()
-def store(home: Settings) -> Iterator[Store]:
-    s = Store.open(home.database_url)
-    yield s
-    s.close()
 
 
 def _failed_job(project: Path, store: Store, home: Settings) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,21 +19,6 @@ from tests.jobs.jobkit import make_job
 from tests.trainer.test_tracking import Collector, tensorboard_scalars, wandb_history
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    state = tmp_path / "state"
-    monkeypatch.setenv("PLUGTUNE_HOME", str(state))
-    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", f"sqlite:///{state / 'plugtune.db'}")
-    return Settings.from_env()
-
-
-@pytest.fixture()
-def store(home: Settings) -> Iterator[Store]:
-    s = Store.open(home.database_url)
-    yield s
-    s.close()
 
 
 def test_a_lora_job_writes_tensorboard_wandb_and_spans_and_a_merged_model(

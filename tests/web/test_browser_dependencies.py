@@ -38,14 +38,6 @@ CHARTS = ["requests", "latency", "errors", "budget", "rate_limited"]
 
 
 @pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    state = tmp_path / "state"
-    monkeypatch.setenv("PLUGTUNE_HOME", str(state))
-    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", f"sqlite:///{state / 'plugtune.db'}")
-    return Settings.from_env()
-
-
-@pytest.fixture()
 def page(browser: Any) -> Iterator[Any]:
     with checked_page(browser, bypass_csp=True, dialogs_fail=True) as opened:
         yield opened

@@ -24,14 +24,6 @@ from tests.web.conftest import BASE_URL
 HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(1)>"
 
 
-@pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    state = tmp_path / "state"
-    monkeypatch.setenv("PLUGTUNE_HOME", str(state))
-    monkeypatch.setenv("PLUGTUNE_DATABASE_URL", f"sqlite:///{state / 'plugtune.db'}")
-    return Settings.from_env()
-
-
 def test_a_real_jobs_trajectories_as_tokens(tmp_path: Path, home: Settings) -> None:
     store = Store.open(home.database_url)
     try:

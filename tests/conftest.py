@@ -1,3 +1,8 @@
+"""Fixtures the whole suite shares: a plugtune home of the test's own (``home``, SQLite under
+``tmp_path``, set in the environment as ``plugtune`` reads it) and its store (``store``). A folder's
+conftest or a module overrides them where it needs another (``tests/web``'s store runs on SQLite and
+PostgreSQL; the Ray job tests' home starts a cluster)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

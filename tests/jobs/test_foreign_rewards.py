@@ -34,6 +34,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
+def _reply(messages: list[dict[str, object]]) -> str:
+    """The completion the graders read: the last assistant message's text."""
+    return next(str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "assistant")
+
+
 def _decorated(fix: str) -> str:
     """The decorator the fix names (`decorate it @group_grader(shape="trl") ...`)."""
     found = re.search(r"decorate it (@\w+\(shape=\"[\w-]+\"\))", fix)
@@ -87,10 +92,18 @@ def test_a_trl_and_a_verl_reward_function_grade_a_real_job_with_only_a_decorator
     assert invalid is None, invalid
     assert run_job(store, home, job_id, wait_for_retries=False) == "succeeded", store.get_job(job_id)
     scored = store.trajectories(job_id, limit=50)
-    assert scored and all(t.status == "success" and t.reward is not None and t.reward > 0 for t in scored)
+    assert scored and all(t.status == "success" and t.reward is not None for t in scored)
     records = store.trajectory_records(job_id, [t.trajectory_id for t in scored])
     assert all(set(r.reward_components) == {"accuracy_reward", "compute_score"} for r in records)
-    assert all(r.metrics.get("compute_score/chars", 0) >= 1 for r in records)  # verl's extra numbers
+    # each function's score is the one it gives the stored reply (whatever was sampled, an empty
+    # reply included), and verl's extra numbers are kept as metrics
+    for r in records:
+        reply, answer = _reply(r.messages), rows[r.sample_index]["extra"]["answer"]
+        right = float(reply.strip() == answer)
+        assert r.reward_components == pytest.approx(
+            {"accuracy_reward": right + 0.1 * len(reply), "compute_score": right + 0.01 * len(reply)}
+        ), (reply, answer)
+        assert r.metrics["compute_score/chars"] == len(reply)
 
     # the module still works where it came from: called as TRL and verl call them
     loaded = importlib.util.spec_from_file_location("graded", grader_py)

@@ -38,3 +38,14 @@ async def turns_until(predicate: Callable[[], bool], within_s: float = 20.0) -> 
             return False
         await asyncio.sleep(0)
     return False
+
+
+async def eventually(predicate: Callable[[], bool], within_s: float = 30.0, every_s: float = 0.02) -> bool:
+    """Poll until ``predicate()`` holds, for up to ``within_s`` seconds of wall time (not a count of
+    sleeps: a loaded CI machine stretches each one), so a slow but correct outcome is still seen."""
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return predicate()
+        await asyncio.sleep(every_s)
+    return True

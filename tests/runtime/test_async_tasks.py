@@ -12,7 +12,7 @@ import pytest
 from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.sdk import Policy
-from tests.runtime.helpers import ctx, entry, sample, trajectory
+from tests.runtime.helpers import ctx, entry, eventually, sample, trajectory
 from tests.sdk.test_policy import Gateway
 
 PLUGINS = "async_clients.py"
@@ -74,8 +74,4 @@ async def test_a_call_past_its_deadline_is_a_timeout_and_its_coroutine_is_cancel
     with pytest.raises(PluginCallError) as info:
         await fn.invoke(ctx(), sample(), trajectory())
     assert info.value.cause == Cause.TIMEOUT.value
-    for _ in range(100):
-        if any(line.message == "cancelled at its first await" for line in fn.logs()):
-            break
-        await asyncio.sleep(0.02)
-    assert any(line.message == "cancelled at its first await" for line in fn.logs())
+    assert await eventually(lambda: any(line.message == "cancelled at its first await" for line in fn.logs()))

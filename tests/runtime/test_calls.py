@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -10,7 +11,8 @@ import pytest
 from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime import FaultInjection, LocalRuntime
 from plugtune.sdk import Policy, Runtime
-from tests.runtime.helpers import ctx, entry, sample, trajectory
+from plugtune.types import MetricPoint
+from tests.runtime.helpers import ctx, entry, eventually, sample, trajectory
 
 
 async def test_results_and_statuses() -> None:
@@ -60,7 +62,8 @@ async def test_print_module_logger_and_raw_fd_are_captured() -> None:
         by_source = {(line.source, line.message) for line in out.logs}
         assert ("stdout", "hello from print") in by_source
         assert ("logger", "module logger line") in by_source
-        await asyncio.sleep(0.05)  # fd-level output comes through a pipe, maybe after the reply
+        # fd-level output comes through a pipe, maybe after the reply
+        assert await eventually(lambda: any(line.message == "raw fd line" for line in fn.logs()))
         raw = [line for line in fn.logs() if line.message == "raw fd line"]
         assert raw and raw[0].source == "stderr" and raw[0].plugin == fn.entry
 
@@ -83,11 +86,7 @@ async def test_sync_plugin_autoscales_and_scales_down_when_idle() -> None:
         assert len(pids) == 3, pids  # scaled out to max_instances, not beyond
         gauges = [p.value for p in fn.metrics() if p.name == "instances"]
         assert max(gauges) == 3
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if fn.deployment.sample()["instances"] == 0:  # type: ignore[attr-defined]
-                break
-        assert fn.deployment.sample()["instances"] == 0  # type: ignore[attr-defined]
+        assert await eventually(lambda: fn.deployment.sample()["instances"] == 0)  # type: ignore[attr-defined]
         assert (await fn.invoke(ctx(), sample(sleep=0.0), trajectory())).status == "success"
 
 
@@ -110,11 +109,14 @@ async def test_dead_instance_is_replaced_and_other_calls_keep_going() -> None:
 async def test_metrics_series() -> None:
     async with LocalRuntime(metrics_period_s=0.2) as rt:
         fn = await rt.deploy(entry("faults.py", "raises"))
+        fn.flush_metrics()  # a window ends here: the six calls below fall in the windows after it
+        opened = max(p.time for p in fn.metrics())
         for _ in range(5):
             await fn.invoke(ctx(), sample(fail=False), trajectory())
         with pytest.raises(PluginCallError):
             await fn.invoke(ctx(), sample(fail=True), trajectory())
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # windows of the sampler's own
+        fn.flush_metrics()
         points = fn.metrics()
         names = {p.name for p in points}
         for name in (
@@ -130,8 +132,9 @@ async def test_metrics_series() -> None:
             "concurrency_per_instance",
         ):
             assert name in names, name
-        # exec_qps is calls / window length; windows are ~0.2 s (longer on a busy machine)
-        assert 3.5 <= sum(p.value for p in points if p.name == "exec_qps") * 0.2 <= 6.5
+        # exec_qps is calls / window length: weighted by each window's own length (~0.2 s, longer on a
+        # busy machine), the windows since `opened` add up to the six calls
+        assert _amount(points, "exec_qps", opened) == pytest.approx(6, abs=0.5)
         assert sum(p.value for p in points if p.name == "error_qps/500") > 0
         assert all(p.plugin == fn.entry for p in points)
         assert 0 < max(p.value for p in points if p.name == "memory_percent") < 100
@@ -144,10 +147,21 @@ async def test_outbound_traffic_is_counted(function: str) -> None:
     port = server.sockets[0].getsockname()[1]
     async with server, LocalRuntime(metrics_period_s=0.2) as rt:
         fn = await rt.deploy(entry("network.py", function), runtime={"network": "any"})  # a host port
+        fn.flush_metrics()  # a window ends here: the upload falls in the windows after it
+        opened = max(p.time for p in fn.metrics())
         await fn.invoke(ctx(), sample(port=port, size=3 << 20), trajectory())
-        await asyncio.sleep(0.7)
-        sent = sum(p.value for p in fn.metrics() if p.name == "outbound_mib_s") * 0.2
+        # the instance's count reaches a window a sample or so after the call: wait for it by amount
+        await eventually(lambda: _amount(fn.metrics(), "outbound_mib_s", opened) >= 3.0 * 0.8)
+        await asyncio.sleep(0.5)  # and a few windows more: an overcount would show too
+        sent = _amount(fn.metrics(), "outbound_mib_s", opened)
         assert sent == pytest.approx(3.0, rel=0.2), sent
+
+
+def _amount(points: list[MetricPoint], name: str, since: float) -> float:
+    """A rate series turned back into an amount: each point's value times its window's length (the
+    time since the point before it), from the window that ended at `since` on."""
+    series = sorted((p.time, p.value) for p in points if p.name == name and p.time >= since)
+    return sum(value * (end - start) for (start, _), (end, value) in itertools.pairwise(series))
 
 
 async def _drain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -216,14 +230,12 @@ async def test_spare_instance_serves_a_scale_up_at_once() -> None:
     async with LocalRuntime() as rt:
         fn = await rt.deploy(entry("basic.py", "slow_sync"))  # max_concurrency=1, max_instances=3
         deployment = fn.deployment
-        for _ in range(100):
-            if deployment.spare is not None:  # type: ignore[attr-defined]
-                break
-            await asyncio.sleep(0.02)
+        assert await eventually(lambda: deployment.spare is not None)  # type: ignore[attr-defined]
         spare = deployment.spare  # type: ignore[attr-defined]
         assert spare is not None and fn.deployment.sample()["instances"] == 1
-        busy = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.5), trajectory()))
-        await asyncio.sleep(0.05)
+        (first,) = deployment.instances  # type: ignore[attr-defined]
+        busy = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=2.0), trajectory()))
+        assert await eventually(lambda: first.in_flight == 1)  # the only instance is taken
         out = await fn.invoke(ctx(), sample(sleep=0.0), trajectory())
         assert out.instance_id == spare.id
         assert (await busy).instance_id != spare.id
@@ -270,11 +282,14 @@ async def test_sync_call_that_arrives_during_a_long_inline_call_starts_at_once()
         )
         for _ in range(3):
             await fn.invoke(ctx(), sample(sleep=0.0), trajectory())
-        long = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=1.5), trajectory()))
-        await asyncio.sleep(0.2)
+        (instance,) = fn.deployment.instances  # type: ignore[attr-defined]
+        long = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=5.0), trajectory()))
+        assert await eventually(lambda: instance.in_flight == 1)
+        await asyncio.sleep(0.2)  # read, and running inline
         started = time.perf_counter()
         short = await fn.invoke(ctx(), sample(sleep=0.0), trajectory())
-        assert time.perf_counter() - started < 0.8  # not queued behind the long call
+        # not queued behind the long call (a 5 s call: a loaded machine's slowness stays well short)
+        assert time.perf_counter() - started < 3.0
         assert not long.done() and short.metrics["running"] == 2
         assert (await long).instance_id == short.instance_id
         for _ in range(3):  # alone again, one after another
@@ -295,9 +310,10 @@ async def test_a_batch_read_at_once_whose_first_call_is_long_runs_the_rest_besid
             # the first frame goes out alone (nothing in flight); the next three in one write,
             # which the reader takes up once the short first call has ended
             first = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.0), trajectory()))
-            long = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=2.0), trajectory()))
+            # the long call lasts 5 s so that a loaded machine's slowness cannot stretch the rest past it
+            long = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=5.0), trajectory()))
             rest = [asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.3), trajectory())) for _ in "ab"]
-            outs = await asyncio.wait_for(asyncio.gather(first, *rest), 1.8)
+            outs = await asyncio.wait_for(asyncio.gather(first, *rest), 4.5)
             assert not long.done()  # the two ran beside the long one, not after it
             assert max(o.metrics["running"] for o in outs[1:]) >= 2
             assert {o.instance_id for o in outs} == {(await long).instance_id}
@@ -306,7 +322,7 @@ async def test_a_batch_read_at_once_whose_first_call_is_long_runs_the_rest_besid
 async def test_a_cancelled_call_frees_its_slot_when_the_instance_answers() -> None:
     """A caller that stops waiting (its task cancelled) must not leave the next caller waiting for
     a slot until its deadline: the slot is free once the abandoned sync call ends."""
-    one = Runtime(timeout_s=5, max_concurrency=1, max_instances=1)
+    one = Runtime(timeout_s=10, max_concurrency=1, max_instances=1)  # a slot held to the deadline: 10 s
     async with LocalRuntime(spare_instances=False) as rt:
         fn = await rt.deploy(entry("basic.py", "slow_sync"), runtime=one)
         abandoned = asyncio.ensure_future(fn.invoke(ctx(), sample(sleep=0.3), trajectory()))
@@ -315,6 +331,6 @@ async def test_a_cancelled_call_frees_its_slot_when_the_instance_answers() -> No
         await asyncio.sleep(0.05)
         abandoned.cancel()
         started = time.monotonic()
-        out = await asyncio.wait_for(waiting, 4.0)
-        assert out.status == "success" and time.monotonic() - started < 2.0
+        out = await asyncio.wait_for(waiting, 8.0)
+        assert out.status == "success" and time.monotonic() - started < 5.0  # half the deadline: not held
         assert abandoned.cancelled()

@@ -244,7 +244,9 @@ async def test_a_judge_past_its_declared_timeout_is_a_dependency_timeout_whateve
     assert error.message.startswith(
         f"the dependency judge (127.0.0.1:{port}) did not answer within its declared timeout_s (0.4 s)"
     ), error.message
-    assert waited < 1.8, waited  # not the judge's 2 s, nor the client's 3
+    # not the judge's 2 s, nor the client's 3: the judge answers 2 s after the request arrived, so a
+    # call that waited for it took 2 s or more; anything less is the declared bound ending the wait
+    assert waited < 2.0, waited
     said = [x.message for x in fn.logs() if "did not begin its reply" in x.message]
     assert (
         said

@@ -13,7 +13,7 @@ import pytest
 from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.runtime.function import Function
-from tests.runtime.helpers import ctx, entry, sample, trajectory, turns_until
+from tests.runtime.helpers import ctx, entry, eventually, sample, trajectory, turns_until
 
 
 @pytest.fixture
@@ -99,13 +99,7 @@ async def test_infinite_sync_loop_times_out_and_recycles_instance(rt: LocalRunti
     assert error.cause == Cause.TIMEOUT.value
     pid = int(next(line.message.split()[1] for line in error.logs if line.message.startswith("pid ")))  # type: ignore[attr-defined]
     assert error.instance_id
-    for _ in range(100):
-        if not _alive(pid):
-            break
-        import asyncio
-
-        await asyncio.sleep(0.02)
-    assert not _alive(pid), "the stuck instance was not killed"
+    assert await eventually(lambda: not _alive(pid)), "the stuck instance was not killed"
     assert any("recycling instance" in line.message for line in fn.logs())
 
 
@@ -142,41 +136,36 @@ def _alive(pid: int) -> bool:
 
 
 async def test_recycle_kills_the_whole_tree_even_a_child_in_its_own_session(rt: LocalRuntime) -> None:
-    import asyncio
 
     fn = await rt.deploy(entry("faults.py", "spawns_then_spins"))
     error = await fail_then_recover(fn)
     assert error.cause == Cause.TIMEOUT.value
     child = int(next(line.message.split()[1] for line in error.logs if line.message.startswith("child ")))  # type: ignore[attr-defined]
-    for _ in range(100):
-        if not _alive(child):
-            break
-        await asyncio.sleep(0.02)
-    assert not _alive(child), "the plugin's child process outlived its instance"
+    assert await eventually(lambda: not _alive(child)), "the plugin's child process outlived its instance"
 
 
 async def test_recycle_kills_children_under_rlimit_fallback_too() -> None:
-    import asyncio
 
     async with LocalRuntime(limits="rlimit") as rt:
         fn = await rt.deploy(entry("faults.py", "spawns_then_spins"))
         error = await fail_then_recover(fn)
         child = int(next(line.message.split()[1] for line in error.logs if line.message.startswith("child ")))  # type: ignore[attr-defined]
-        for _ in range(100):
-            if not _alive(child):
-                break
-            await asyncio.sleep(0.02)
-        assert not _alive(child)
+        assert await eventually(lambda: not _alive(child))
 
 
 async def test_timeout_fires_close_to_timeout_s(rt: LocalRuntime) -> None:
     fn = await rt.deploy(entry("faults.py", "awaits_forever"))  # timeout_s=0.5
-    started = time.perf_counter()
-    with pytest.raises(PluginCallError) as info:
-        await fn.invoke(ctx(), sample(fail=True), trajectory())
-    elapsed = time.perf_counter() - started
-    assert info.value.cause == Cause.TIMEOUT.value
-    assert 0.5 <= elapsed < 0.9, elapsed  # deadlines share timers in 5 ms slots: never early, soon after
+    took = []
+    for _ in range(3):
+        started = time.perf_counter()
+        with pytest.raises(PluginCallError) as info:
+            await fn.invoke(ctx(), sample(fail=True), trajectory())
+        took.append(time.perf_counter() - started)
+        assert info.value.cause == Cause.TIMEOUT.value
+    # deadlines share timers in 5 ms slots: never early, soon after. Every try is at least 0.5 s;
+    # the quickest of three is held to "soon after", so that a loaded machine's one slow wake-up
+    # does not fail it, while a timer that fires late every time (a coarse tick) still does
+    assert min(took) >= 0.5 and min(took) < 0.9, took
 
 
 async def test_a_call_arriving_as_an_instance_dies_is_not_sent_to_it(rt: LocalRuntime) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from plugtune.runtime.worker import watch
 from plugtune.runtime.worker.loops import CountingTransport, new_event_loop
+from tests.runtime.helpers import eventually
 
 
 async def _traffic(tmp: Path) -> dict[str, int]:
@@ -35,10 +36,7 @@ async def _traffic(tmp: Path) -> dict[str, int]:
     await writer.drain()
     writer.close()
     await writer.wait_closed()
-    for _ in range(100):
-        if "tcp" in got:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: "tcp" in got)
     counted["tcp"] = watch.outbound_bytes() - before
 
     before = watch.outbound_bytes()
@@ -108,10 +106,7 @@ async def _tls_traffic(cert: Path, key: Path) -> dict[str, int]:
     writer.close()
     await writer.wait_closed()
     counted["start_tls"] = watch.outbound_bytes() - before
-    for _ in range(100):
-        if len(got) == 2:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: len(got) == 2)
     server.close()
     counted["received"] = sum(got)
     return counted

@@ -11,7 +11,7 @@ import pytest
 from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime import LocalRuntime
 from plugtune.sdk import Runtime
-from tests.runtime.helpers import ctx, entry, sample, trajectory
+from tests.runtime.helpers import ctx, entry, eventually, sample, trajectory
 
 SIGNALS = entry("signals.py", "verify")
 
@@ -86,10 +86,10 @@ async def test_a_main_thread_instance_answers_stats_while_its_call_runs() -> Non
         call = asyncio.ensure_future(
             fn.invoke(ctx(), sample(port=port, size=2 << 20, sleep=4.0), trajectory())
         )
-        for _ in range(150):
-            if sum(p.value for p in fn.metrics() if p.name == "outbound_mib_s") > 0:
-                break
-            await asyncio.sleep(0.02)
+        # until counted, or until the call (sleeping 4 s) ends: then `not call.done()` below fails
+        await eventually(
+            lambda: call.done() or sum(p.value for p in fn.metrics() if p.name == "outbound_mib_s") > 0
+        )
         assert sum(p.value for p in fn.metrics() if p.name == "outbound_mib_s") > 0
         assert not call.done()  # counted while the call still ran on the main thread
         assert (await call).value == 1.0

@@ -26,7 +26,8 @@ class Gateway(ThreadingHTTPServer):
         self.delay_s = 0.0
         self.status = 200
         self.framing = "length"  # how the reply's body is delimited: length | chunked | eof | garbage
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
+        self.gather = 0  # answer nothing until this many requests are in flight together (30 s at most)
         self.in_flight = 0
         self.most_in_flight = 0  # requests being answered at one time, at most
 
@@ -51,6 +52,8 @@ class Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.in_flight += 1
             self.server.most_in_flight = max(self.server.most_in_flight, self.server.in_flight)
+            self.server.lock.notify_all()
+            self.server.lock.wait_for(lambda: self.server.most_in_flight >= self.server.gather, timeout=30)
         time.sleep(self.server.delay_s)
         with self.server.lock:
             self.server.in_flight -= 1
@@ -134,11 +137,11 @@ def test_an_error_reply_raises_policy_error_with_the_gateways_message(gateway: G
 
 
 def test_the_timeout_is_honoured(gateway: Gateway) -> None:
-    gateway.delay_s = 1.5
+    gateway.delay_s = 4.0  # far past the 0.2 s timeout, so a loaded machine's slowness stays between
     started = time.monotonic()
     with pytest.raises(PolicyError, match="did not answer within 0.2 s"):
         Policy(gateway.base_url, "key", timeout_s=0.2).chat(ASK)
-    assert time.monotonic() - started < 1.2
+    assert time.monotonic() - started < 3.0  # not the gateway's 4 s
     gateway.delay_s = 0.0
     assert Policy.content(Policy(gateway.base_url, "key", timeout_s=5).chat(ASK)) == "seen 1"
 
@@ -159,18 +162,19 @@ async def test_achat_calls_on_one_loop_reuse_a_connection_and_concurrent_calls_e
     assert [Policy.content(r) for r in replies] == ["seen 3"] * 3 and replies[0]["auth"] == "Bearer key"
     assert gateway.requests[0][1] == {"model": "policy", "messages": turns, "max_tokens": 4}
     assert len(set(gateway.ports())) == 1
-    gateway.delay_s = 0.3
+    gateway.gather = 4  # held until all four are in flight: none can free a connection for another
     together = await asyncio.gather(*(Policy(gateway.base_url, f"key-{i}").achat(ASK) for i in range(4)))
     assert sorted(r["auth"] for r in together) == [f"Bearer key-{i}" for i in range(4)]
     assert len(set(gateway.ports()[3:])) == 4  # one was idle, three were opened
-    gateway.delay_s = 0.0
+    gateway.gather = 0
     await policy.achat(ASK)
     assert len(set(gateway.ports())) == 4  # and all four are kept for the next calls
 
 
 async def test_many_achat_calls_are_in_flight_at_once(gateway: Gateway) -> None:
     # Not limited by a thread pool: a rollout's concurrent calls all reach the gateway together.
-    gateway.delay_s = 1.0  # each answer waits long enough for all sixteen to have arrived
+    # each answer waits until all sixteen have arrived (a fixed delay could end first on a busy machine)
+    gateway.gather = 16
     replies = await asyncio.gather(*(Policy(gateway.base_url, "key").achat(ASK) for _ in range(16)))
     assert [Policy.content(r) for r in replies] == ["seen 1"] * 16
     assert gateway.most_in_flight == 16
@@ -190,11 +194,11 @@ async def test_achat_errors_are_policy_errors(gateway: Gateway) -> None:
     gateway.status = 400
     with pytest.raises(PolicyError, match="answered 400: .*max_tokens: must be positive"):
         await policy.achat(ASK, max_tokens=-1)
-    gateway.status, gateway.delay_s = 200, 1.5
+    gateway.status, gateway.delay_s = 200, 4.0  # far past the 0.2 s timeout (a loaded machine's margin)
     started = time.monotonic()
     with pytest.raises(PolicyError, match="did not answer within 0.2 s"):
         await Policy(gateway.base_url, "key", timeout_s=0.2).achat(ASK)
-    assert time.monotonic() - started < 1.2
+    assert time.monotonic() - started < 3.0  # not the gateway's 4 s
     gateway.delay_s = 0.0
     assert Policy.content(await policy.achat(ASK)) == "seen 1"  # the late call's connection was closed
     with pytest.raises(PolicyError, match="cannot reach the policy gateway at http://127.0.0.1:9/v1"):

@@ -324,8 +324,8 @@ async def test_the_demo_job_raises_no_step_warning_and_an_eval_warning_only_on_a
 
 async def test_a_healthy_job_with_a_real_grader_raises_no_warning() -> None:
     """The demo's task graded by math-verify (a real-world grader, the one TRL's and open-r1's accuracy
-    rewards use; installed by `make test`) instead of the demo's exact match: 30 steps and evaluations
-    at 0 and 30 raise no signal warning (no false alarms on a real grader's rewards)."""
+    rewards use; installed by `make test`) instead of the demo's exact match: 30 steps raise no step
+    warning (no false alarms on a real grader's rewards)."""
     from tests.fixtures.plugins.math_verify_grader import verified
 
     results, evals = await demo_steps(30, every=30, grade=verified)
@@ -334,9 +334,9 @@ async def test_a_healthy_job_with_a_real_grader_raises_no_warning() -> None:
     assert all(r.metrics["grader/verified/unscorable_share"] == 0.0 for r in results)
     rewards = [r.metrics["reward/mean"] for r in results]
     assert 0.1 < sum(rewards) / len(rewards) < 0.9, rewards  # a signal to learn from, not a flat one
-    train = [(r.step, r.metrics["reward/mean"], r.metrics["response_length"]) for r in results]
-    thresholds = validate_job(demo_job_file()).spec.signal.thresholds()
-    assert eval_warnings(evals, train, thresholds) == [], [(e.step, e.pass_at_1) for e in evals]
+    # two evaluations cannot show the eval rule's falls (eval_falls: 2 needs three): the demo job's
+    # own test above holds the eval-vs-train rule free of false alarms
+    assert [e.step for e in evals] == [0, 30]
 
 
 pytestmark = pytest.mark.skipif(

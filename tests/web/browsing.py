@@ -37,14 +37,14 @@ def free_port() -> int:
 def serving(app: Any) -> Iterator[str]:
     """``app`` served by uvicorn on a thread; yields its base URL."""
     server = ThreadedServer("test-console", "the test's console")
-    port = server.start(app, "127.0.0.1", 0, timeout_s=15)
+    port = server.start(app, "127.0.0.1", 0, timeout_s=60)  # a busy machine starts it slowly
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
 
 
-def open_page(browser: Any, *, timeout_ms: int = 10_000, dialogs_fail: bool = False, **context: Any) -> Any:
+def open_page(browser: Any, *, timeout_ms: int = 30_000, dialogs_fail: bool = False, **context: Any) -> Any:
     """A page in a context of its own (``context``: Playwright's options, 1400x900 by default);
     ``page.problems`` collects page errors, console errors and, with ``dialogs_fail``, any dialog
     (then dismissed). Close it with ``page.context.close()`` and assert ``page.problems == []``."""

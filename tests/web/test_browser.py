@@ -141,7 +141,7 @@ def test_live_tail_shows_new_lines_while_the_job_runs(served: tuple[str, Store, 
     page.goto(f"{base}/jobs/{seeded.running_job}/logs")
     assert page.locator("#live-tail").is_checked()
     store.add_logs(seeded.running_job, [LogLine(time.time(), "WARNING", "solve", f"tailed {XSS_SCRIPT}")])
-    page.wait_for_selector("#log-table tbody tr:first-child >> text=tailed", timeout=15_000)
+    page.wait_for_selector("#log-table tbody tr:first-child >> text=tailed", timeout=30_000)
     assert f"tailed {XSS_SCRIPT}" in page.locator("#log-table tbody tr").first.inner_text()
 
 
@@ -214,7 +214,7 @@ def test_phone_width_dark_mode_long_lines_and_bidi(served: tuple[str, Store, See
         viewport={"width": 390, "height": 844}, color_scheme="dark", bypass_csp=True
     )
     page = context.new_page()
-    page.set_default_timeout(10_000)
+    page.set_default_timeout(30_000)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:

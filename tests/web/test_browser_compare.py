@@ -150,14 +150,14 @@ def test_the_list_and_steps_done_refresh_without_a_reload(console: Console, page
     assert page.locator("#jobs-live").is_visible()  # a job on the page is running
     store.update_job(running, steps_done=7, steps_total=20)
     cell = f'#jobs tr[data-job="{running}"] [data-cell="steps"]'
-    page.wait_for_function(f"document.querySelector('{cell}')?.textContent === '7 / 20'", timeout=15_000)
+    page.wait_for_function(f"document.querySelector('{cell}')?.textContent === '7 / 20'", timeout=30_000)
     assert page.evaluate("window.__same_document") is True
     page.goto(f"{console.base}/jobs")  # queued jobs on it: it refreshes too, and shows new jobs
     page.evaluate("window.__same_document = true")
     total = console.store.count_jobs()
     assert page.locator(".pager .muted").inner_text() == f"page 1 of 2 · {total} jobs"
     fresh = store.create_job("arrived-while-watching", {"model": "tiny"})
-    page.wait_for_selector(f'#jobs tbody tr[data-job="{fresh}"]', timeout=15_000)
+    page.wait_for_selector(f'#jobs tbody tr[data-job="{fresh}"]', timeout=30_000)
     assert _ids(page)[0] == fresh and len(_ids(page)) == JOBS_PER_PAGE
     assert page.locator(".pager .muted").inner_text() == f"page 1 of 2 · {total + 1} jobs"
     assert page.evaluate("window.__same_document") is True  # no reload happened
@@ -170,11 +170,11 @@ def test_a_searched_list_keeps_its_search_when_it_refreshes(console: Console, pa
     fresh = console.store.create_job("not-a-sweep", {"model": "tiny"})
     console.store.update_job(wanted[0], steps_done=2, steps_total=9)
     cell = f'#jobs tr[data-job="{wanted[0]}"] [data-cell="steps"]'
-    page.wait_for_function(f"document.querySelector('{cell}')?.textContent === '2 / 9'", timeout=15_000)
+    page.wait_for_function(f"document.querySelector('{cell}')?.textContent === '2 / 9'", timeout=30_000)
     assert _ids(page) == wanted  # the refresh asked the API for the same search
     assert page.locator(f'#jobs tr[data-job="{fresh}"]').count() == 0
     console.store.update_job(wanted[-1], name="sweep-x00")  # it leaves this search (not the sweep)
-    page.wait_for_selector(f'#jobs tr[data-job="{wanted[-1]}"]', state="detached", timeout=15_000)
+    page.wait_for_selector(f'#jobs tr[data-job="{wanted[-1]}"]', state="detached", timeout=30_000)
     assert _ids(page) == wanted[:-1]
     assert page.locator(".pager .muted").inner_text() == "page 1 of 1 · 9 jobs found"
 
@@ -229,7 +229,7 @@ def test_compare_of_a_running_job_draws_its_new_steps_without_a_reload(console: 
     before = page.locator(line).get_attribute("d")
     console.store.add_metrics(running, [MetricPoint(time.time(), "", "reward/mean", 0.8, step=2)])
     page.wait_for_function(
-        f"document.querySelector('{line}')?.getAttribute('d') !== {before!r}", timeout=15_000
+        f"document.querySelector('{line}')?.getAttribute('d') !== {before!r}", timeout=30_000
     )
     assert page.locator(line).get_attribute("d").count("L") == 1  # steps 1 and 2
 

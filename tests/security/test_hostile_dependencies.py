@@ -120,10 +120,14 @@ async def test_connections_left_silent_do_not_starve_the_budget(rt: LocalRuntime
     for _ in range(2):
         assert (await call(leaves, url=f"http://127.0.0.1:{judge_port}/ok")).status == "success"
     asks = await rt.deploy(entry("hostile_deps.py", "asks_at_once"), dependencies=declared)
+    # n=0 asks nothing: its instance is started (a cold start on a busy machine takes seconds), so
+    # the time below is the request's own wait for the slot
+    assert (await call(asks, url=f"http://127.0.0.1:{judge_port}/ok", n=0)).status == "success"
     started = time.monotonic()
     result = await call(asks, url=f"http://127.0.0.1:{judge_port}/ok", n=1)
     assert result.status == "success", result
-    assert time.monotonic() - started < 6, "the silent connections held the slot"
+    # short of its client's 10 s timeout (the silent connections held the slot until then before)
+    assert time.monotonic() - started < 8, "the silent connections held the slot"
 
 
 async def test_held_keep_alive_after_an_idle_gap_a_slow_stream_and_a_late_first_request(

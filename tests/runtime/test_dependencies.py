@@ -19,7 +19,7 @@ from plugtune.runtime import LocalRuntime
 from plugtune.runtime.function import Function
 from plugtune.sdk import Policy, Runtime
 from tests.judge_server import dead_port, judge
-from tests.runtime.helpers import FIXTURES, ctx, entry, sample, trajectory
+from tests.runtime.helpers import FIXTURES, ctx, entry, eventually, sample, trajectory
 
 GRADERS = [
     "asks_judge",
@@ -199,7 +199,8 @@ async def test_an_undeclared_judge_is_refused_with_a_log_line_naming_it_and_how_
             f"network policy-only: refused a connection to 127.0.0.1:{port}" in error.message
         ), error.message
         assert error.hint == POLICY_REFUSED_HINT
-        await asyncio.sleep(0.1)  # the log line travels on the instance's channel
+        # the log line travels on the instance's channel: it may come after the reply
+        await eventually(lambda: any("refused a connection" in x.message for x in fn.logs()))  # noqa: B023
         refused = [x.message for x in fn.logs() if "refused a connection" in x.message]
         assert refused and refused[0].startswith(
             f"network policy-only: refused a connection to 127.0.0.1:{port}: it is neither the policy "

@@ -20,7 +20,7 @@ from plugtune.errors import Cause, PluginCallError
 from plugtune.gateway import PolicyGateway
 from plugtune.runtime import LocalRuntime
 from plugtune.sdk import Context, Runtime
-from tests.runtime.helpers import ctx, entry, sample, trajectory
+from tests.runtime.helpers import ctx, entry, eventually, sample, trajectory
 
 POSTGRES = 5432
 
@@ -102,6 +102,8 @@ async def test_bridge_refuses_any_other_address_with_a_log_line(
     fn = await rt.deploy(entry("reach.py", "forges_bridge"))
     out = await fn.invoke(ctx(), sample(port=listener), trajectory())
     assert out.value == 0.0
+    # the log line may come after the reply: wait for it, then a moment for any second one
+    await eventually(lambda: any("refused a connection" in x.message for x in fn.logs()))
     await asyncio.sleep(0.05)
     refused = [x.message for x in fn.logs() if "refused a connection" in x.message]
     assert refused == [

@@ -59,7 +59,14 @@ class TrainerConfig(BaseModel):
         1,
         1_000_000,
     )
-    seed: int = _ranged(0, "Seed of data order, sampling and initialisation.", 0, 2**32 - 1)
+    seed: int = _ranged(
+        0,
+        "Seed of data order and initialisation (a LoRA adapter's too). Replies are sampled from the "
+        "policy gateway's own generator, so two runs' replies differ; a policy request's own `seed` "
+        "reproduces its reply.",
+        0,
+        2**32 - 1,
+    )
     overlap_rollouts: bool = Field(
         default=False,
         description="Start the next step's rollouts while this step trains; their policy calls wait "

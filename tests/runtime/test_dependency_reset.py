@@ -14,11 +14,21 @@ import pytest
 
 from plugtune.runtime.worker.dependency import UNREACHABLE, find
 
+BODY = b"{}"
+
 
 def _resets_after_the_request(server: socket.socket) -> None:
     conn, _ = server.accept()
     with conn:
-        conn.recv(65536)  # the whole request is in: the client now waits for the reply
+        conn.settimeout(10)
+        # the whole request, its body too (urllib sends the headers and the body apart; a reset
+        # between them is a reset while sending, which CI saw): the client now waits for the reply
+        received = b""
+        while not received.endswith(b"\r\n\r\n" + BODY):
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            received += chunk
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
@@ -28,7 +38,7 @@ def test_a_reset_while_reading_the_reply_is_the_dependencys_unreachable() -> Non
         thread = threading.Thread(target=_resets_after_the_request, args=(server,), daemon=True)
         thread.start()
         with pytest.raises(ConnectionResetError) as raised:  # bare, as urllib lets it out
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/score", data=b"{}", timeout=10)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/score", data=BODY, timeout=10)
         thread.join(10)
     found = find(raised.value, "", {("127.0.0.1", port): "judge"})
     assert found is not None, "a reset inside the client is the service's, not the plugin's"

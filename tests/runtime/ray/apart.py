@@ -1,14 +1,14 @@
 """Ray nodes on hosts of their own, made on this machine: the head stays on this host (with the
 driver, the test process), each other node runs in a network namespace of its own, linked by a veth
 pair to a bridge that carries the head's address, with its own /tmp and a Python that sees neither
-/work (the project's checkout, the other engineers' notes) nor plugtune.
+the project's checkout (the folder holding it, and /work: the other engineers' notes) nor plugtune.
 
 A node's view is made by ``unshare --mount`` inside its namespace: a tmpfs over /tmp (its Ray temp
 dir, runtime_env unpacks and plugin temp space live there, apart from the head's), its own
 /etc/hosts that names the head (``head_name``), the project's venv mounted as an overlay at
 /tmp/.node/venv with plugtune's editable install whited out (and any ``hide``-named modules: the
-node then lacks them as a machine without them would), then a tmpfs over /work. It starts with a
-scrubbed environment (no PYTHONPATH, no VIRTUAL_ENV).
+node then lacks them as a machine without them would), then a tmpfs over each ``HIDDEN`` folder.
+It starts with a scrubbed environment (no PYTHONPATH, no VIRTUAL_ENV).
 
 Root only. Everything is named with this process's id (``ptb<tag>``, ``ptn<tag>-<i>``,
 ``ptv<tag><i>h``) and ``stop()`` removes it all, also after a failure; nothing is touched that
@@ -39,7 +39,24 @@ NODE_ROOT = "/tmp/.node"  # in the node's own /tmp
 #: Where a node's mount namespace holds the venv before its /tmp is covered (a checkout, and its
 #: venv, may live under /tmp, as a CI clone does); an empty folder on the host, removed at stop.
 LOWER_ROOT = "/run/plugtune-apart"
-HIDDEN = ("/work",)  # covered in every node's view: the checkout and everything around it
+CHECKOUT = Path(__file__).resolve().parents[3]
+
+
+def hidden_paths(checkout: Path = CHECKOUT) -> tuple[str, ...]:
+    """What every node's view covers: /work (the other engineers' notes) and the folder holding the
+    checkout, wherever that is (a CI clone may sit at /check/work/main; one under /tmp is covered
+    with /tmp already). Only folders that exist, none inside another, none of / itself."""
+    wanted = [Path("/work"), checkout.parent]
+    chosen: list[Path] = []
+    for path in sorted(wanted, key=lambda p: len(p.parts)):
+        if len(path.parts) < 2 or not path.is_dir() or path.is_relative_to("/tmp"):
+            continue
+        if not any(path.is_relative_to(c) for c in chosen):
+            chosen.append(path)
+    return tuple(str(p) for p in chosen)
+
+
+HIDDEN = hidden_paths()  # covered in every node's view: the checkout and everything around it
 COMMAND_S = 30.0
 
 

@@ -22,13 +22,11 @@ from plugtune.errors import Cause, PluginCallError
 from plugtune.runtime.ray import RayRuntime
 from plugtune.runtime.ray.nodes import lacks
 from tests.runtime.helpers import ctx, entry, sample, trajectory
-from tests.runtime.ray.apart import ApartCluster, Node, can_make_hosts
+from tests.runtime.ray.apart import CHECKOUT, ApartCluster, Node, can_make_hosts, hidden_paths
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
 pytestmark = pytest.mark.slow
-
-CHECKOUT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +79,15 @@ def in_view_of(node: Node, apart: ApartCluster, *command: str) -> subprocess.Com
     assert raylets, "the node has no raylet"
     enter = ["nsenter", "-t", str(raylets[0]), "--net", "--mount", "--"]
     return subprocess.run([*enter, *command], capture_output=True, text=True, timeout=30)
+
+
+def test_the_folder_holding_the_checkout_is_covered_wherever_it_lies() -> None:
+    assert "/usr/lib" in hidden_paths(Path("/usr/lib/checkout"))  # as a CI clone at /check/work/main
+    assert not any(h == "/tmp" or h.startswith("/tmp/") for h in hidden_paths(Path("/tmp/ci/checkout")))
+    assert "/" not in hidden_paths(Path("/checkout"))
+    covered = hidden_paths()
+    assert CHECKOUT.is_relative_to("/tmp") or any(CHECKOUT.is_relative_to(h) for h in covered), covered
+    assert not any(a != b and Path(a).is_relative_to(b) for a in covered for b in covered), covered
 
 
 def test_the_node_is_another_host_linked_to_the_head_by_the_network(apart: ApartCluster) -> None:
